@@ -1,0 +1,79 @@
+"""Gymnasium environments for tool-using LLM agents, tool-call parsing and math grading.
+
+    import gymnasium as gym
+    import stare_agents.envs  # registers the stare_agents/* ids
+
+    env = gym.make("stare_agents/MathTIR-v0", dataset="train.jsonl")
+    obs, info = env.reset(seed=0)                  # obs: list of {"role", "content", "inline"} messages
+    obs, reward, terminated, truncated, info = env.step(model_text)
+
+Registered ids: stare_agents/MathTIR-v0, stare_agents/MathCoT-v0, stare_agents/ArithmeticTIR-v0,
+stare_agents/PythonUnitTest-v0. New environments subclass `TextEnv` or `ToolEnv` (see `core`), and
+`check_env` checks them.
+"""
+
+from stare_agents.envs.arithmetic import ArithmeticTIREnv
+from stare_agents.envs.checker import EnvCheckError, check_env
+from stare_agents.envs.core import (
+    INFO_KEYS,
+    MessagesSpace,
+    Score,
+    TextEnv,
+    Tool,
+    ToolEnv,
+    ToolOutput,
+    UnicodeText,
+    load_prompt,
+)
+from stare_agents.envs.grading import GradeResult, MathGrader, extract_boxed, grade_answer
+from stare_agents.envs.math_envs import MathCoTEnv, MathTIREnv
+from stare_agents.envs.parsing import (
+    Message,
+    ToolCall,
+    find_tool_calls,
+    format_inline,
+    hermes_calls,
+    message,
+    python_blocks,
+    truncate_middle,
+)
+from stare_agents.envs.python_unittest import PythonUnitTestEnv
+from stare_agents.envs.registration import ENVIRONMENTS, register_envs
+from stare_agents.envs.tasks import Task, TaskDataset, load_rows
+
+register_envs()
+
+__all__ = [
+    "ENVIRONMENTS",
+    "INFO_KEYS",
+    "ArithmeticTIREnv",
+    "EnvCheckError",
+    "GradeResult",
+    "MathCoTEnv",
+    "MathGrader",
+    "MathTIREnv",
+    "Message",
+    "MessagesSpace",
+    "PythonUnitTestEnv",
+    "Score",
+    "Task",
+    "TaskDataset",
+    "TextEnv",
+    "Tool",
+    "ToolCall",
+    "ToolEnv",
+    "ToolOutput",
+    "UnicodeText",
+    "check_env",
+    "extract_boxed",
+    "find_tool_calls",
+    "format_inline",
+    "grade_answer",
+    "hermes_calls",
+    "load_prompt",
+    "load_rows",
+    "message",
+    "python_blocks",
+    "register_envs",
+    "truncate_middle",
+]

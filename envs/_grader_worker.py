@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import resource
 import signal
 import sys
@@ -27,6 +28,9 @@ def _on_alarm(signum: int, frame: object) -> None:
 
 
 def main() -> None:
+    # Run by path, Python puts this folder first on sys.path; drop it so our module names shadow nothing.
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [entry for entry in sys.path if os.path.abspath(entry or ".") != here]
     memory_limit = int(sys.argv[1]) if len(sys.argv) > 1 else 0
     if memory_limit > 0:
         resource.setrlimit(resource.RLIMIT_AS, (memory_limit, memory_limit))

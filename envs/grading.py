@@ -11,6 +11,7 @@ the caller.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import select
@@ -218,10 +219,8 @@ class MathGrader:
         proc.wait()
         for stream in (proc.stdin, proc.stdout):
             if stream is not None:
-                try:
+                with contextlib.suppress(OSError):
                     stream.close()
-                except OSError:
-                    pass
 
 
 _default_grader: MathGrader | None = None

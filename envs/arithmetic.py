@@ -1,0 +1,114 @@
+"""`ArithmeticTIR-v0`: procedurally generated integer problems that need the Python tool to be solved reliably.
+
+Offline, unlimited and seeded: `reset(seed=s)` always yields the same task. Five kinds, drawn uniformly:
+
+* multiply: the product of two `digits`-digit numbers (default 15 digits each);
+* modpow: a^b mod m with a 12-digit exponent;
+* range_sum: the sum of i^k over i in [lo, hi] with i = r (mod d), for a range of ~10^5..10^6 numbers;
+* digit_sum_factorial: the sum of the decimal digits of n!, n in [150, 600];
+* count_primes: the number of primes in [lo, hi] with hi up to 2*10^6.
+
+The reward is exact integer equality with the last `\\boxed{}` (commas and spaces inside it are ignored);
+no math-verify needed, which keeps this environment's scoring instant.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from typing import Any, ClassVar
+
+from stare_agents.envs.core import Score, ToolEnv, load_prompt
+from stare_agents.envs.grading import _last_box
+from stare_agents.envs.tasks import Task
+
+_INTEGER = re.compile(r"-?[0-9]+")
+KINDS: tuple[str, ...] = ("multiply", "modpow", "range_sum", "digit_sum_factorial", "count_primes")
+
+
+def _count_primes(lo: int, hi: int) -> int:
+    sieve = bytearray([1]) * (hi + 1)
+    sieve[0:2] = b"\x00\x00"
+    for p in range(2, math.isqrt(hi) + 1):
+        if sieve[p]:
+            sieve[p * p :: p] = bytearray(len(range(p * p, hi + 1, p)))
+    return sum(sieve[lo:])
+
+
+class ArithmeticTIREnv(ToolEnv):
+    """Seeded integer arithmetic that is easy with Python and error-prone without it.
+
+    Args (besides `ToolEnv`'s): digits: size of the multiplication operands; kinds: which task kinds to draw.
+    """
+
+    default_max_turns: ClassVar[int] = 3
+    default_prompt_template: ClassVar[str] = load_prompt("arithmetic_tir")
+
+    def __init__(self, *, digits: int = 15, kinds: tuple[str, ...] = KINDS, **kwargs: Any) -> None:
+        unknown = set(kinds) - set(KINDS)
+        if unknown or not kinds:
+            raise ValueError(f"kinds must be a non-empty subset of {KINDS}, got {kinds!r}")
+        if digits < 2:
+            raise ValueError(f"digits must be >= 2, got {digits}")
+        super().__init__(**kwargs)
+        self.digits = digits
+        self.kinds = tuple(kinds)
+
+    def sample_task(self) -> Task:
+        rng = self.np_random
+        kind = self.kinds[int(rng.integers(len(self.kinds)))]
+
+        def number(digits: int) -> int:
+            rest = "".join(str(d) for d in rng.integers(0, 10, size=digits - 1))
+            return int(str(int(rng.integers(1, 10))) + rest)
+
+        if kind == "multiply":
+            a, b = number(self.digits), number(self.digits)
+            problem, answer = f"Compute {a} \\times {b}.", a * b
+        elif kind == "modpow":
+            a = int(rng.integers(2, 10**6))
+            b = int(rng.integers(10**11, 10**12))
+            m = int(rng.integers(10**8, 10**9)) * 2 + 1
+            problem, answer = f"Compute {a}^{{{b}}} \\bmod {m}.", pow(a, b, m)
+        elif kind == "range_sum":
+            lo = int(rng.integers(1, 10**5))
+            hi = lo + int(rng.integers(10**5, 10**6))
+            d = int(rng.integers(3, 13))
+            r = int(rng.integers(0, d))
+            k = int(rng.integers(2, 4))
+            problem = (
+                f"Compute the sum of i^{k} over all integers i with {lo} \\le i \\le {hi} "
+                f"and i \\equiv {r} \\pmod{{{d}}}."
+            )
+            answer = sum(i**k for i in range(lo + (r - lo) % d, hi + 1, d))
+        elif kind == "digit_sum_factorial":
+            n = int(rng.integers(150, 601))
+            problem, answer = (
+                f"What is the sum of the decimal digits of {n}!?",
+                sum(map(int, str(math.factorial(n)))),
+            )
+        else:
+            hi = int(rng.integers(5 * 10**5, 2 * 10**6))
+            lo = int(rng.integers(1, hi // 2))
+            problem, answer = (
+                f"How many prime numbers p satisfy {lo} \\le p \\le {hi}?",
+                _count_primes(lo, hi),
+            )
+        task_id = f"arith-{kind}-{hashlib.sha1(problem.encode()).hexdigest()[:10]}"
+        return Task(problem=problem, answer=str(answer), id=task_id, data={"kind": kind})
+
+    def score(self, task: Task, response: str) -> Score:
+        """1.0 when the last `\\boxed{}` holds exactly the reference integer."""
+        boxed, unterminated = _last_box(response)
+        if boxed is None and self.accept_tool_answer and self.tool_answers:
+            boxed, unterminated = self.tool_answers[-1], False
+        if unterminated:
+            return Score(0.0, "parse_failure", details={"detail": "the last \\boxed{ is never closed"})
+        if boxed is None:
+            return Score(0.0, "no_answer")
+        cleaned = boxed.replace("{,}", "").replace("\\,", "").replace(",", "").replace(" ", "").strip("$")
+        if len(cleaned) > 4000 or not _INTEGER.fullmatch(cleaned):
+            return Score(0.0, "parse_failure", extracted=boxed, details={"detail": "not an integer"})
+        correct = int(cleaned) == int(task.answer)
+        return Score(float(correct), "correct" if correct else "wrong", correct, boxed)

@@ -1,0 +1,697 @@
+"""Base classes: `TextEnv` (the policy writes text, the environment grades it) and `ToolEnv` (the text may
+call tools, whose results come back as observations, over several turns).
+
+The protocol, for both:
+
+    obs, info = env.reset(seed=0)                      # obs: the prompt, a list of Messages
+    obs, reward, terminated, truncated, info = env.step(model_text)
+
+* An action is the policy's text for one turn (a `str`).
+* An observation is a list of `Message`s (`role`, `content`, `inline`; see `stare_agents.envs.parsing`):
+  the prompt after `reset`, what the environment answers after each `step` (tool results, feedback), and
+  `[]` once the episode is over.
+* The reward is 0 until the episode ends; the final step carries the episode's score.
+* `terminated`: the episode ended on its own (a final answer, a void turn under the "end" policy, a tool's
+  final answer). `truncated`: the turn limit was reached first. Both end the episode; `step` afterwards
+  raises until `reset`.
+* `reset(options={"problem": ..., "answer": ...})` pins the task (extra keys go to `Task.data`);
+  `options={"index": i}` picks row `i` of the dataset; `options={"task": Task(...)}` passes a task object.
+
+A new environment subclasses one of them and overrides a few methods:
+
+    sample_task(self) -> Task             draw a task with self.np_random      (required unless a dataset is given)
+    prompt(self, task) -> list[Message]   the first observation                (default: system prompt + template)
+    score(self, task, response) -> Score  the episode's reward                 (default: math grading of \\boxed{})
+    tools(self) -> dict[str, Tool]        ToolEnv only: the callable tools     (default: {"python": sandboxed Python})
+
+Everything else (turn limits, tool-call parsing, observation formatting and truncation, void turns, grading,
+`info`) is handled here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import string
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from stare_agents.envs.grading import MathGrader, _last_box, default_grader
+from stare_agents.envs.parsing import (
+    PYTHON_LANGUAGES,
+    ROLES,
+    CodeBlock,
+    Message,
+    ObservationFormat,
+    ToolCall,
+    ToolFormat,
+    find_tool_calls,
+    message,
+    render_template,
+    tool_message,
+    truncate_middle,
+)
+from stare_agents.envs.tasks import FieldSpec, Task, TaskDataset
+
+if TYPE_CHECKING:
+    from stare_agents.sandbox import ExecutionResult
+
+logger = logging.getLogger("stare_agents.envs")
+
+PROMPTS_DIR = Path(__file__).with_name("prompts")
+MAX_ACTION_CHARS = 16 * 1024 * 1024
+MAX_MESSAGE_CHARS = 16 * 1024 * 1024
+VoidTurnPolicy = Literal["end", "continue"]
+
+# Keys every `info` dict carries (after reset and after every step); check_env verifies them.
+INFO_KEYS: tuple[str, ...] = (
+    "task_id",
+    "turn",
+    "finished",
+    "truncated",
+    "void_turn",
+    "void_turns",
+    "tool_calls",
+    "tool_errors",
+    "tool_timeouts",
+)
+
+
+def load_prompt(name: str) -> str:
+    """The text of `envs/prompts/<name>.txt` (shipped with the package)."""
+    path = PROMPTS_DIR / f"{name}.txt"
+    if not path.exists():
+        known = sorted(p.stem for p in PROMPTS_DIR.glob("*.txt"))
+        raise FileNotFoundError(f"no prompt template {name!r}; known templates: {known}")
+    return path.read_text(encoding="utf-8").strip("\n")
+
+
+# -- spaces ---------------------------------------------------------------------------------------------------
+class UnicodeText(spaces.Text):
+    """A `gymnasium.spaces.Text` that contains any Unicode string of allowed length.
+
+    `spaces.Text.contains` accepts only characters of its charset; model output is arbitrary Unicode, so
+    here membership checks type and length only. `sample()` still draws from printable ASCII.
+    """
+
+    def __init__(
+        self, max_length: int, *, min_length: int = 0, seed: int | np.random.Generator | None = None
+    ):
+        super().__init__(max_length=max_length, min_length=min_length, charset=string.printable, seed=seed)
+
+    def contains(self, x: Any) -> bool:
+        return isinstance(x, str) and self.min_length <= len(x) <= self.max_length
+
+    def __repr__(self) -> str:
+        return f"UnicodeText({self.min_length}, {self.max_length})"
+
+
+class MessagesSpace(gym.Space[list[Message]]):
+    """Lists of `Message`s: dicts with exactly the string fields role, content and inline.
+
+    Not composed from `spaces.Sequence(spaces.Dict(...))` because `Sequence` holds tuples, not lists, and
+    `Dict` would insist on Text's charset; this space states the same shape directly.
+    """
+
+    def __init__(
+        self,
+        max_messages: int = 64,
+        max_chars: int = MAX_MESSAGE_CHARS,
+        seed: int | np.random.Generator | None = None,
+    ):
+        super().__init__(shape=None, dtype=None, seed=seed)
+        self.max_messages = max_messages
+        self.max_chars = max_chars
+        self._text = UnicodeText(max_length=64)
+
+    @property
+    def is_np_flattenable(self) -> bool:
+        return False
+
+    def seed(self, seed: int | None = None) -> int | list[int] | dict[str, int]:
+        seeds = super().seed(seed)
+        self._text.seed(int(self.np_random.integers(2**31)))
+        return seeds
+
+    def sample(self, mask: Any = None, probability: Any = None) -> list[Message]:
+        count = int(self.np_random.integers(0, 4))
+        roles = ("user", "tool")
+        return [message(roles[int(self.np_random.integers(2))], self._text.sample()) for _ in range(count)]
+
+    def contains(self, x: Any) -> bool:
+        if not isinstance(x, list) or len(x) > self.max_messages:
+            return False
+        return all(_is_message(item, self.max_chars) for item in x)
+
+    def __repr__(self) -> str:
+        return f"MessagesSpace(max_messages={self.max_messages}, max_chars={self.max_chars})"
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, MessagesSpace)
+            and other.max_messages == self.max_messages
+            and other.max_chars == self.max_chars
+        )
+
+
+def _is_message(item: Any, max_chars: int) -> bool:
+    return (
+        isinstance(item, dict)
+        and set(item) == {"role", "content", "inline"}
+        and item["role"] in ROLES
+        and isinstance(item["content"], str)
+        and isinstance(item["inline"], str)
+        and len(item["content"]) <= max_chars
+        and len(item["inline"]) <= max_chars
+    )
+
+
+# -- scores and turns -----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Score:
+    """What `score()` returns for a finished episode.
+
+    reward: the scalar reward, within the environment's `reward_range`.
+    reason: why ("correct", "wrong", "no_answer", "parse_failure", "timeout" for math; free text elsewhere).
+    correct: whether the episode counts as solved (for accuracy metrics).
+    extracted: the answer the score was computed from (boxed text, submitted code), if any.
+    details: anything else worth logging; merged into the final `info` under "score_details".
+    """
+
+    reward: float
+    reason: str
+    correct: bool = False
+    extracted: str | None = None
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Turn:
+    """What a turn produced, as decided by `TextEnv.respond` (internal to the base classes).
+
+    observation: messages to return; done: the episode ends here (terminated); void: a void turn.
+    """
+
+    observation: list[Message] = field(default_factory=list)
+    done: bool = False
+    void: bool = False
+
+
+@dataclass
+class EpisodeStats:
+    """Counters reported in `info`."""
+
+    void_turns: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+    tool_timeouts: int = 0
+
+
+# -- the text environment -------------------------------------------------------------------------------------
+class TextEnv(gym.Env[list[Message], str]):
+    """A text environment: the prompt is a task, the action is the policy's text, the reward its score.
+
+    Single-turn by default (`max_turns=1`): the first action ends the episode and is scored. Subclasses
+    override `sample_task`, `prompt` and `score` (see the module docstring).
+
+    Args:
+        dataset: tasks to sample from: a `TaskDataset`, a path (.jsonl/.json/.parquet), a Hugging Face
+            dataset id, or a list of row dicts. Not needed when the subclass generates tasks itself.
+        fields: column mapping for `dataset` (see `TaskDataset`).
+        split: dataset split for Hugging Face ids.
+        max_turns: turn limit; the episode is truncated after this many actions.
+        system_prompt: text of a system message placed before the task (None: no system message).
+        prompt_template: user-message template; `{problem}` is replaced by the task's problem.
+        grader: the `MathGrader` used by the default `score` (None: the shared process-wide grader).
+        max_response_tokens: a hint for the rollout layer: tokens to generate per turn (None: its default).
+    """
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"]}
+    reward_range: tuple[float, float] = (0.0, 1.0)
+    default_system_prompt: ClassVar[str | None] = None
+    default_prompt_template: ClassVar[str] = "{problem}"
+
+    def __init__(
+        self,
+        *,
+        dataset: TaskDataset | str | Path | Sequence[Mapping[str, Any]] | None = None,
+        fields: Mapping[str, FieldSpec] | None = None,
+        split: str = "train",
+        max_turns: int = 1,
+        system_prompt: str | None = None,
+        prompt_template: str | None = None,
+        grader: MathGrader | None = None,
+        max_response_tokens: int | None = None,
+        render_mode: str | None = None,
+    ) -> None:
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(
+                f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}"
+            )
+        if dataset is None or isinstance(dataset, TaskDataset):
+            self.dataset = dataset
+        else:
+            self.dataset = TaskDataset(dataset, fields=fields, split=split)
+        self.max_turns = max_turns
+        self.system_prompt = system_prompt if system_prompt is not None else self.default_system_prompt
+        self.prompt_template = (
+            prompt_template if prompt_template is not None else self.default_prompt_template
+        )
+        self.grader = grader
+        self.max_response_tokens = max_response_tokens
+        self.render_mode = render_mode
+        self.action_space = UnicodeText(max_length=MAX_ACTION_CHARS)
+        self.observation_space = MessagesSpace()
+        self.task: Task | None = None
+        self.turn = 0
+        self.responses: list[str] = []
+        self.stats = EpisodeStats()
+        self.final_score: Score | None = None
+        self._episode_over = False
+
+    # -- hooks for subclasses -------------------------------------------------------------------------------
+    def sample_task(self) -> Task:
+        """Draw the next task using `self.np_random` (seeded by `reset(seed=...)`).
+
+        The default samples uniformly from `self.dataset`. Environments that generate tasks override this.
+        """
+        if self.dataset is None:
+            raise NotImplementedError(
+                f"{type(self).__name__} has no dataset: pass dataset=<path or HF id> or override sample_task()"
+            )
+        return self.dataset.sample(self.np_random)
+
+    def prompt(self, task: Task) -> list[Message]:
+        """The first observation: an optional system message and the task in the prompt template."""
+        messages = [] if not self.system_prompt else [message("system", self.system_prompt)]
+        messages.append(message("user", render_template(self.prompt_template, problem=task.problem)))
+        return messages
+
+    def score(self, task: Task, response: str) -> Score:
+        """Score a finished episode. `response` is all of the policy's text, turns joined.
+
+        The default grades the last `\\boxed{}` against `task.answer` with math-verify: reward 1.0 when
+        correct, else 0.0.
+        """
+        result = (self.grader or default_grader()).grade(response, str(task.answer))
+        return Score(
+            float(result.correct), result.reason, result.correct, result.extracted, {"detail": result.detail}
+        )
+
+    def respond(self, action: str) -> Turn:
+        """Decide what this turn produced. The text environment ends the episode on the first action."""
+        return Turn(done=True)
+
+    # -- gymnasium API --------------------------------------------------------------------------------------
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[list[Message], dict[str, Any]]:
+        """Start an episode: pick a task (seeded, or pinned by `options`) and return its prompt.
+
+        Returns (observation, info): the prompt messages, and an info dict with the `INFO_KEYS`.
+        """
+        super().reset(seed=seed)
+        self.end_episode()
+        self.task = self._task_from_options(options) if options else self.sample_task()
+        self.turn = 0
+        self.responses = []
+        self.stats = EpisodeStats()
+        self.final_score = None
+        self._episode_over = False
+        return self.prompt(self.task), self._info(void_turn=False, finished=False, truncated=False)
+
+    def step(self, action: str) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
+        """Apply one turn of policy text. Returns (observation, reward, terminated, truncated, info)."""
+        if self.task is None:
+            raise RuntimeError(f"{type(self).__name__}.step() called before reset()")
+        if self._episode_over:
+            raise RuntimeError(f"{type(self).__name__}.step() called after the episode ended; call reset()")
+        if not isinstance(action, str):
+            raise TypeError(f"the action must be the policy's text (str), got {type(action).__name__}")
+        if len(action) > MAX_ACTION_CHARS:
+            raise ValueError(
+                f"action of {len(action)} characters exceeds the action space ({MAX_ACTION_CHARS})"
+            )
+        self.turn += 1
+        self.responses.append(action)
+        outcome = self.respond(action)
+        if outcome.void:
+            self.stats.void_turns += 1
+        terminated = outcome.done
+        truncated = not terminated and self.turn >= self.max_turns
+        reward = 0.0
+        observation = outcome.observation
+        info_extra: dict[str, Any] = {}
+        if terminated or truncated:
+            self._episode_over = True
+            self.final_score = self.score(self.task, self.response_text())
+            reward = float(self.final_score.reward)
+            observation = []
+            info_extra = {
+                "reward": reward,
+                "correct": self.final_score.correct,
+                "grade_reason": self.final_score.reason,
+                "extracted": self.final_score.extracted,
+                "score_details": dict(self.final_score.details),
+            }
+        info = self._info(void_turn=outcome.void, finished=terminated, truncated=truncated)
+        info.update(info_extra)
+        return observation, reward, terminated, truncated, info
+
+    def render(self) -> str | None:
+        """ "ansi": the episode so far as plain text (prompt, then each turn)."""
+        if self.render_mode != "ansi" or self.task is None:
+            return None
+        parts = [f"[task {self.task.id}] {self.task.problem}"]
+        parts += [f"[turn {i + 1}] {text}" for i, text in enumerate(self.responses)]
+        return "\n".join(parts)
+
+    def close(self) -> None:
+        """Release the episode's resources. Safe to call more than once."""
+        self.end_episode()
+        super().close()
+
+    # -- helpers --------------------------------------------------------------------------------------------
+    @property
+    def turns_left(self) -> int:
+        return self.max_turns - self.turn
+
+    def response_text(self) -> str:
+        """All of the policy's text this episode, turns joined with newlines (what `score` grades)."""
+        return "\n".join(self.responses)
+
+    def end_episode(self) -> None:
+        """Release per-episode resources (called by `reset` and `close`). The base class holds none."""
+
+    def _task_from_options(self, options: dict[str, Any]) -> Task:
+        if "task" in options:
+            task = options["task"]
+            if not isinstance(task, Task):
+                raise TypeError(f"options['task'] must be a Task, got {type(task).__name__}")
+            return task
+        if "index" in options:
+            if self.dataset is None:
+                raise ValueError("options={'index': ...} needs a dataset")
+            return self.dataset[int(options["index"])]
+        if "problem" in options:
+            extra = {k: v for k, v in options.items() if k not in ("problem", "answer", "id")}
+            answer = options.get("answer")
+            return Task(
+                problem=str(options["problem"]),
+                answer=None if answer is None else str(answer),
+                id=str(options.get("id", "pinned")),
+                data=extra,
+            )
+        return self.sample_task()
+
+    def _info(self, *, void_turn: bool, finished: bool, truncated: bool) -> dict[str, Any]:
+        assert self.task is not None
+        return {
+            "task_id": self.task.id,
+            "turn": self.turn,
+            "finished": finished,
+            "truncated": truncated,
+            "void_turn": void_turn,
+            "void_turns": self.stats.void_turns,
+            "tool_calls": self.stats.tool_calls,
+            "tool_errors": self.stats.tool_errors,
+            "tool_timeouts": self.stats.tool_timeouts,
+        }
+
+
+# -- tools ------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ToolOutput:
+    """The result of one tool call. status: "ok", "error", "timeout" or "killed" (as the sandbox reports)."""
+
+    text: str
+    status: str = "ok"
+    final_answer: str | None = None  # a final answer the tool printed (`final_answer(x)` / `\\boxed{}`)
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A tool the policy can call: a name, a description and JSON-schema parameters (for chat templates'
+    `tools=`), and a function from the call's arguments to a `ToolOutput`."""
+
+    name: str
+    description: str
+    parameters: Mapping[str, Any]
+    fn: Callable[[dict[str, Any]], ToolOutput]
+
+    def schema(self) -> dict[str, Any]:
+        """The OpenAI/Hermes function schema, as `tokenizer.apply_chat_template(tools=...)` expects."""
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": dict(self.parameters),
+            },
+        }
+
+
+PYTHON_TOOL_PARAMETERS = {
+    "type": "object",
+    "properties": {"code": {"type": "string", "description": "Python source to run; print() what you need."}},
+    "required": ["code"],
+}
+
+FINAL_ANSWER_PREAMBLE = 'def final_answer(result):\n    print(f"\\\\boxed{{{result}}}")\n\n'
+
+
+class ToolEnv(TextEnv):
+    """A multi-turn environment in which the policy's text may call tools.
+
+    Each turn is one of:
+      * a final answer (a `\\boxed{` in the text): the episode ends and is scored (tool calls in the same
+        turn are not run, as in SimpleTIR);
+      * one or more complete tool calls: they run and their results are the observation;
+      * neither: a *void turn* (SimpleTIR). `void_turn_policy="end"` ends the episode (scored, flagged in
+        `info`); "continue" answers with `void_turn_feedback` and goes on.
+    On the last allowed turn tool calls are not run; the episode is truncated and scored.
+
+    Args (besides `TextEnv`'s):
+        sandbox: a `stare_agents.sandbox` sandbox to run Python in. None: `make_sandbox("auto")` on first use
+            (Docker when available, otherwise the local backend, which warns). An injected sandbox is shared
+            and never closed by the environment.
+        tool_format: "python_fence" (```python blocks) or "hermes" (<tool_call> JSON).
+        code_block: which complete python block of a turn runs: "first" or "last".
+        observation_format: "output_block", "code_execution_result" or "tool_response" (default:
+            output_block for fences, tool_response for hermes).
+        max_obs_chars: tool output longer than this keeps its head and tail.
+        tool_timeout_s: time limit of one tool call.
+        stateless: run each call in a fresh interpreter (SimpleTIR) instead of one session per episode.
+        error_lines: show only the last N lines of a traceback (None: all of it).
+        void_turn_policy / void_turn_feedback: see above.
+        accept_tool_answer: also accept a final answer printed by the tool (`final_answer(x)`, defined in the
+            interpreter, prints `\\boxed{x}`); such output ends the episode.
+        max_tool_calls_per_turn: extra calls in one turn are answered with an error.
+    """
+
+    default_max_turns: ClassVar[int] = 4
+
+    def __init__(
+        self,
+        *,
+        sandbox: Any = None,
+        tool_format: ToolFormat = "python_fence",
+        code_block: CodeBlock = "first",
+        observation_format: ObservationFormat | None = None,
+        max_turns: int | None = None,
+        max_obs_chars: int = 2048,
+        tool_timeout_s: float = 5.0,
+        stateless: bool = False,
+        error_lines: int | None = None,
+        void_turn_policy: VoidTurnPolicy = "end",
+        void_turn_feedback: str = (
+            "Your message contained neither a complete ```python code block nor a final answer in \\boxed{}."
+        ),
+        accept_tool_answer: bool = False,
+        max_tool_calls_per_turn: int = 4,
+        languages: tuple[str, ...] = PYTHON_LANGUAGES,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(max_turns=max_turns or self.default_max_turns, **kwargs)
+        if tool_format not in ("python_fence", "hermes"):
+            raise ValueError(f"tool_format must be 'python_fence' or 'hermes', got {tool_format!r}")
+        if code_block not in ("first", "last"):
+            raise ValueError(f"code_block must be 'first' or 'last', got {code_block!r}")
+        if void_turn_policy not in ("end", "continue"):
+            raise ValueError(f"void_turn_policy must be 'end' or 'continue', got {void_turn_policy!r}")
+        self.tool_format = tool_format
+        self.code_block = code_block
+        default_format = "output_block" if tool_format == "python_fence" else "tool_response"
+        self.observation_format: ObservationFormat = observation_format or default_format
+        self.max_obs_chars = max_obs_chars
+        self.tool_timeout_s = tool_timeout_s
+        self.stateless = stateless
+        self.error_lines = error_lines
+        self.void_turn_policy = void_turn_policy
+        self.void_turn_feedback = void_turn_feedback
+        self.accept_tool_answer = accept_tool_answer
+        self.max_tool_calls_per_turn = max_tool_calls_per_turn
+        self.languages = languages
+        self._sandbox = sandbox
+        self._owns_sandbox = sandbox is None
+        self._session: Any = None
+        self._session_stack: contextlib.ExitStack | None = None
+        self.tool_answers: list[str] = []
+
+    # -- hooks ------------------------------------------------------------------------------------------------
+    def tools(self) -> dict[str, Tool]:
+        """The tools the policy may call, by name. Default: `python`, run in the episode's sandbox session."""
+        return {
+            "python": Tool(
+                name="python",
+                description="Run Python code in a sandboxed interpreter and return what it prints.",
+                parameters=PYTHON_TOOL_PARAMETERS,
+                fn=self.run_python,
+            )
+        }
+
+    def score(self, task: Task, response: str) -> Score:
+        """Math grading of the policy's last `\\boxed{}`; with `accept_tool_answer`, a final answer the tool
+        printed counts when the policy's own text has none."""
+        grader = self.grader or default_grader()
+        result = grader.grade(response, str(task.answer))
+        if result.reason == "no_answer" and self.accept_tool_answer and self.tool_answers:
+            result = grader.compare(self.tool_answers[-1], str(task.answer))
+            details = {"detail": result.detail, "answer_source": "tool"}
+        else:
+            details = {"detail": result.detail, "answer_source": "policy"}
+        return Score(float(result.correct), result.reason, result.correct, result.extracted, details)
+
+    # -- turn logic -------------------------------------------------------------------------------------------
+    def respond(self, action: str) -> Turn:
+        boxed, unterminated = _last_box(action)
+        if boxed is not None or unterminated:
+            return Turn(done=True)
+        calls = find_tool_calls(action, self.tool_format, self.code_block, self.languages)
+        if not calls:
+            if self.void_turn_policy == "end":
+                return Turn(done=True, void=True)
+            feedback = message("user", self.void_turn_feedback, "\n" + self.void_turn_feedback + "\n")
+            return Turn(observation=[feedback], void=True)
+        if self.turns_left <= 0:
+            return Turn()  # the turn limit: nothing would read the result; the base class truncates
+        observation: list[Message] = []
+        done = False
+        for index, call in enumerate(calls):
+            if index >= self.max_tool_calls_per_turn:
+                output = ToolOutput(
+                    f"Error: at most {self.max_tool_calls_per_turn} tool calls per turn", "error"
+                )
+            else:
+                output = self.call_tool(call)
+            self.stats.tool_calls += 1
+            self.stats.tool_errors += int(output.status in ("error", "killed"))
+            self.stats.tool_timeouts += int(output.status == "timeout")
+            observation.append(tool_message(output.text, self.observation_format))
+            if self.accept_tool_answer and output.final_answer is not None:
+                self.tool_answers.append(output.final_answer)
+                done = True
+        return Turn(observation=observation, done=done)
+
+    def call_tool(self, call: ToolCall) -> ToolOutput:
+        """Run one parsed call: unknown tools, bad arguments and tool exceptions become error outputs."""
+        if call.error is not None:
+            return ToolOutput(f"Error: {call.error}", "error")
+        tools = self.tools()
+        tool = tools.get(call.name)
+        if tool is None:
+            return ToolOutput(f"Error: unknown tool {call.name!r}; available tools: {sorted(tools)}", "error")
+        try:
+            return tool.fn(dict(call.arguments))
+        except Exception as error:  # a tool bug must not crash the rollout; the model sees the error
+            logger.exception("tool %r raised", call.name)
+            return ToolOutput(f"Error: tool {call.name!r} failed: {type(error).__name__}: {error}", "error")
+
+    # -- the python tool --------------------------------------------------------------------------------------
+    @property
+    def sandbox(self) -> Any:
+        """The sandbox (created with `make_sandbox("auto")` on first use when none was injected)."""
+        if self._sandbox is None:
+            from stare_agents.sandbox import make_sandbox
+
+            self._sandbox = make_sandbox("auto")
+            self._owns_sandbox = True
+        return self._sandbox
+
+    def session(self) -> Any:
+        """The episode's sandbox session, opened on the first tool call and closed at the episode's end."""
+        if self._session is None:
+            stack = contextlib.ExitStack()
+            self._session = stack.enter_context(self.sandbox.session(stateless=self.stateless))
+            self._session_stack = stack
+        return self._session
+
+    def run_python(self, arguments: dict[str, Any]) -> ToolOutput:
+        """The `python` tool: run `arguments["code"]` in the episode's session and format the result."""
+        code = arguments.get("code")
+        if not isinstance(code, str):
+            return ToolOutput('Error: the python tool needs a string argument "code"', "error")
+        if self.accept_tool_answer:
+            code = FINAL_ANSWER_PREAMBLE + code
+        result = self.session().run(code, timeout_s=self.tool_timeout_s)
+        final_answer = None
+        if self.accept_tool_answer:
+            boxed, _ = _last_box(result.stdout)
+            final_answer = boxed
+        return ToolOutput(self.format_result(result), result.status, final_answer)
+
+    def format_result(self, result: ExecutionResult) -> str:
+        """The observation text for a sandbox result: stdout, then the traceback (or its last
+        `error_lines` lines), a note on timeouts and kills, head+tail truncated to `max_obs_chars`."""
+        parts = [result.stdout.rstrip("\n")] if result.stdout else []
+        stderr = result.stderr.rstrip("\n")
+        if stderr and self.error_lines is not None:
+            stderr = "\n".join(stderr.splitlines()[-self.error_lines :])
+        if stderr:
+            parts.append(stderr)
+        if result.status == "timeout" and not stderr:
+            parts.append(f"TimeoutError: the code ran longer than {self.tool_timeout_s:g} s and was stopped.")
+        elif result.status == "killed" and not stderr:
+            parts.append("Error: the interpreter was killed (out of memory or crashed).")
+        return truncate_middle("\n".join(parts), self.max_obs_chars)
+
+    def end_episode(self) -> None:
+        """Close the episode's sandbox session (the sandbox itself stays up for the next episode)."""
+        stack, self._session, self._session_stack = self._session_stack, None, None
+        self.tool_answers = []
+        if stack is not None:
+            try:
+                stack.close()
+            except Exception:
+                logger.exception("closing the sandbox session failed")
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[list[Message], dict[str, Any]]:
+        observation, info = super().reset(seed=seed, options=options)
+        info["tools"] = [tool.schema() for tool in self.tools().values()]
+        return observation, info
+
+    def close(self) -> None:
+        """End the episode and close the sandbox if this environment created it (never an injected one)."""
+        super().close()
+        if self._owns_sandbox and self._sandbox is not None:
+            sandbox, self._sandbox = self._sandbox, None
+            sandbox.close()
+
+
+def is_finite_number(value: Any) -> bool:
+    """True for a real, finite int/float/numpy scalar (what a reward must be)."""
+    try:
+        return math.isfinite(float(value)) and not isinstance(value, bool)
+    except (TypeError, ValueError):
+        return False

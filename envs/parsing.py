@@ -1,0 +1,196 @@
+"""Messages, tool-call parsing and observation formatting.
+
+An observation is a list of `Message`s. Each message carries what both renderers of the rollout layer need:
+
+* `role` and `content` for chat-template rendering (instruct models: the tool output becomes a `tool` turn,
+  e.g. Qwen's `<tool_response>` block, and feedback a `user` turn);
+* `inline`, the exact text to append after the policy's own text when the whole episode is one assistant
+  turn (base models, SimpleTIR/ToRL style), e.g. "\\n```output\\n42\\n```\\n".
+
+Tool calls are parsed from the policy's text in two styles:
+
+* "python_fence": fenced ```` ```python ```` (also `py`, `python3`) blocks; which complete block runs
+  (`first` or `last`) is configurable. An unterminated fence is not a tool call.
+* "hermes": `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (Qwen2.5/Qwen3 instruct). Every
+  complete call in the turn is returned, in order; one that is not valid JSON is returned with `error` set.
+
+All scanners here are linear in the length of the text, so a 1 MB action parses in milliseconds.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypedDict
+
+Role = Literal["system", "user", "assistant", "tool"]
+ROLES: tuple[str, ...] = ("system", "user", "assistant", "tool")
+
+ToolFormat = Literal["python_fence", "hermes"]
+ObservationFormat = Literal["output_block", "code_execution_result", "tool_response"]
+CodeBlock = Literal["first", "last"]
+
+PYTHON_LANGUAGES: tuple[str, ...] = ("python", "py", "python3")
+
+
+class Message(TypedDict):
+    """One observation message. Exactly these three string fields.
+
+    role: "system", "user", "assistant" or "tool".
+    content: the text for a chat-template turn of that role.
+    inline: the text to splice verbatim into a single running assistant turn (base-model rendering).
+    """
+
+    role: str
+    content: str
+    inline: str
+
+
+def message(role: str, content: str, inline: str | None = None) -> Message:
+    """Build a `Message`; `inline` defaults to `content`."""
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+    return {"role": role, "content": content, "inline": content if inline is None else inline}
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A tool call found in the policy's text.
+
+    name: the tool's name ("python" for fenced code blocks).
+    arguments: keyword arguments for the tool ({"code": ...} for the python tool).
+    error: set when the call was found but could not be decoded (invalid JSON, no name); the environment
+        answers it with this error as the observation and counts a tool error.
+    """
+
+    name: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+
+_FENCE_OPEN = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[ \t]*\r?\n")
+
+
+def python_blocks(text: str, languages: tuple[str, ...] = PYTHON_LANGUAGES) -> list[str]:
+    """Contents of every complete fenced code block tagged with one of `languages`, in order.
+
+    A block opens with ```` ```<language> ```` on its own line and closes at the next ```` ``` ````; blocks in
+    other languages (e.g. ```` ```output ````) are skipped over. An unterminated block ends the scan.
+    """
+    blocks: list[str] = []
+    position = 0
+    wanted = {language.lower() for language in languages}
+    while True:
+        opening = _FENCE_OPEN.search(text, position)
+        if opening is None:
+            return blocks
+        close = text.find("```", opening.end())
+        if close < 0:
+            return blocks
+        if opening.group(1).lower() in wanted:
+            blocks.append(text[opening.end() : close].rstrip("\n").rstrip("\r"))
+        position = close + 3
+
+
+def has_unterminated_fence(text: str, languages: tuple[str, ...] = PYTHON_LANGUAGES) -> bool:
+    """True when the text opens a code block in `languages` that never closes."""
+    position = 0
+    wanted = {language.lower() for language in languages}
+    while True:
+        opening = _FENCE_OPEN.search(text, position)
+        if opening is None:
+            return False
+        close = text.find("```", opening.end())
+        if close < 0:
+            return opening.group(1).lower() in wanted
+        position = close + 3
+
+
+def hermes_calls(text: str) -> list[ToolCall]:
+    """Every complete `<tool_call>...</tool_call>` in order; undecodable ones carry `.error`."""
+    calls: list[ToolCall] = []
+    position = 0
+    while True:
+        start = text.find("<tool_call>", position)
+        if start < 0:
+            return calls
+        end = text.find("</tool_call>", start)
+        if end < 0:
+            return calls
+        calls.append(_decode_hermes(text[start + len("<tool_call>") : end]))
+        position = end + len("</tool_call>")
+
+
+def _decode_hermes(body: str) -> ToolCall:
+    try:
+        payload = json.loads(body.strip())
+    except (json.JSONDecodeError, RecursionError) as error:
+        return ToolCall(name="", error=f"tool call is not valid JSON: {str(error)[:200]}")
+    if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
+        return ToolCall(name="", error='tool call must be a JSON object {"name": ..., "arguments": {...}}')
+    arguments = payload.get("arguments", payload.get("parameters", {}))
+    if isinstance(arguments, str):  # some models emit the arguments as a JSON string
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            arguments = {"code": arguments} if payload["name"] == "python" else {"input": arguments}
+    if not isinstance(arguments, dict):
+        return ToolCall(name=payload["name"], error="tool call arguments must be a JSON object")
+    return ToolCall(name=payload["name"], arguments=arguments)
+
+
+def find_tool_calls(
+    text: str,
+    tool_format: ToolFormat = "python_fence",
+    code_block: CodeBlock = "first",
+    languages: tuple[str, ...] = PYTHON_LANGUAGES,
+) -> list[ToolCall]:
+    """The tool calls of one policy turn, in the given style (empty list: no complete call)."""
+    if tool_format == "python_fence":
+        blocks = python_blocks(text, languages)
+        if not blocks:
+            return []
+        code = blocks[0] if code_block == "first" else blocks[-1]
+        return [ToolCall(name="python", arguments={"code": code})]
+    if tool_format == "hermes":
+        return hermes_calls(text)
+    raise ValueError(f"tool_format must be 'python_fence' or 'hermes', got {tool_format!r}")
+
+
+def truncate_middle(text: str, max_chars: int) -> str:
+    """Keep the head and tail of `text` (about half each) within `max_chars`, marking what was cut."""
+    if max_chars <= 0 or len(text) <= max_chars:
+        return text
+    marker = "\n...[{} characters truncated]...\n"
+    budget = max(0, max_chars - len(marker.format(len(text))))
+    head = budget // 2
+    tail = budget - head
+    cut = len(text) - head - tail
+    return text[:head] + marker.format(cut) + (text[-tail:] if tail else "")
+
+
+def format_inline(text: str, observation_format: ObservationFormat) -> str:
+    """The inline rendering of a tool result in the given style."""
+    if observation_format == "output_block":
+        return f"\n```output\n{text}\n```\n"
+    if observation_format == "code_execution_result":
+        return f"\nCode execution result: {text}\n"
+    if observation_format == "tool_response":
+        return f"\n<tool_response>\n{text}\n</tool_response>\n"
+    raise ValueError(
+        "observation_format must be 'output_block', 'code_execution_result' or 'tool_response', "
+        f"got {observation_format!r}"
+    )
+
+
+def tool_message(text: str, observation_format: ObservationFormat) -> Message:
+    """A `tool` message whose content is the raw result and whose inline text is formatted."""
+    return message("tool", text, format_inline(text, observation_format))
+
+
+def render_template(template: str, **fields: str) -> str:
+    """Replace `{name}` placeholders for the given fields only (LaTeX braces elsewhere are left alone)."""
+    for name, value in fields.items():
+        template = template.replace("{" + name + "}", value)
+    return template

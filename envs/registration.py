@@ -1,0 +1,34 @@
+"""Registration of the built-in environments under `stare_agents/<Name>-v<N>` (runs on `import stare_agents.envs`)."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+
+NAMESPACE = "stare_agents"
+
+# id -> (entry point, one-line description). Versions bump when behaviour changes incompatibly.
+ENVIRONMENTS: dict[str, tuple[str, str]] = {
+    f"{NAMESPACE}/MathTIR-v0": (
+        "stare_agents.envs.math_envs:MathTIREnv",
+        "multi-turn math with a stateful Python sandbox session per episode (SimpleTIR/ToRL style)",
+    ),
+    f"{NAMESPACE}/MathCoT-v0": (
+        "stare_agents.envs.math_envs:MathCoTEnv",
+        "single-turn chain-of-thought math (cot='short' or 'long')",
+    ),
+    f"{NAMESPACE}/ArithmeticTIR-v0": (
+        "stare_agents.envs.arithmetic:ArithmeticTIREnv",
+        "seeded, offline integer problems that need the Python tool",
+    ),
+    f"{NAMESPACE}/PythonUnitTest-v0": (
+        "stare_agents.envs.python_unittest:PythonUnitTestEnv",
+        "write a function; reward = fraction of hidden unit tests passing in the sandbox",
+    ),
+}
+
+
+def register_envs() -> None:
+    """Register every built-in environment with gymnasium (idempotent)."""
+    for env_id, (entry_point, _) in ENVIRONMENTS.items():
+        if env_id not in gym.registry:
+            gym.register(id=env_id, entry_point=entry_point)

@@ -1,0 +1,173 @@
+"""Tasks and task datasets: JSONL / JSON / Parquet files, Hugging Face dataset ids, or in-memory rows.
+
+    >>> tasks = TaskDataset("data/train.jsonl", fields={"problem": "question", "answer": "solution"})
+    >>> task = tasks.sample(np.random.default_rng(0))
+
+Rows are read on first use (a dataset handed to an environment costs nothing until the first `reset`).
+`fields` maps each `Task` field ("problem", "answer", "id") to a column name or to a function of the row;
+every other column is kept in `Task.data`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+FieldSpec = str | Callable[[Mapping[str, Any]], Any]
+DEFAULT_FIELDS: dict[str, FieldSpec] = {"problem": "problem", "answer": "answer", "id": "id"}
+FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
+
+
+@dataclass(frozen=True)
+class Task:
+    """One task: what the policy is asked and what the environment grades against.
+
+    problem: the text shown to the policy (inserted into the environment's prompt template).
+    answer: the reference answer (a LaTeX string for math); None where the environment's score needs none.
+    id: a stable identifier (row id, or a generated one).
+    data: any other fields the environment needs (unit tests, function name, difficulty, ...).
+    """
+
+    problem: str
+    answer: Any = None
+    id: str = ""
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+
+class TaskDataset(Sequence[Task]):
+    """A lazily loaded, indexable collection of `Task`s with seeded sampling.
+
+    Args:
+        source: a path to a `.jsonl`, `.json` (list of objects or JSON lines) or `.parquet` file; a Hugging
+            Face dataset id such as "HuggingFaceH4/MATH-500" (loaded with `datasets.load_dataset`, which needs
+            the dataset cached or network access); or a sequence of row mappings.
+        fields: Task field -> column name or function of the row. Defaults: problem="problem",
+            answer="answer", id="id" (a missing id column yields ids "<name>-<index>").
+        split: split to load for Hugging Face ids.
+        config: dataset configuration name for Hugging Face ids.
+        limit: keep only the first `limit` rows.
+    """
+
+    def __init__(
+        self,
+        source: str | Path | Sequence[Mapping[str, Any]],
+        *,
+        fields: Mapping[str, FieldSpec] | None = None,
+        split: str = "train",
+        config: str | None = None,
+        limit: int | None = None,
+    ) -> None:
+        unknown = set(fields or {}) - set(DEFAULT_FIELDS)
+        if unknown:
+            raise ValueError(
+                f"fields may map only {sorted(DEFAULT_FIELDS)}, got unknown keys {sorted(unknown)}"
+            )
+        self.source = source
+        self.fields: dict[str, FieldSpec] = {**DEFAULT_FIELDS, **(fields or {})}
+        self.split = split
+        self.config = config
+        self.limit = limit
+        self.name = source if isinstance(source, str | Path) else "rows"
+        self._tasks: list[Task] | None = None
+
+    # -- Sequence -------------------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+    def __getitem__(self, index: int) -> Task:  # type: ignore[override]
+        return self.tasks[index]
+
+    def __iter__(self) -> Iterator[Task]:
+        return iter(self.tasks)
+
+    def __repr__(self) -> str:
+        loaded = f"{len(self._tasks)} tasks" if self._tasks is not None else "not loaded"
+        return f"TaskDataset({self.name!s}, {loaded})"
+
+    # -- sampling -------------------------------------------------------------------------------------------
+    def sample(self, rng: np.random.Generator) -> Task:
+        """A task drawn uniformly with `rng` (the environment passes its seeded `np_random`)."""
+        if len(self) == 0:
+            raise ValueError(f"dataset {self.name!s} has no rows to sample from")
+        return self.tasks[int(rng.integers(len(self)))]
+
+    @property
+    def tasks(self) -> list[Task]:
+        """All tasks, loading the source on first access."""
+        if self._tasks is None:
+            rows = load_rows(self.source, split=self.split, config=self.config)
+            if self.limit is not None:
+                rows = rows[: self.limit]
+            self._tasks = [self._to_task(row, index) for index, row in enumerate(rows)]
+        return self._tasks
+
+    def _to_task(self, row: Mapping[str, Any], index: int) -> Task:
+        values: dict[str, Any] = {}
+        used: set[str] = set()
+        for name, spec in self.fields.items():
+            if callable(spec):
+                values[name] = spec(row)
+            elif spec in row:
+                values[name] = row[spec]
+                used.add(spec)
+            elif name == "problem":
+                raise KeyError(
+                    f"row {index} of {self.name!s} has no column {spec!r} for the problem text; columns are "
+                    f"{sorted(row)}. Pass fields={{'problem': '<column>'}}."
+                )
+            else:
+                values[name] = None
+        task_id = values["id"] if values["id"] is not None else f"{Path(str(self.name)).stem}-{index}"
+        answer = values["answer"]
+        if answer is not None and not isinstance(answer, str):
+            answer = str(answer)
+        extra = {key: value for key, value in row.items() if key not in used}
+        return Task(problem=str(values["problem"]), answer=answer, id=str(task_id), data=extra)
+
+
+def load_rows(
+    source: str | Path | Sequence[Mapping[str, Any]], *, split: str = "train", config: str | None = None
+) -> list[dict[str, Any]]:
+    """Read the rows of a file, a Hugging Face dataset id or an in-memory sequence as dicts."""
+    if not isinstance(source, str | Path):
+        return [dict(row) for row in source]
+    path = Path(source).expanduser()
+    if path.suffix in FILE_SUFFIXES or path.exists():
+        if not path.exists():
+            raise FileNotFoundError(f"task file {path} does not exist")
+        if path.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            return pq.read_table(path).to_pylist()
+        text = path.read_text(encoding="utf-8")
+        if path.suffix == ".json" and text.lstrip().startswith("["):
+            return [dict(row) for row in json.loads(text)]
+        rows = []
+        for number, line in enumerate(text.splitlines(), start=1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as error:
+                    raise ValueError(f"{path}:{number} is not valid JSON: {error}") from error
+        return rows
+    return _load_hf(str(source), split=split, config=config)
+
+
+def _load_hf(dataset_id: str, *, split: str, config: str | None) -> list[dict[str, Any]]:
+    try:
+        import datasets
+    except ImportError as error:  # declared dependency; only a broken install gets here
+        raise ImportError("loading a Hugging Face dataset id needs the 'datasets' package") from error
+    try:
+        loaded = datasets.load_dataset(dataset_id, config, split=split)
+    except Exception as error:
+        raise RuntimeError(
+            f"could not load Hugging Face dataset {dataset_id!r} (config={config!r}, split={split!r}): {error}. "
+            "Offline? Pass a local .jsonl/.parquet path instead, or pre-download the dataset into the HF cache."
+        ) from error
+    return [dict(row) for row in loaded]
