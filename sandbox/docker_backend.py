@@ -1,0 +1,295 @@
+"""DockerSandbox: a pool of warm, locked-down containers, each running the sandbox runner as PID 1."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import struct
+import time
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from stare_agents.sandbox.pool import Channel, ChannelTimeout, PooledSandbox, Runner, SandboxError
+
+logger = logging.getLogger("stare_agents.sandbox")
+
+RUNNER_PATH = Path(__file__).with_name("runner.py")
+LABEL = "stare-agents.sandbox"  # every sandbox container carries it
+OWNER_LABEL = "stare-agents.sandbox.owner"  # "<host>:<pid>:<process start time>" of the process that made it
+
+
+def _version() -> str:
+    try:
+        return metadata.version("stare-agents")
+    except metadata.PackageNotFoundError:
+        return "0.1.0"
+
+
+DEFAULT_IMAGE = f"stare-agents/sandbox:{_version()}"
+
+
+@dataclass(frozen=True)
+class DockerLimits:
+    """Per-container limits. Every one is always on; only the sizes are configurable."""
+
+    memory_mb: int = 512  # RAM; swap is set equal, so there is none on top
+    pids: int = 128  # processes + threads in the container
+    cpus: float = 1.0  # CPU quota
+    tmpfs_mb: int = 64  # the only writable folder, /tmp (the root is read-only)
+    nofile: int = 1024  # open files per process
+    user: str = "1000:1000"  # non-root, matches the `sandbox` user of the image
+
+
+def _process_start_time(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return "?"
+
+
+def owner_tag(pid: int | None = None) -> str:
+    pid = os.getpid() if pid is None else pid
+    return f"{socket.gethostname()}:{pid}:{_process_start_time(pid)}"
+
+
+def _owner_alive(tag: str) -> bool:
+    host, _, rest = tag.partition(":")
+    pid_text, _, start = rest.partition(":")
+    if host != socket.gethostname():
+        return True  # another machine's container: not ours to judge
+    try:
+        pid = int(pid_text)
+    except ValueError:
+        return False
+    return os.path.exists(f"/proc/{pid}") and _process_start_time(pid) == start
+
+
+def docker_client(timeout_s: float = 30.0):
+    """A docker SDK client for the engine in the environment (DOCKER_HOST or the default socket)."""
+    try:
+        import docker
+    except ImportError as exc:  # a declared dependency; only a broken install gets here
+        raise SandboxError("the `docker` Python package is missing: pip install 'docker>=7'") from exc
+    try:
+        client = docker.from_env(timeout=int(timeout_s))
+        client.ping()
+    except Exception as exc:
+        raise SandboxError(
+            f"no Docker engine answers ({exc}); start one (as root: `bash scripts/provision_docker.sh`) "
+            f"or use LocalSandbox"
+        ) from exc
+    return client
+
+
+def docker_status(image: str = DEFAULT_IMAGE) -> tuple[bool, str]:
+    """(True, "") when an engine answers and `image` exists, else (False, what is missing)."""
+    try:
+        client = docker_client(timeout_s=10)
+    except SandboxError as exc:
+        return False, str(exc)
+    try:
+        import docker.errors
+
+        try:
+            client.images.get(image)
+        except docker.errors.ImageNotFound:
+            return (
+                False,
+                f"the image {image} is missing: build it with `stare-agents sandbox build [--offline]`",
+            )
+        return True, ""
+    finally:
+        client.close()
+
+
+def sweep_stale_containers(client: Any) -> int:
+    """Remove sandbox containers whose owner process is gone (e.g. it was killed). Returns how many."""
+    removed = 0
+    for container in client.containers.list(all=True, filters={"label": LABEL}):
+        owner = container.labels.get(OWNER_LABEL, "")
+        if _owner_alive(owner):
+            continue
+        try:
+            container.remove(force=True)
+            removed += 1
+        except Exception as exc:  # already being removed (auto-remove) or gone
+            logger.debug("could not remove stale container %s: %s", container.short_id, exc)
+    if removed:
+        logger.warning("removed %d sandbox container(s) left behind by a process that ended", removed)
+    return removed
+
+
+class DockerChannel(Channel):
+    """The container's stdin and stdout through the engine's attach stream (8-byte multiplexing headers)."""
+
+    def __init__(self, sock: socket.socket, container: Any) -> None:
+        super().__init__()
+        self.sock = sock
+        self.container = container
+        self._raw = bytearray()
+
+    def send(self, data: bytes) -> None:
+        self.sock.settimeout(30)
+        self.sock.sendall(data)
+
+    def _recv_some(self, deadline: float | None) -> bytes:
+        while True:
+            if len(self._raw) >= 8:
+                stream, size = struct.unpack(">BxxxL", self._raw[:8])
+                if len(self._raw) >= 8 + size:
+                    payload = bytes(self._raw[8 : 8 + size])
+                    del self._raw[: 8 + size]
+                    if stream == 1 and payload:
+                        return payload
+                    if stream == 2 and payload:  # the runner's own stderr: only on a runner bug
+                        logger.warning("sandbox runner stderr: %s", payload.decode(errors="replace").rstrip())
+                    continue
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise ChannelTimeout("the container did not answer in time")
+            self.sock.settimeout(remaining)
+            try:
+                chunk = self.sock.recv(1 << 16)
+            except TimeoutError as exc:
+                raise ChannelTimeout("the container did not answer in time") from exc
+            if not chunk:
+                return b""
+            self._raw += chunk
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        finally:
+            try:
+                self.container.remove(force=True)
+            except Exception as exc:  # auto-remove may have won the race
+                logger.debug("removing %s: %s", self.container.short_id, exc)
+
+
+class DockerSandbox(PooledSandbox):
+    """Python sessions in a pool of warm Docker containers with hard limits.
+
+    Each container: no network, `limits.memory_mb` of memory and no swap, at most `limits.pids` processes
+    and threads, `limits.cpus` CPUs, a read-only root with a `limits.tmpfs_mb` MB tmpfs at /tmp, a non-root
+    user, every capability dropped, no-new-privileges, no host mounts and none of the host's environment.
+    Sessions lease a container; when a session ends its container is wiped (fresh interpreter, empty /tmp,
+    every process killed) and lent again. Containers are labelled and removed on close, at interpreter exit,
+    when the owner's connection drops (the engine closes their stdin), and at the next start after the owner
+    was killed.
+    """
+
+    runner_kind = "container"
+
+    def __init__(
+        self,
+        pool_size: int = 4,
+        *,
+        image: str = DEFAULT_IMAGE,
+        limits: DockerLimits | None = None,
+        default_timeout_s: float = 10.0,
+        max_output_bytes: int = 32 * 1024,
+        lease_timeout_s: float | None = None,
+        grace_s: float = 1.0,
+    ) -> None:
+        super().__init__(
+            pool_size=pool_size,
+            default_timeout_s=default_timeout_s,
+            max_output_bytes=max_output_bytes,
+            lease_timeout_s=lease_timeout_s,
+        )
+        self.image = image
+        self.limits = limits or DockerLimits()
+        self.grace_s = grace_s
+        self.client: Any = None
+        self.owner = owner_tag()
+
+    def _before_start(self) -> None:
+        import docker.errors
+
+        self.client = docker_client()
+        try:
+            self.client.images.get(self.image)
+        except docker.errors.ImageNotFound as exc:
+            raise SandboxError(
+                f"the sandbox image {self.image} is missing: build it with `stare-agents sandbox build` "
+                f"(or `--offline` without a registry)"
+            ) from exc
+        sweep_stale_containers(self.client)
+
+    def container_config(self) -> dict[str, Any]:
+        """The keyword arguments of `containers.create`: every isolation setting in one place."""
+        from docker.types import LogConfig, Ulimit
+
+        limits = self.limits
+        command = [
+            "python3",
+            "-I",
+            "-c",
+            RUNNER_PATH.read_text(),
+            "--mode",
+            "docker",
+            "--workdir",
+            "/tmp",
+            "--max-output",
+            str(self.max_output_bytes),
+            "--grace",
+            str(self.grace_s),
+            "--memory-hint",
+            f"{limits.memory_mb} MB",
+        ]
+        return {
+            "image": self.image,
+            "command": command,
+            "stdin_open": True,
+            "stdin_once": True,  # the engine closes stdin when our attach drops -> the runner exits
+            "tty": False,
+            "detach": True,
+            "auto_remove": True,
+            "labels": {LABEL: "1", OWNER_LABEL: self.owner},
+            "network_mode": "none",
+            "mem_limit": f"{limits.memory_mb}m",
+            "memswap_limit": f"{limits.memory_mb}m",
+            "pids_limit": limits.pids,
+            "nano_cpus": int(limits.cpus * 1e9),
+            "read_only": True,
+            "tmpfs": {"/tmp": f"rw,nosuid,nodev,noexec,size={limits.tmpfs_mb}m,mode=1777"},
+            "shm_size": "16m",
+            "user": limits.user,
+            "cap_drop": ["ALL"],
+            "security_opt": ["no-new-privileges"],
+            "environment": {"LANG": "C.UTF-8", "PATH": "/usr/local/bin:/usr/bin:/bin"},
+            "working_dir": "/tmp",
+            "hostname": "sandbox",
+            "ulimits": [
+                Ulimit(name="nofile", soft=limits.nofile, hard=limits.nofile),
+                Ulimit(name="core", soft=0, hard=0),
+            ],
+            "log_config": LogConfig(type="none"),  # the protocol goes through attach, never to disk
+        }
+
+    def _start_runner(self) -> Runner:
+        container = self.client.containers.create(**self.container_config())
+        try:
+            response_sock = self.client.api.attach_socket(
+                container.id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
+            )
+            sock = getattr(response_sock, "_sock", response_sock)
+            container.start()
+            runner = Runner(DockerChannel(sock, container), f"container {container.short_id}")
+        except BaseException:
+            try:
+                container.remove(force=True)
+            except Exception as exc:
+                logger.debug("cleanup of %s: %s", container.short_id, exc)
+            raise
+        try:
+            header, _, _ = runner.request({"op": "ping"}, time.monotonic() + 60)
+        except Exception as exc:
+            runner.close()
+            raise SandboxError(f"container {container.short_id} did not answer a ping: {exc}") from exc
+        runner.info = header
+        return runner

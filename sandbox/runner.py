@@ -1,0 +1,646 @@
+"""The interpreter behind a sandbox session: a supervisor process and the worker it drives.
+
+This file runs in two places with the standard library only: as the main process (PID 1) of every sandbox
+container, and as a plain subprocess for `LocalSandbox`. The host imports it too, for the framing helpers.
+
+    host --frames on stdin/stdout--> supervisor --frames on a pipe pair--> worker (the Python the code runs in)
+
+The supervisor holds no user state and never runs user code. Per call it hands the code to the worker,
+reads the worker's file descriptors 1 and 2 (pipes, so output written by C extensions and subprocesses is
+caught as well), keeps the head and the tail of each stream up to a cap, enforces the timeout and reports
+one result frame. The worker keeps the session's namespace between calls.
+
+Timeout: at the deadline the supervisor sends SIGINT, which raises KeyboardInterrupt inside the running
+code; the worker unwinds, the call is reported as "timeout" and the session keeps every variable, including
+whatever the interrupted call had already assigned. If the code does not stop within the grace period
+(it swallows the interrupt, it is stuck in C code) or a timed-out call leaves threads running, the worker is
+killed and a fresh one started: the call is still "timeout", and stderr says that the session's state was
+lost. A worker that dies (signal, out of memory, segfault, os._exit) is reported as "killed" and replaced
+the same way. Processes the code starts do not outlive its call (in a container; locally, after a timeout).
+
+Frames: 4-byte big-endian length + JSON header; a result frame from the supervisor is followed by the raw
+stdout and stderr bytes whose lengths the header gives.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import ctypes
+import io
+import json
+import linecache
+import os
+import select
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import time
+import traceback
+
+_LEN = struct.Struct(">I")
+MAX_FRAME = 256 * 1024 * 1024
+
+
+def encode_frame(header: dict, *blobs: bytes) -> bytes:
+    payload = json.dumps(header, separators=(",", ":")).encode()
+    return b"".join((_LEN.pack(len(payload)), payload, *blobs))
+
+
+def _read_exact(fd: int, n: int) -> bytes | None:
+    """Blocking read of exactly n bytes from fd; None on EOF."""
+    chunks = []
+    while n:
+        try:
+            chunk = os.read(fd, n)
+        except InterruptedError:
+            continue
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+def read_frame_fd(fd: int) -> dict | None:
+    head = _read_exact(fd, 4)
+    if head is None:
+        return None
+    (size,) = _LEN.unpack(head)
+    if size > MAX_FRAME:
+        raise ValueError(f"frame of {size} bytes is larger than {MAX_FRAME}")
+    body = _read_exact(fd, size)
+    return None if body is None else json.loads(body)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            written = os.write(fd, view)
+        except InterruptedError:
+            continue
+        view = view[written:]
+
+
+def _libc():
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+
+
+PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
+PR_SET_CHILD_SUBREAPER = 36
+
+
+# --------------------------------------------------------------------------------------------- worker
+
+
+def _move_high(fd: int) -> int:
+    """Duplicate fd to a high close-on-exec number so the user's subprocesses never inherit it."""
+    import fcntl
+
+    high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 200)
+    os.close(fd)
+    return high
+
+
+def _format_exception(exc: BaseException) -> str:
+    tb = exc.__traceback__
+    # drop the runner's own frames, keep the user's (files named "<cell N>")
+    while tb is not None and not tb.tb_frame.f_code.co_filename.startswith("<cell"):
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb))
+
+
+def _compile_cell(source: str, filename: str, echo: bool):
+    """Compile source; with echo, the value of a trailing expression is printed (like a notebook cell)."""
+    import ast
+
+    tree = ast.parse(source, filename, "exec")
+    last = None
+    if echo and tree.body and isinstance(tree.body[-1], ast.Expr):
+        last = ast.Expression(tree.body.pop().value)
+    body = compile(tree, filename, "exec")
+    return body, (compile(last, filename, "eval") if last is not None else None)
+
+
+def worker_main(ctl_in: int, ctl_out: int) -> None:
+    worker_pid = os.getpid()
+    libc = _libc()
+    if libc is not None and sys.platform.startswith("linux"):
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    try:  # when memory runs out, the kernel should pick this process, never the supervisor
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("1000")
+    except OSError:
+        pass
+    memory_bytes = int(os.environ.pop("STARE_SANDBOX_MEMORY_BYTES", "0") or 0)
+    if memory_bytes > 0:  # local backend only: a container's memory is bounded by its cgroup instead
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    ctl_in, ctl_out = _move_high(ctl_in), _move_high(ctl_out)
+    saved_out = _move_high(os.dup(1))
+    saved_err = _move_high(os.dup(2))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    namespace: dict = {"__name__": "__main__", "__builtins__": builtins}
+    cell = 0
+
+    while True:
+        try:
+            request = read_frame_fd(ctl_in)
+        except KeyboardInterrupt:  # an interrupt that arrived just after a call ended
+            continue
+        if request is None:
+            os._exit(0)
+        cell += 1
+        status = "error"
+        out = err = None
+        try:
+            os.dup2(saved_out, 1)
+            os.dup2(saved_err, 2)
+            out = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), "utf-8", "backslashreplace")
+            err = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), "utf-8", "backslashreplace")
+            sys.stdout, sys.stderr = out, err
+            scope = (
+                {"__name__": "__main__", "__builtins__": builtins} if request.get("stateless") else namespace
+            )
+            source = request["code"]
+            filename = f"<cell {cell}>"
+            linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+            try:
+                signal.signal(signal.SIGINT, signal.default_int_handler)
+                body, last = _compile_cell(source, filename, bool(request.get("echo")))
+                exec(body, scope)
+                if last is not None:
+                    value = eval(last, scope)
+                    if value is not None:
+                        print(repr(value))
+                status = "ok"
+            except SystemExit as exc:
+                if exc.code in (None, 0):
+                    status = "ok"
+                else:
+                    status = "error"
+                    print(exc.code if isinstance(exc.code, str) else f"SystemExit: {exc.code}", file=err)
+            except KeyboardInterrupt:
+                status = "interrupted"
+            except BaseException as exc:
+                status = "error"
+                err.write(_format_exception(exc))
+            finally:
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+        except KeyboardInterrupt:
+            status = "interrupted"
+        except BaseException as exc:  # the runner's own bookkeeping failed (e.g. the code closed fds)
+            status = "error"
+            with contextlib.suppress(OSError):
+                os.write(saved_err, f"sandbox runner error: {exc!r}\n".encode())
+        if os.getpid() != worker_pid:  # a process the code forked fell through to here: end it quietly
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(BaseException):
+                    stream.flush()
+            os._exit(0 if status == "ok" else 1)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        for stream in (out, err, sys.stdout, sys.stderr):
+            try:
+                if stream is not None:
+                    stream.flush()
+            except BaseException:
+                pass
+        if libc is not None:
+            libc.fflush(None)
+        import threading
+
+        reply = encode_frame({"status": status, "threads": threading.active_count()})
+        try:
+            _write_all(ctl_out, reply)
+        except OSError:
+            os._exit(1)
+
+
+# ----------------------------------------------------------------------------------------- supervisor
+
+
+class _Capture:
+    """Keeps the first and the last `cap // 2` bytes of a stream and counts the rest."""
+
+    def __init__(self, cap: int) -> None:
+        self.half = max(cap // 2, 1)
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.total = 0
+
+    def feed(self, data: bytes) -> None:
+        self.total += len(data)
+        room = self.half - len(self.head)
+        if room > 0:
+            self.head += data[:room]
+            data = data[room:]
+        if data:
+            self.tail += data
+            if len(self.tail) > 2 * self.half:
+                del self.tail[: len(self.tail) - self.half]
+
+    @property
+    def truncated(self) -> bool:
+        return self.total > len(self.head) + len(self.tail[-self.half :])
+
+    def result(self) -> bytes:
+        tail = bytes(self.tail[-self.half :])
+        if not self.truncated:
+            return bytes(self.head) + tail
+        head = bytes(self.head)
+        # cut at UTF-8 character boundaries so the host decodes both halves cleanly
+        for back in range(1, min(4, len(head)) + 1):
+            byte = head[-back]
+            if byte & 0xC0 == 0xC0:  # a lead byte: keep it only if its sequence is complete
+                need = 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
+                if back < need:
+                    head = head[:-back]
+                break
+            if byte & 0x80 == 0:
+                break
+        start = 0
+        while start < min(4, len(tail)) and tail[start] & 0xC0 == 0x80:
+            start += 1
+        tail = tail[start:]
+        skipped = self.total - len(head) - len(tail)
+        return head + f"\n... [{skipped} bytes of output truncated] ...\n".encode() + tail
+
+
+class Supervisor:
+    def __init__(
+        self,
+        mode: str,
+        python: str,
+        workdir: str,
+        max_output: int,
+        grace_s: float,
+        memory_hint: str,
+        memory_bytes: int = 0,
+    ) -> None:
+        self.memory_bytes = memory_bytes
+        self.mode = mode
+        self.python = python
+        self.max_output = max_output
+        self.grace_s = grace_s
+        self.memory_hint = memory_hint
+        self.workdir = workdir
+        self.worker: subprocess.Popen | None = None
+        self.ctl_w = self.ctl_r = self.out_r = self.err_r = -1
+        libc = _libc()
+        if libc is not None:
+            if mode == "docker":  # nothing in the container may ptrace or read this process's memory
+                libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+            else:  # orphans of the code are re-parented here, so they can be reaped and killed
+                # (no PDEATHSIG here: it fires when the host *thread* that started us ends; the host
+                # closing our stdin ends us instead)
+                libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+    # -- worker lifecycle
+    def spawn_worker(self) -> None:
+        to_worker_r, self.ctl_w = os.pipe()
+        self.ctl_r, from_worker_w = os.pipe()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        env = {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "HOME": self.workdir,
+            "TMPDIR": self.workdir,
+            "LANG": "C.UTF-8",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONHASHSEED": "0",
+            "OPENBLAS_NUM_THREADS": "1",
+            "OMP_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1",
+            "MPLBACKEND": "Agg",
+        }
+        if self.memory_bytes:
+            env["STARE_SANDBOX_MEMORY_BYTES"] = str(self.memory_bytes)
+        self.worker = subprocess.Popen(
+            [*_self_command(self.python), "worker", str(to_worker_r), str(from_worker_w)],
+            stdin=subprocess.DEVNULL,
+            stdout=out_w,
+            stderr=err_w,
+            pass_fds=(to_worker_r, from_worker_w),
+            cwd=self.workdir,
+            env=env,
+            start_new_session=True,
+        )
+        for fd in (to_worker_r, from_worker_w, out_w, err_w):
+            os.close(fd)
+        for fd in (out_r, err_r, self.ctl_r):
+            os.set_blocking(fd, False)
+        self.out_r, self.err_r = out_r, err_r
+
+    def stop_worker(self) -> None:
+        if self.worker is not None:
+            with contextlib.suppress(OSError):
+                os.killpg(self.worker.pid, signal.SIGKILL)
+            with contextlib.suppress(OSError):
+                self.worker.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.worker.wait(timeout=5)
+        for fd in (self.ctl_w, self.ctl_r, self.out_r, self.err_r):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self.ctl_w = self.ctl_r = self.out_r = self.err_r = -1
+        self.worker = None
+        self.kill_strays(keep_worker=False)
+
+    def restart_worker(self) -> None:
+        self.stop_worker()
+        self.spawn_worker()
+
+    def _stray_pids(self, keep_worker: bool) -> list[int]:
+        keep = {1, os.getpid()}
+        if keep_worker and self.worker is not None:
+            keep.add(self.worker.pid)
+        pids = []
+        for name in os.listdir("/proc"):
+            if not name.isdigit() or int(name) in keep:
+                continue
+            pid = int(name)
+            if self.mode == "local":  # only the code's own processes: its process group, or orphans here
+                try:
+                    with open(f"/proc/{pid}/stat") as f:
+                        fields = f.read().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                ppid, pgid = int(fields[1]), int(fields[2])
+                group = self.worker.pid if self.worker is not None else -1
+                if pgid != group and ppid != os.getpid():
+                    continue
+            pids.append(pid)
+        return pids
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if self.worker is not None and pid == self.worker.pid:
+                self.worker.returncode = -1  # reaped here; Popen must not wait for it again
+
+    def kill_strays(self, keep_worker: bool = True) -> int:
+        """SIGKILL every process the code started (all but this one and, if kept, the worker)."""
+        killed = 0
+        for _ in range(200):
+            self._reap()
+            pids = self._stray_pids(keep_worker)
+            if not pids:
+                break
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    killed += 1
+                except OSError:
+                    pass
+            time.sleep(0.001)
+        self._reap()
+        return killed
+
+    def wipe_scratch(self) -> None:
+        for root in (self.workdir, "/dev/shm") if self.mode == "docker" else (self.workdir,):
+            try:
+                names = os.listdir(root)
+            except OSError:
+                continue
+            for name in names:
+                path = os.path.join(root, name)
+                try:
+                    if os.path.isdir(path) and not os.path.islink(path):
+                        shutil.rmtree(path, onerror=_force_remove)
+                    else:
+                        os.unlink(path)
+                except OSError:
+                    pass
+
+    # -- one call
+    def run(self, request: dict) -> tuple[dict, bytes, bytes]:
+        started = time.monotonic()
+        timeout_s = float(request.get("timeout_s") or 10.0)
+        cap = int(request.get("max_output") or self.max_output)
+        out, err = _Capture(cap), _Capture(cap)
+        notes: list[str] = []
+        if self.worker is None or self.worker.poll() is not None:
+            self.restart_worker()
+        job = {k: request.get(k) for k in ("code", "stateless", "echo")}
+        try:
+            _write_all(self.ctl_w, encode_frame(job))
+        except OSError:  # the worker died between calls (e.g. a thread of the code ended it)
+            self.restart_worker()
+            _write_all(self.ctl_w, encode_frame(job))
+
+        deadline = started + timeout_s
+        interrupted = hard_killed = died = False
+        reply_buf = bytearray()
+        reply: dict | None = None
+        streams = {self.out_r: out, self.err_r: err}
+        watch = [self.ctl_r, self.out_r, self.err_r]
+        while reply is None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                if not interrupted:
+                    interrupted = True
+                    with contextlib.suppress(OSError):
+                        os.kill(self.worker.pid, signal.SIGINT)
+                    deadline = time.monotonic() + self.grace_s
+                    continue
+                hard_killed = True
+                break
+            try:
+                ready, _, _ = select.select(watch, [], [], remaining)
+            except InterruptedError:
+                continue
+            for fd in ready:
+                try:
+                    data = os.read(fd, 1 << 16)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    data = b""
+                if fd == self.ctl_r:
+                    if not data:
+                        died = True
+                        break
+                    reply_buf += data
+                    if len(reply_buf) >= 4:
+                        (size,) = _LEN.unpack(reply_buf[:4])
+                        if len(reply_buf) >= 4 + size:
+                            reply = json.loads(bytes(reply_buf[4 : 4 + size]))
+                elif data:
+                    streams[fd].feed(data)
+                else:
+                    watch.remove(fd)
+            if died:
+                break
+
+        if hard_killed or died:
+            code = None
+            if died and self.worker is not None:
+                try:
+                    code = self.worker.wait(timeout=2)
+                except subprocess.TimeoutExpired:
+                    code = None
+            self._drain(streams)
+            self.stop_worker()
+            self.spawn_worker()
+            if hard_killed:
+                status = "timeout"
+                notes.append(
+                    f"TimeoutError: the code ran past the {timeout_s:g} s limit and did not stop when "
+                    f"interrupted; the interpreter was restarted and this session's variables were lost"
+                )
+            else:
+                status = "killed"
+                notes.append(_death_note(code, self.memory_hint))
+        else:
+            self._drain(streams)
+            status = reply["status"]
+            if interrupted or status == "interrupted":
+                status = "timeout"
+                message = f"TimeoutError: the code ran past the {timeout_s:g} s limit and was interrupted"
+                if reply.get("threads", 1) > 1:
+                    self.restart_worker()
+                    message += (
+                        "; threads it started were still running, so the interpreter was restarted and "
+                        "this session's variables were lost"
+                    )
+                else:
+                    message += "; the session's variables are kept"
+                notes.append(message)
+                self.kill_strays()
+            elif self.mode == "docker":
+                self.kill_strays()
+        err_bytes = err.result()
+        if notes:
+            if err_bytes and not err_bytes.endswith(b"\n"):
+                err_bytes += b"\n"
+            err_bytes += ("\n".join(notes) + "\n").encode()
+        out_bytes = out.result()
+        header = {
+            "status": status,
+            "truncated": out.truncated or err.truncated,
+            "duration_s": time.monotonic() - started,
+            "stdout": len(out_bytes),
+            "stderr": len(err_bytes),
+        }
+        return header, out_bytes, err_bytes
+
+    def _drain(self, streams: dict) -> None:
+        for fd, capture in streams.items():
+            if fd < 0:
+                continue
+            while True:
+                try:
+                    data = os.read(fd, 1 << 16)
+                except (BlockingIOError, OSError):
+                    break
+                if not data:
+                    break
+                capture.feed(data)
+
+    def serve(self) -> None:
+        try:
+            self._serve()
+        except (BrokenPipeError, ConnectionResetError):  # the host went away: nobody to answer
+            pass
+        finally:
+            self.stop_worker()
+
+    def _serve(self) -> None:
+        self.spawn_worker()
+        while True:
+            request = read_frame_fd(0)
+            if request is None:
+                break
+            op = request.get("op")
+            if op == "run":
+                header, out, err = self.run(request)
+                _write_all(1, encode_frame(header, out, err))
+            elif op == "reset":
+                self.stop_worker()
+                self.wipe_scratch()
+                self.spawn_worker()
+                _write_all(1, encode_frame({"status": "ok", "stdout": 0, "stderr": 0}))
+            elif op == "ping":
+                info = {"status": "ok", "stdout": 0, "stderr": 0, "uid": os.getuid(), "python": sys.version}
+                _write_all(1, encode_frame(info))
+            else:
+                _write_all(1, encode_frame({"status": "error", "error": f"unknown op {op!r}"}))
+
+
+def _self_command(python: str) -> list[str]:
+    """How to start this file again: by path, or (in a container, where the host passes the source with
+    `python -c`, so the image never holds a stale copy) by the same source, read back from /proc."""
+    if "__file__" in globals():
+        return [python, "-I", os.path.abspath(__file__)]
+    with open("/proc/self/cmdline", "rb") as f:
+        argv = f.read().split(b"\0")
+    source = argv[argv.index(b"-c") + 1].decode()
+    return [python, "-I", "-c", source]
+
+
+def _force_remove(func, path, _exc_info) -> None:
+    try:
+        os.chmod(os.path.dirname(path), 0o700)
+        os.chmod(path, 0o700)
+        func(path)
+    except OSError:
+        pass
+
+
+def _death_note(code: int | None, memory_hint: str) -> str:
+    if code is not None and code < 0:
+        sig = -code
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = f"signal {sig}"
+        cause = ""
+        if sig == signal.SIGKILL:
+            cause = f" (most likely out of memory: the limit is {memory_hint})" if memory_hint else ""
+        elif sig == signal.SIGSEGV:
+            cause = " (a segmentation fault, e.g. from ctypes or unbounded recursion)"
+        what = f"was killed by {name}{cause}"
+    elif code is not None:
+        what = f"exited with code {code}"
+    else:
+        what = "stopped answering"
+    return f"the interpreter {what}; it was restarted and this session's variables were lost"
+
+
+def main(argv: list[str]) -> None:
+    if argv[:1] == ["worker"]:
+        worker_main(int(argv[1]), int(argv[2]))
+        return
+    import argparse
+
+    parser = argparse.ArgumentParser(description="stare-agents sandbox supervisor")
+    parser.add_argument("--mode", choices=("docker", "local"), default="docker")
+    parser.add_argument("--python", default=sys.executable)
+    parser.add_argument("--workdir", default="/tmp", help="scratch folder: the cwd, emptied on reset")
+    parser.add_argument("--max-output", type=int, default=32 * 1024)
+    parser.add_argument("--grace", type=float, default=1.0)
+    parser.add_argument("--memory-hint", default="", help="the memory limit in words, for error messages")
+    parser.add_argument("--memory-bytes", type=int, default=0, help="RLIMIT_AS for the worker (local mode)")
+    args = parser.parse_args(argv)
+    Supervisor(
+        args.mode, args.python, args.workdir, args.max_output, args.grace, args.memory_hint, args.memory_bytes
+    ).serve()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

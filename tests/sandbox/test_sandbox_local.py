@@ -1,0 +1,139 @@
+"""LocalSandbox: the session API, limits and result contract, without Docker."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from stare_agents.sandbox import ExecutionResult, LocalSandbox, make_sandbox
+from stare_agents.sandbox.local import network_isolation_prefix
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    with LocalSandbox(pool_size=2, default_timeout_s=10, max_output_bytes=4096, memory_mb=1024) as box:
+        yield box
+
+
+def test_state_persists_within_a_session_and_not_across(sandbox):
+    with sandbox.session() as s:
+        assert s.run("x = 20", timeout_s=5).status == "ok"
+        r = s.run("print(x + 22)")
+        assert (r.stdout, r.stderr, r.status, r.truncated) == ("42\n", "", "ok", False)
+        assert isinstance(r, ExecutionResult) and r.duration_s > 0
+    with sandbox.session() as s:
+        r = s.run("print(x)")
+        assert r.status == "error" and "NameError" in r.stderr
+
+
+def test_stateless_session_forgets_variables(sandbox):
+    with sandbox.session(stateless=True) as s:
+        assert s.run("y = 1").status == "ok"
+        assert "NameError" in s.run("print(y)").stderr
+
+
+def test_error_has_a_traceback_of_the_users_code_only(sandbox):
+    with sandbox.session() as s:
+        r = s.run("def f():\n    return 1 / 0\nf()")
+        assert r.status == "error"
+        assert "ZeroDivisionError" in r.stderr and "<cell" in r.stderr and "runner.py" not in r.stderr
+        assert s.run("print(f.__name__)").stdout == "f\n"  # the definition survived the error
+
+
+def test_timeout_keeps_the_session(sandbox):
+    with sandbox.session() as s:
+        s.run("x = 1")
+        r = s.run("import time\nx = 2\nwhile True: pass", timeout_s=0.5)
+        assert r.status == "timeout" and "TimeoutError" in r.stderr and r.duration_s < 5
+        assert s.run("print(x)").stdout == "2\n"  # assignments before the interrupt survive
+
+
+def test_swallowed_interrupt_restarts_the_interpreter(sandbox):
+    with sandbox.session() as s:
+        s.run("x = 1")
+        swallow = "import time\nwhile True:\n    try:\n        time.sleep(10)\n    except BaseException:\n        pass"
+        r = s.run(swallow, timeout_s=0.3)
+        assert r.status == "timeout" and "variables were lost" in r.stderr
+        assert s.run("print(1)").stdout == "1\n"
+
+
+def test_death_is_killed_and_the_session_continues(sandbox):
+    with sandbox.session() as s:
+        r = s.run("import os; os._exit(3)")
+        assert r.status == "killed" and "exited with code 3" in r.stderr
+        assert s.run("print('alive')").stdout == "alive\n"
+
+
+def test_memory_limit(sandbox):
+    with sandbox.session() as s:
+        r = s.run("x = bytearray(2 * 1024**3)")
+        assert r.status in ("error", "killed") and ("MemoryError" in r.stderr or "killed" in r.stderr)
+        assert s.run("print(1)").status == "ok"
+
+
+def test_output_is_capped_head_and_tail(sandbox):
+    with sandbox.session() as s:
+        r = s.run("print('A' * 10_000 + 'B' * 10_000)")
+        assert r.truncated and r.status == "ok"
+        assert r.stdout.startswith("A" * 100) and r.stdout.endswith("B" * 100 + "\n")
+        assert "bytes of output truncated" in r.stdout and len(r.stdout) < 4096 + 100
+
+
+def test_fd_level_capture_of_subprocess_and_c_output(sandbox):
+    with sandbox.session() as s:
+        r = s.run("import os, ctypes\nos.system('echo from-shell')\nctypes.CDLL(None).puts(b'from-libc')")
+        assert r.status == "ok" and "from-shell" in r.stdout and "from-libc" in r.stdout
+
+
+def test_binary_and_invalid_unicode_output(sandbox):
+    with sandbox.session() as s:
+        r = s.run("import sys; sys.stdout.buffer.write(b'\\xff\\xfe ok'); print('\\udcff')")
+        assert r.status == "ok" and "\ufffd" in r.stdout and " ok" in r.stdout
+
+
+def test_echo_prints_a_trailing_expression(sandbox):
+    with sandbox.session(echo=True) as s:
+        assert s.run("1 + 1").stdout == "2\n"
+        assert s.run("x = 3").stdout == ""
+
+
+def test_no_network_when_unshare_works(sandbox):
+    if network_isolation_prefix() is None:
+        pytest.skip("unshare cannot create a network namespace here")
+    with sandbox.session() as s:
+        r = s.run("import socket\nsocket.create_connection(('127.0.0.1', 9), timeout=1)")
+        assert r.status == "error"
+        r = s.run("print(open('/proc/net/dev').read().count(':'))")
+        assert r.stdout.strip() == "1"  # loopback only
+
+
+def test_async_sessions_share_a_small_pool(sandbox):
+    async def one(i: int) -> str:
+        async with sandbox.asession() as s:
+            await s.arun(f"v = {i}")
+            return (await s.arun("print(v * 2)")).stdout
+
+    async def main() -> list[str]:
+        return await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(12))), 60)
+
+    outputs = asyncio.run(main())
+    assert outputs == [f"{2 * i}\n" for i in range(12)]
+
+
+def test_run_rejects_non_string_code(sandbox):
+    with sandbox.session() as s, pytest.raises(TypeError):
+        s.run(b"print(1)")
+
+
+def test_make_sandbox_local_and_auto_says_why(caplog):
+    assert isinstance(make_sandbox("local", pool_size=1), LocalSandbox)
+    with pytest.raises(ValueError):
+        make_sandbox("podman")
+    # an image that cannot exist: "auto" must fall back to LocalSandbox and say why, whatever the engine
+    with caplog.at_level(logging.WARNING, logger="stare_agents.sandbox"):
+        box = make_sandbox("auto", pool_size=1, image="stare-agents/no-such-image:0")
+    assert isinstance(box, LocalSandbox)
+    assert "NOT Docker" in caplog.text
+    assert "no-such-image" in caplog.text or "no Docker engine" in caplog.text
