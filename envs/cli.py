@@ -1,5 +1,65 @@
-"""`stare-agents envs ...` commands."""
+"""`stare-agents envs ...` commands: list the registered environments, check one with check_env."""
+
+from __future__ import annotations
+
+import time
 
 import typer
+from rich.console import Console
+from rich.table import Table
 
-app = typer.Typer(help="envs commands", no_args_is_help=True)
+app = typer.Typer(help="Gymnasium environments: list, check.", no_args_is_help=True)
+console = Console()
+
+
+@app.command("list")
+def list_envs() -> None:
+    """List the registered stare_agents/* environments."""
+    from stare_agents.envs.registration import ENVIRONMENTS
+
+    table = Table("id", "what it is")
+    for env_id, (_, description) in ENVIRONMENTS.items():
+        table.add_row(env_id, description)
+    console.print(table)
+
+
+@app.command("check")
+def check(
+    env_id: str = typer.Argument(..., help="a registered id, e.g. stare_agents/MathTIR-v0"),
+    backend: str = typer.Option("auto", help="sandbox backend for tool environments: auto, docker or local"),
+    seed: int = typer.Option(0, help="seed for the determinism checks"),
+) -> None:
+    """Run check_env on an environment (made with its defaults) and report the result."""
+    import gymnasium as gym
+
+    import stare_agents.envs  # noqa: F401  (registers the ids)
+    from stare_agents.envs.checker import EnvCheckError, check_env
+    from stare_agents.envs.core import ToolEnv
+
+    try:
+        spec = gym.spec(env_id)
+    except gym.error.Error as error:
+        console.print(f"[red]unknown environment {env_id!r}[/red]: {error}")
+        raise typer.Exit(2) from error
+    env_class = spec.entry_point if not isinstance(spec.entry_point, str) else None
+    if env_class is None:
+        module, _, name = spec.entry_point.partition(":")
+        env_class = getattr(__import__(module, fromlist=[name]), name)
+    sandbox = None
+    kwargs = {}
+    if isinstance(env_class, type) and issubclass(env_class, ToolEnv):
+        from stare_agents.sandbox import make_sandbox
+
+        sandbox = make_sandbox(backend, pool_size=2)  # type: ignore[arg-type]
+        kwargs["sandbox"] = sandbox
+    started = time.perf_counter()
+    try:
+        env = gym.make(env_id, **kwargs)
+        check_env(env, seed=seed)
+    except EnvCheckError as error:
+        console.print(f"[red]FAILED[/red] {env_id}: {error}")
+        raise typer.Exit(1) from error
+    finally:
+        if sandbox is not None:
+            sandbox.close()
+    console.print(f"[green]ok[/green] {env_id} passed check_env in {time.perf_counter() - started:.2f} s")

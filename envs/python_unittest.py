@@ -232,6 +232,8 @@ class PythonUnitTestEnv(ToolEnv):
                 passed += 1
             else:
                 failures.append(report["error"])
+        # A test stopped by its own alarm is a tool timeout too, though the run as a whole finished.
+        self.stats.tool_timeouts += sum(f.startswith("TimeoutError: test exceeded") for f in failures)
         reward = passed / len(tests)
         reason = "correct" if passed == len(tests) else ("error" if load_error else "wrong")
         if result.status == "timeout" and passed < len(tests):

@@ -1,0 +1,40 @@
+"""Fixtures for the environment tests: one local sandbox and one grader shared by the whole session."""
+
+from __future__ import annotations
+
+import pytest
+
+import stare_agents.envs  # noqa: F401  (registers the ids)
+from stare_agents.envs.grading import MathGrader
+from stare_agents.sandbox import LocalSandbox
+
+
+@pytest.fixture(scope="session")
+def local_sandbox():
+    """A LocalSandbox with two warm interpreters (tests on 2 cores: more would only contend)."""
+    sandbox = LocalSandbox(2)
+    sandbox.start()
+    yield sandbox
+    sandbox.close()
+
+
+@pytest.fixture(scope="session")
+def docker_sandbox():
+    """A DockerSandbox; skips locally (fails in CI) when no engine or image is available."""
+    from support import require
+
+    from stare_agents.sandbox import DockerSandbox, docker_status
+
+    available, reason = docker_status()
+    require(available, "Docker sandbox", reason)
+    sandbox = DockerSandbox(2)
+    sandbox.start()
+    yield sandbox
+    sandbox.close()
+
+
+@pytest.fixture(scope="session")
+def grader():
+    """A grader with a short hard timeout, so pathological-input tests stay fast."""
+    with MathGrader(timeout_s=1.5) as grader:
+        yield grader
