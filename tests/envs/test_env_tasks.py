@@ -63,7 +63,7 @@ def test_missing_problem_column_names_the_columns(tmp_path: Path) -> None:
 def test_bad_json_line_reports_the_line(tmp_path: Path) -> None:
     path = tmp_path / "broken.jsonl"
     path.write_text('{"problem": "a"}\n{oops\n')
-    with pytest.raises(ValueError, match="broken.jsonl:2"):
+    with pytest.raises(ValueError, match=r"broken\.jsonl:2"):
         len(TaskDataset(path))
 
 
