@@ -220,8 +220,8 @@ class DockerSandbox(PooledSandbox):
             ) from exc
         sweep_stale_containers(self.client)
 
-    def container_config(self) -> dict[str, Any]:
-        """The keyword arguments of `containers.create`: every isolation setting in one place."""
+    def container_config(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(create_container kwargs, host config kwargs) of the engine API: every isolation setting here."""
         from docker.types import LogConfig, Ulimit
 
         limits = self.limits
@@ -241,15 +241,23 @@ class DockerSandbox(PooledSandbox):
             "--memory-hint",
             f"{limits.memory_mb} MB",
         ]
-        return {
+        create = {
             "image": self.image,
             "command": command,
             "stdin_open": True,
-            "stdin_once": True,  # the engine closes stdin when our attach drops -> the runner exits
+            # detach=False makes the engine set StdinOnce: it closes the container's stdin when our attach
+            # drops (e.g. this process is killed), and the runner then exits and the container is removed
+            "detach": False,
             "tty": False,
-            "detach": True,
-            "auto_remove": True,
             "labels": {LABEL: "1", OWNER_LABEL: self.owner},
+            "user": limits.user,
+            "environment": {"LANG": "C.UTF-8", "PATH": "/usr/local/bin:/usr/bin:/bin"},
+            "working_dir": "/tmp",
+            "hostname": "sandbox",
+            "network_disabled": True,
+        }
+        host = {
+            "auto_remove": True,
             "network_mode": "none",
             "mem_limit": f"{limits.memory_mb}m",
             "memswap_limit": f"{limits.memory_mb}m",
@@ -258,21 +266,21 @@ class DockerSandbox(PooledSandbox):
             "read_only": True,
             "tmpfs": {"/tmp": f"rw,nosuid,nodev,noexec,size={limits.tmpfs_mb}m,mode=1777"},
             "shm_size": "16m",
-            "user": limits.user,
             "cap_drop": ["ALL"],
             "security_opt": ["no-new-privileges"],
-            "environment": {"LANG": "C.UTF-8", "PATH": "/usr/local/bin:/usr/bin:/bin"},
-            "working_dir": "/tmp",
-            "hostname": "sandbox",
             "ulimits": [
                 Ulimit(name="nofile", soft=limits.nofile, hard=limits.nofile),
                 Ulimit(name="core", soft=0, hard=0),
             ],
             "log_config": LogConfig(type="none"),  # the protocol goes through attach, never to disk
         }
+        return create, host
 
     def _start_runner(self) -> Runner:
-        container = self.client.containers.create(**self.container_config())
+        create, host = self.container_config()
+        api = self.client.api
+        container_id = api.create_container(host_config=api.create_host_config(**host), **create)["Id"]
+        container = self.client.containers.get(container_id)
         try:
             response_sock = self.client.api.attach_socket(
                 container.id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
