@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Make a Docker engine and the sandbox image available on this machine. Idempotent; run as root:
+#
+#     bash scripts/provision_docker.sh
+#
+# 1. installs docker.io (and debootstrap, for the offline image build) with apt-get if they are missing;
+# 2. starts dockerd in the background if no engine answers (data root $STARE_DOCKER_DATA_ROOT, default
+#    /var/lib/docker; log $STARE_DOCKERD_LOG, default /var/log/stare-dockerd.log) and waits for `docker info`;
+# 3. builds the sandbox image offline (`stare-agents sandbox build --offline`: debootstrap from a Debian
+#    mirror, no registry needed) if it is absent.
+# Each step is skipped when its result is already there. Exit status is non-zero if any step fails.
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+DATA_ROOT="${STARE_DOCKER_DATA_ROOT:-/var/lib/docker}"
+LOG="${STARE_DOCKERD_LOG:-/var/log/stare-dockerd.log}"
+WAIT_S="${STARE_DOCKERD_WAIT_S:-60}"
+
+say() { echo "[provision_docker] $*"; }
+
+if [ "$(id -u)" -ne 0 ] && ! docker info >/dev/null 2>&1; then
+    say "not root and no Docker engine answers: run this script as root (or start an engine yourself)"
+    exit 1
+fi
+
+# --- 1. packages -------------------------------------------------------------------------------------
+missing=()
+command -v dockerd >/dev/null 2>&1 || [ -x /usr/sbin/dockerd ] || missing+=(docker.io)
+command -v debootstrap >/dev/null 2>&1 || [ -x /usr/sbin/debootstrap ] || missing+=(debootstrap)
+if [ "${#missing[@]}" -gt 0 ]; then
+    say "installing ${missing[*]} with apt-get"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -q
+    apt-get install -y -q --no-install-recommends "${missing[@]}" ca-certificates tar
+else
+    say "docker.io and debootstrap are installed"
+fi
+export PATH="$PATH:/usr/sbin:/sbin"
+
+# --- 2. engine ---------------------------------------------------------------------------------------
+engine_answers() { timeout 10 docker info >/dev/null 2>&1; }
+
+start_dockerd() {  # start_dockerd [extra dockerd flags...]; returns 0 once `docker info` works
+    local pidfile=/var/run/docker.pid
+    if [ -f "$pidfile" ] && ! kill -0 "$(cat "$pidfile")" 2>/dev/null; then
+        rm -f "$pidfile"  # left by a dockerd that is gone
+    fi
+    mkdir -p "$DATA_ROOT" "$(dirname "$LOG")"
+    say "starting dockerd $* (data root $DATA_ROOT, log $LOG)"
+    nohup dockerd --data-root "$DATA_ROOT" "$@" >>"$LOG" 2>&1 &
+    local pid=$!
+    for _ in $(seq "$WAIT_S"); do
+        if engine_answers; then
+            say "engine answers (dockerd pid $pid)"
+            return 0
+        fi
+        if ! kill -0 "$pid" 2>/dev/null; then
+            say "dockerd exited; last lines of $LOG:"
+            tail -n 5 "$LOG" || true
+            return 1
+        fi
+        sleep 1
+    done
+    say "dockerd did not answer within ${WAIT_S} s; stopping it"
+    kill "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+    return 1
+}
+
+if engine_answers; then
+    say "a Docker engine answers"
+else
+    # Sandbox containers use no network at all, so an engine without a bridge (hosts without iptables)
+    # or with the vfs storage driver (hosts where overlayfs cannot mount) serves them just as well.
+    start_dockerd \
+        || start_dockerd --iptables=false --bridge=none \
+        || start_dockerd --iptables=false --bridge=none --storage-driver=vfs \
+        || { say "could not start dockerd; see $LOG"; exit 1; }
+fi
+
+# --- 3. image ----------------------------------------------------------------------------------------
+if [ -n "${STARE_AGENTS:-}" ]; then
+    read -r -a cli <<<"$STARE_AGENTS"
+elif [ -x "$REPO/.venv/bin/stare-agents" ]; then
+    cli=("$REPO/.venv/bin/stare-agents")
+elif command -v stare-agents >/dev/null 2>&1; then
+    cli=(stare-agents)
+else
+    say "the stare-agents command is not installed: pip install -e '$REPO' first (or set STARE_AGENTS)"
+    exit 1
+fi
+rootfs_args=()
+[ -n "${STARE_SANDBOX_ROOTFS:-}" ] && rootfs_args=(--rootfs "$STARE_SANDBOX_ROOTFS")
+# `build` does nothing when the image is already there
+"${cli[@]}" sandbox build --offline "${rootfs_args[@]}"
+say "ready: engine up, sandbox image present"
