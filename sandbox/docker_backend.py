@@ -12,7 +12,14 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from stare_agents.sandbox.pool import Channel, ChannelTimeout, PooledSandbox, Runner, SandboxError
+from stare_agents.sandbox.pool import (
+    HOST_SLACK_S,
+    Channel,
+    ChannelTimeout,
+    PooledSandbox,
+    Runner,
+    SandboxError,
+)
 
 logger = logging.getLogger("stare_agents.sandbox")
 
@@ -194,6 +201,7 @@ class DockerSandbox(PooledSandbox):
         max_output_bytes: int = 32 * 1024,
         lease_timeout_s: float | None = None,
         grace_s: float = 1.0,
+        host_slack_s: float = HOST_SLACK_S,
     ) -> None:
         super().__init__(
             pool_size=pool_size,
@@ -204,6 +212,7 @@ class DockerSandbox(PooledSandbox):
         self.image = image
         self.limits = limits or DockerLimits()
         self.grace_s = grace_s
+        self.host_slack_s = host_slack_s  # past limit + this, a silent container is replaced
         self.client: Any = None
         self.owner = owner_tag()
 

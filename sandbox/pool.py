@@ -214,8 +214,12 @@ class Pool:
             self._waiters.clear()
         for waiter in waiters:
             waiter.deliver(None, SandboxError("the sandbox was closed"))
-        with ThreadPoolExecutor(max_workers=max(1, min(len(runners), 16))) as executor:
-            list(executor.map(_close_quietly, runners))
+        # plain threads, not an executor: this also runs at interpreter exit, when executors refuse work
+        closers = [threading.Thread(target=_close_quietly, args=(runner,)) for runner in runners]
+        for closer in closers:
+            closer.start()
+        for closer in closers:
+            closer.join(30)
         for runner in runners:
             _pool_of.pop(id(runner), None)
 
@@ -388,7 +392,7 @@ class Session:
             "max_output": self.sandbox.max_output_bytes,
         }
         try:
-            header, out, err = runner.request(request, time.monotonic() + limit + HOST_SLACK_S)
+            header, out, err = runner.request(request, time.monotonic() + limit + self.sandbox.host_slack_s)
         except (ChannelClosed, ChannelTimeout, OSError) as exc:
             return self._runner_lost(runner, exc, started, limit)
         status = header.get("status", "error")
@@ -407,7 +411,10 @@ class Session:
         self.sandbox._pool_started().replace(runner)
         self.runner = None
         if isinstance(exc, ChannelTimeout):
-            status, what = "timeout", f"the sandbox did not answer within {limit:g} s + {HOST_SLACK_S:g} s"
+            status, what = (
+                "timeout",
+                f"the sandbox did not answer within {limit:g} s + {self.sandbox.host_slack_s:g} s",
+            )
         else:
             status, what = "killed", f"the sandbox {self.sandbox.runner_kind} stopped ({exc})"
         message = f"{what}; it was replaced and this session's variables were lost\n"
@@ -492,6 +499,7 @@ class PooledSandbox:
         self.default_timeout_s = default_timeout_s
         self.max_output_bytes = max_output_bytes
         self.lease_timeout_s = lease_timeout_s
+        self.host_slack_s = HOST_SLACK_S
         self._pool: Pool | None = None
         self._start_lock = threading.Lock()
         self._threads: ThreadPoolExecutor | None = None

@@ -129,6 +129,16 @@ def _compile_cell(source: str, filename: str, echo: bool):
     return body, (compile(last, filename, "eval") if last is not None else None)
 
 
+def _reap_children() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
 def worker_main(ctl_in: int, ctl_out: int) -> None:
     worker_pid = os.getpid()
     libc = _libc()
@@ -162,11 +172,19 @@ def worker_main(ctl_in: int, ctl_out: int) -> None:
         cell += 1
         status = "error"
         out = err = None
+        if request.get("reap"):  # the supervisor killed processes the code forked: collect the zombies
+            _reap_children()
         try:
             os.dup2(saved_out, 1)
             os.dup2(saved_err, 2)
-            out = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), "utf-8", "backslashreplace")
-            err = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), "utf-8", "backslashreplace")
+            # line-buffered, as on a terminal: print() output keeps its place among the lines that
+            # subprocesses and C code write straight to the file descriptors
+            out = io.TextIOWrapper(
+                io.FileIO(1, "w", closefd=False), "utf-8", "backslashreplace", line_buffering=True
+            )
+            err = io.TextIOWrapper(
+                io.FileIO(2, "w", closefd=False), "utf-8", "backslashreplace", line_buffering=True
+            )
             sys.stdout, sys.stderr = out, err
             scope = (
                 {"__name__": "__main__", "__builtins__": builtins} if request.get("stateless") else namespace
@@ -294,7 +312,21 @@ class Supervisor:
         self.memory_hint = memory_hint
         self.workdir = workdir
         self.worker: subprocess.Popen | None = None
+        self.reap_next = False  # the worker has zombie children to collect before the next call
         self.ctl_w = self.ctl_r = self.out_r = self.err_r = -1
+        # Signals from the code: PID 1 of a container only receives those it handles, and Python handles
+        # SIGINT (KeyboardInterrupt). A no-op handler (not SIG_IGN, which children would inherit) makes
+        # every one of these harmless here.
+        for sig in (
+            signal.SIGINT,
+            signal.SIGTERM,
+            signal.SIGHUP,
+            signal.SIGQUIT,
+            signal.SIGUSR1,
+            signal.SIGUSR2,
+            signal.SIGALRM,
+        ):
+            signal.signal(sig, _ignore_signal)
         libc = _libc()
         if libc is not None:
             if mode == "docker":  # nothing in the container may ptrace or read this process's memory
@@ -355,6 +387,7 @@ class Supervisor:
         self.ctl_w = self.ctl_r = self.out_r = self.err_r = -1
         self.worker = None
         self.kill_strays(keep_worker=False)
+        self.reap_next = False
 
     def restart_worker(self) -> None:
         self.stop_worker()
@@ -437,6 +470,7 @@ class Supervisor:
         if self.worker is None or self.worker.poll() is not None:
             self.restart_worker()
         job = {k: request.get(k) for k in ("code", "stateless", "echo")}
+        job["reap"], self.reap_next = self.reap_next, False
         try:
             _write_all(self.ctl_w, encode_frame(job))
         except OSError:  # the worker died between calls (e.g. a thread of the code ended it)
@@ -521,9 +555,9 @@ class Supervisor:
                 else:
                     message += "; the session's variables are kept"
                 notes.append(message)
-                self.kill_strays()
+                self.reap_next = self.kill_strays() > 0
             elif self.mode == "docker":
-                self.kill_strays()
+                self.reap_next = self.kill_strays() > 0
         err_bytes = err.result()
         if notes:
             if err_bytes and not err_bytes.endswith(b"\n"):
@@ -580,6 +614,10 @@ class Supervisor:
                 _write_all(1, encode_frame(info))
             else:
                 _write_all(1, encode_frame({"status": "error", "error": f"unknown op {op!r}"}))
+
+
+def _ignore_signal(signum, frame) -> None:
+    pass
 
 
 def _self_command(python: str) -> list[str]:

@@ -1,0 +1,504 @@
+"""DockerSandbox against a real engine: the attack suite, isolation, concurrency, cleanup.
+
+Every attack must be contained (the right status, nothing escapes) and the pool must then serve the next
+session normally, with no process of the attack left in the container. Network attacks only target the
+loopback and bridge addresses or an address that cannot be routed without a network, with short timeouts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+from support import require
+
+from stare_agents.sandbox import DEFAULT_IMAGE, DockerLimits, DockerSandbox, docker_status
+from stare_agents.sandbox.docker_backend import LABEL, OWNER_LABEL, docker_client, owner_tag
+from stare_agents.sandbox.doctor import check_limits, probe_limits
+
+pytestmark = pytest.mark.docker
+
+LIMITS = DockerLimits(memory_mb=256, pids=64, cpus=1.0, tmpfs_mb=16)
+CAP = 8192  # max_output_bytes of the suite's sandbox
+
+
+def _require_docker() -> None:
+    available, reason = docker_status(DEFAULT_IMAGE)
+    require(
+        available,
+        "a Docker engine with the sandbox image",
+        f"{reason} (as root: bash scripts/provision_docker.sh)",
+    )
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    _require_docker()
+    box = DockerSandbox(
+        pool_size=2, limits=LIMITS, default_timeout_s=10, max_output_bytes=CAP, host_slack_s=3
+    )
+    box.start()
+    yield box
+    owner = box.owner
+    box.close()
+    client = docker_client()
+    assert client.containers.list(all=True, filters={"label": f"{OWNER_LABEL}={owner}"}) == []
+
+
+def processes(session) -> list[str]:
+    """Command lines of every process in the session's container except the runner's two."""
+    r = session.run(
+        "import os\n"
+        "me = os.getpid()\n"
+        "for p in os.listdir('/proc'):\n"
+        "    if p.isdigit() and int(p) not in (1, me):\n"
+        "        try: print(p, open(f'/proc/{p}/cmdline').read().replace(chr(0), ' ')[:80])\n"
+        "        except OSError: pass\n"
+    )
+    assert r.status == "ok", r
+    return r.stdout.splitlines()
+
+
+def assert_pool_serves_next_session(sandbox) -> None:
+    """Both containers of the pool answer a fresh session normally and hold no leftover process."""
+    sessions = [sandbox.session() for _ in range(sandbox.pool_size)]
+    try:
+        for s in sessions:
+            s._lease()
+        for s in sessions:
+            r = s.run("print(6 * 7)", timeout_s=10)
+            assert (r.status, r.stdout, r.stderr) == ("ok", "42\n", ""), r
+            assert processes(s) == []
+            assert "NameError" in s.run("print(attack_state)").stderr
+    finally:
+        for s in sessions:
+            s.close()
+
+
+# ------------------------------------------------------------------------------------------ attacks
+
+
+def test_infinite_loop(sandbox):
+    with sandbox.session() as s:
+        s.run("before = 1")
+        r = s.run("attack_state = 1\nwhile True: pass", timeout_s=1)
+        assert r.status == "timeout" and "TimeoutError" in r.stderr and r.duration_s < 4
+        assert s.run("print(before, attack_state)").stdout == "1 1\n"  # the interrupt kept the session
+    assert_pool_serves_next_session(sandbox)
+
+
+def test_sleep_past_timeout(sandbox):
+    with sandbox.session() as s:
+        r = s.run("import time\nattack_state = 1\ntime.sleep(60)", timeout_s=1)
+        assert r.status == "timeout" and r.duration_s < 4
+    assert_pool_serves_next_session(sandbox)
+
+
+def test_interrupt_swallowed_restarts_the_interpreter(sandbox):
+    with sandbox.session() as s:
+        code = "import time\nwhile True:\n    try:\n        time.sleep(10)\n    except BaseException:\n        pass"
+        r = s.run(code, timeout_s=0.5)
+        assert r.status == "timeout" and "variables were lost" in r.stderr and r.duration_s < 5
+        assert s.run("print('next')").stdout == "next\n"
+    assert_pool_serves_next_session(sandbox)
+
+
+def test_fork_bomb(sandbox):
+    with sandbox.session() as s:
+        code = "import os\nattack_state = 1\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
+        r = s.run(code, timeout_s=2)
+        assert r.status == "timeout" and r.duration_s < 8
+        assert processes(s) == []  # the bomb's processes were killed with the call
+        assert s.run("print('after bomb')").stdout == "after bomb\n"
+    assert_pool_serves_next_session(sandbox)
+
+
+def test_memory_bomb(sandbox):
+    with sandbox.session() as s:
+        r = s.run("chunks = []\nwhile True:\n    chunks.append(bytearray(16 * 1024 * 1024))", timeout_s=20)
+        assert r.status == "killed" and "out of memory" in r.stderr and "256 MB" in r.stderr
+        assert s.run("print('after oom')").stdout == "after oom\n"
+    assert_pool_serves_next_session(sandbox)
+
+
+def test_100_mb_of_output(sandbox):
+    with sandbox.session() as s:
+        r = s.run(  # 100 MB: 10 MB through print, 90 MB straight to the file descriptor
+            "import os\nprint('a' * 10_000_000)\nfor _ in range(90):\n    os.write(1, b'b' * 1_000_000)\n"
+            "print('END')"
+        )
+        assert r.status == "ok" and r.truncated
+        assert r.stdout.startswith("a" * 1000) and r.stdout.endswith("b" * 1000 + "END\n")
+        assert "bytes of output truncated" in r.stdout and len(r.stdout) < CAP + 200
+        r = s.run("while True: print('flood' * 1000)", timeout_s=1)
+        assert r.status == "timeout" and r.truncated and len(r.stdout) < CAP + 200
+    assert_pool_serves_next_session(sandbox)
+
+
+def test_no_network_to_internet_or_bridge(sandbox):
+    code = textwrap.dedent(
+        """
+        import json, socket
+        results = {}
+        for host, port in [("1.1.1.1", 80), ("8.8.8.8", 53), ("172.17.0.1", 2375), ("172.17.0.1", 22)]:
+            s = socket.socket()
+            s.settimeout(1)
+            try:
+                s.connect((host, port))
+                results[f"{host}:{port}"] = "connected"
+            except OSError as e:
+                results[f"{host}:{port}"] = type(e).__name__
+            finally:
+                s.close()
+        try:
+            socket.getaddrinfo("deb.debian.org", 80)
+            results["dns"] = "resolved"
+        except OSError as e:
+            results["dns"] = type(e).__name__
+        results["interfaces"] = [l.split(":")[0].strip() for l in open("/proc/net/dev").readlines()[2:]]
+        print(json.dumps(results))
+        """
+    )
+    with sandbox.session() as s:
+        r = s.run(code, timeout_s=10)
+        assert r.status == "ok", r
+        results = json.loads(r.stdout)
+        assert results.pop("interfaces") == ["lo"]
+        assert "connected" not in results.values() and results["dns"] != "resolved", results
+    assert_pool_serves_next_session(sandbox)
+
+
+def test_no_host_folders_mounts_or_environment(sandbox):
+    host_paths = [
+        "/work",
+        "/root/.ssh",
+        "/var/run/docker.sock",
+        "/run/docker.sock",
+        "/var/lib/docker",
+        os.getcwd(),
+    ]
+    code = textwrap.dedent(
+        """
+        import json, os
+        def readable(path):
+            try:
+                open(path, "rb").read(1)
+                return True
+            except OSError:
+                return False
+        mounts = [line.split()[1] for line in open("/proc/mounts")]
+        print(json.dumps({
+            "paths": [p for p in HOST_PATHS if os.path.exists(p)],
+            "bind_mounts": [m for m in mounts if m not in ("/", "/tmp", "/proc", "/dev", "/sys", "/dev/pts",
+                            "/dev/mqueue", "/dev/shm", "/sys/fs/cgroup")
+                            and not m.startswith(("/proc/", "/sys/", "/dev/", "/etc/"))],
+            "env": sorted(os.environ),
+            "proc1_environ": readable("/proc/1/environ"),
+        }))
+        """
+    ).replace("HOST_PATHS", repr(host_paths))
+    with sandbox.session() as s:
+        r = s.run(code)
+        assert r.status == "ok", r
+        seen = json.loads(r.stdout)
+        assert seen["paths"] == [] and seen["bind_mounts"] == [], seen
+        assert not set(seen["env"]) & {"VIRTUAL_ENV", "CI", "USER", "SSH_AUTH_SOCK", "DOCKER_HOST"}
+        assert not seen["proc1_environ"]  # the runner is non-dumpable: its memory and environ are closed
+        assert "PermissionError" in s.run("open('/proc/1/mem', 'rb').read(1)").stderr
+    assert_pool_serves_next_session(sandbox)
+
+
+def test_writing_outside_the_tmpfs(sandbox):
+    code = textwrap.dedent(
+        """
+        import errno, os
+        for path in ("/etc/passwd", "/usr/lib/python3/x.py", "/x", "/opt/x", "/var/x", "/home/x", "/dev/shm/../x"):
+            try:
+                with open(path, "a") as f:
+                    f.write("owned")
+                print("WROTE", path)
+            except OSError as e:
+                print("denied", path, errno.errorcode.get(e.errno))
+        with open("/tmp/ok", "w") as f:
+            f.write("fine")
+        try:
+            with open("/tmp/big", "wb") as f:
+                for _ in range(64):
+                    f.write(b"\\0" * 1024 * 1024)
+            print("WROTE 64 MB to a 16 MB tmpfs")
+        except OSError as e:
+            print("tmpfs full", errno.errorcode.get(e.errno))
+        """
+    )
+    with sandbox.session() as s:
+        r = s.run(code)
+        assert r.status == "ok", r
+        assert "WROTE" not in r.stdout and "tmpfs full ENOSPC" in r.stdout, r.stdout
+    assert_pool_serves_next_session(sandbox)
+
+
+def test_killing_pid_1_and_the_runner(sandbox):
+    with sandbox.session() as s:
+        s.run("kept = 1")
+        r = s.run("import os, signal\nfor sig in (9, 15, 2, 1, 3, 10, 12, 14, 19):\n    os.kill(1, sig)")
+        assert r.status == "ok"  # PID 1 of a PID namespace ignores signals from inside it
+        assert s.run("print(kept)").stdout == "1\n"
+        r = s.run("import os, signal\nos.kill(-1, signal.SIGKILL)")  # everything this user may signal
+        # there is nothing it may signal: the runner is PID 1 and kill(-1) spares the caller itself
+        assert r.status == "error" and "ProcessLookupError" in r.stderr
+        assert s.run("print(kept)").stdout == "1\n"
+        r = s.run("import os\nos.kill(os.getppid(), 9); os.kill(os.getpid(), 9)")
+        assert r.status == "killed" and "SIGKILL" in r.stderr
+        assert s.run("print('still served')").stdout == "still served\n"
+        r = s.run(
+            "import ctypes\nctypes.CDLL(None).ptrace(16, 1, 0, 0)\nprint(open('/proc/1/cmdline').read()[:6])"
+        )
+        assert r.status == "ok"  # ptrace(ATTACH) on the runner fails; reading its cmdline is harmless
+    assert_pool_serves_next_session(sandbox)
+
+
+def test_ctypes_segfault(sandbox):
+    with sandbox.session() as s:
+        r = s.run("import ctypes\nctypes.string_at(0)")
+        assert r.status == "killed" and "SIGSEGV" in r.stderr
+        assert s.run("print('up')").stdout == "up\n"
+    assert_pool_serves_next_session(sandbox)
+
+
+def test_thread_storm(sandbox):
+    with sandbox.session() as s:
+        code = (
+            "import threading, time\nattack_state = 1\n"
+            "for _ in range(10_000):\n"
+            "    threading.Thread(target=time.sleep, args=(300,), daemon=True).start()"
+        )
+        r = s.run(code, timeout_s=10)
+        assert r.status == "error" and "can't start new thread" in r.stderr
+        assert s.run("print('alive')").stdout == "alive\n"  # the runner needs no new process to answer
+    with sandbox.session() as s:
+        spin = (
+            "import threading\n"
+            "for _ in range(8):\n"
+            "    threading.Thread(target=exec, args=('while True: pass',), daemon=True).start()\n"
+            "while True: pass"
+        )
+        r = s.run(spin, timeout_s=1)
+        assert r.status == "timeout" and "threads it started were still running" in r.stderr
+        assert s.run("import threading\nprint(threading.active_count())").stdout == "1\n"
+    assert_pool_serves_next_session(sandbox)
+
+
+def test_closing_stdout_and_stderr(sandbox):
+    with sandbox.session() as s:
+        r = s.run("import os, sys\nsys.stdout.close()\nos.close(1)\nos.close(2)\nattack_state = 1")
+        assert r.status == "ok"
+        r = s.run("import os\nprint('out again')\nos.system('echo shell too')")
+        assert r.stdout == "out again\nshell too\n"  # fds 1 and 2 are restored for every call
+        r = s.run("import os\nos.closerange(0, 1024)")  # also the runner's own pipes to the supervisor
+        assert r.status == "killed"
+        assert s.run("print('fresh')").stdout == "fresh\n"
+    assert_pool_serves_next_session(sandbox)
+
+
+def test_unbounded_recursion(sandbox):
+    with sandbox.session() as s:
+        r = s.run("def f(n):\n    return f(n + 1)\nf(0)")
+        assert r.status == "error" and "RecursionError" in r.stderr and len(r.stderr) < CAP + 200
+        r = s.run(
+            "import sys\nsys.setrecursionlimit(10**8)\ndef g(n):\n    return g(n + 1)\ng(0)", timeout_s=20
+        )
+        assert r.status in ("killed", "error")  # C stack overflow: the interpreter dies, the call reports it
+        assert s.run("print('ok')").stdout == "ok\n"
+    assert_pool_serves_next_session(sandbox)
+
+
+def test_binary_and_invalid_unicode_output(sandbox):
+    with sandbox.session() as s:
+        r = s.run(
+            "import os, sys\nsys.stdout.buffer.write(bytes(range(256)))\nsys.stdout.flush()\n"
+            "print('\\udcff', '\\x00')\nos.write(2, b'\\xc3\\x28 bad utf-8')"
+        )
+        assert r.status == "ok"
+        assert "\ufffd" in r.stdout and "\\udcff" in r.stdout and "\ufffd( bad utf-8" in r.stderr
+        r.stdout.encode("utf-8")  # always valid text
+    assert_pool_serves_next_session(sandbox)
+
+
+def test_runs_as_an_unprivileged_user(sandbox):
+    with sandbox.session() as s:
+        r = s.run("import os\nprint(os.getuid(), os.geteuid(), os.getgid())\nos.setuid(0)")
+        assert r.stdout == "1000 1000 1000\n" and r.status == "error" and "PermissionError" in r.stderr
+        checks = check_limits(probe_limits(s), LIMITS)
+        assert [c for c in checks if not c.ok] == []
+
+
+# ------------------------------------------------------------------------------------- sessions
+
+
+def test_state_persists_and_sessions_are_isolated():
+    _require_docker()
+    with DockerSandbox(pool_size=1, limits=LIMITS) as box:  # one container: sessions must reuse it
+        with box.session() as a:
+            assert a.run("secret = 41").status == "ok"
+            assert a.run("secret += 1\nprint(secret)").stdout == "42\n"
+            a.run(
+                "open('/tmp/secret', 'w').write('42')\nimport subprocess\nsubprocess.Popen(['sleep', '300'])"
+            )
+            first = a.runner
+        with box.session() as b:
+            assert b.runner is first  # same container, wiped between sessions
+            r = b.run("import os\nprint(os.path.exists('/tmp/secret'), 'secret' in globals())")
+            assert r.stdout == "False False\n"
+            assert processes(b) == []
+        with box.session(stateless=True) as c:
+            c.run("y = 1")
+            assert "NameError" in c.run("print(y)").stderr
+
+
+def test_64_concurrent_sessions_of_20_calls():
+    _require_docker()
+    errors: list[str] = []
+    with DockerSandbox(pool_size=8, limits=LIMITS) as box:
+
+        def worker(i: int) -> None:
+            with box.session() as s:
+                s.run(f"acc = {i}")
+                for j in range(19):
+                    r = s.run(f"acc += {j}\nprint(acc)")
+                    if r.status != "ok" or r.stdout != f"{i + j * (j + 1) // 2}\n":
+                        errors.append(f"session {i} call {j}: {r}")
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(64)]
+        started = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not any(t.is_alive() for t in threads)
+        assert errors == [] and time.perf_counter() - started < 120
+
+
+def test_asyncio_sessions():
+    _require_docker()
+
+    async def main() -> list[str]:
+        async with DockerSandbox(pool_size=2, limits=LIMITS) as box:
+
+            async def one(i: int) -> str:
+                async with box.asession() as s:
+                    await s.arun(f"v = {i}")
+                    return (await s.arun("print(v + 1)")).stdout
+
+            return await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(16))), 60)
+
+    assert asyncio.run(main()) == [f"{i + 1}\n" for i in range(16)]
+
+
+# -------------------------------------------------------------------------------- container lifecycle
+
+
+def test_dead_or_frozen_container_is_replaced():
+    _require_docker()
+    client = docker_client()
+    with DockerSandbox(pool_size=1, limits=LIMITS, host_slack_s=2) as box, box.session() as s:
+        s.run("x = 1")
+        client.containers.get(s.runner.channel.container.id).kill()
+        r = s.run("print(x)")
+        assert r.status == "killed" and "variables were lost" in r.stderr
+        assert s.run("print('new container')").stdout == "new container\n"
+        client.containers.get(s.runner.channel.container.id).pause()  # a runner that stops answering
+        started = time.perf_counter()
+        r = s.run("print(1)", timeout_s=1)
+        assert r.status == "timeout" and time.perf_counter() - started < 10
+        assert s.run("print('unfrozen')").stdout == "unfrozen\n"
+
+
+def _our_containers(owner_pid: int) -> list:
+    client = docker_client()
+    return [
+        c
+        for c in client.containers.list(all=True, filters={"label": LABEL})
+        if c.labels.get(OWNER_LABEL, "").split(":")[1:2] == [str(owner_pid)]
+    ]
+
+
+def _child(code: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def test_containers_removed_at_exit_and_after_a_kill():
+    _require_docker()
+    # 1. the owner exits without closing: atexit removes its containers
+    child = _child(
+        "from stare_agents.sandbox import DockerSandbox\n"
+        "box = DockerSandbox(pool_size=2).start()\nprint(len(box._pool._free), flush=True)"
+    )
+    out, err = child.communicate(timeout=60)
+    assert out.strip() == "2", err
+    assert _our_containers(child.pid) == []
+    # 2. the owner is SIGKILLed: the engine closes the containers' stdin and they end by themselves
+    child = _child(
+        "import time\nfrom stare_agents.sandbox import DockerSandbox\n"
+        "box = DockerSandbox(pool_size=2).start()\nprint('up', flush=True)\ntime.sleep(60)"
+    )
+    assert child.stdout.readline().strip() == "up"
+    assert len(_our_containers(child.pid)) == 2
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    deadline = time.monotonic() + 20
+    while _our_containers(child.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _our_containers(child.pid) == []
+    # 3. whatever still carries the label of a dead owner is swept at the next start
+    client = docker_client()
+    stale = client.containers.create(
+        DEFAULT_IMAGE,
+        ["sleep", "300"],
+        labels={LABEL: "1", OWNER_LABEL: owner_tag(child.pid)},
+        network_mode="none",
+    )
+    stale.start()
+    with DockerSandbox(pool_size=1, limits=LIMITS):
+        pass
+    assert _our_containers(child.pid) == []
+
+
+def test_no_container_or_process_left_behind(sandbox):
+    """Runs last: close the suite's sandbox; nothing of it may remain, in the engine or as a process."""
+    ids = set()
+    for runner in list(sandbox._pool._free):
+        ids.add(runner.channel.container.id)
+    owner = sandbox.owner
+    sandbox.close()
+    client = docker_client()
+    assert client.containers.list(all=True, filters={"label": f"{OWNER_LABEL}={owner}"}) == []
+    deadline = time.monotonic() + 10
+    while _processes_mentioning(ids) and time.monotonic() < deadline:  # shims end a moment after
+        time.sleep(0.2)
+    assert ids and _processes_mentioning(ids) == []
+
+
+def _processes_mentioning(ids: set[str]) -> list[str]:
+    """Host processes whose command line names one of the container ids (e.g. containerd shims)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        if any(container_id in cmdline for container_id in ids):
+            found.append(cmdline)
+    return found
