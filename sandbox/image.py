@@ -85,7 +85,7 @@ def debootstrap_rootfs(rootfs: Path, mirror: str = DEBIAN_MIRROR, log: Log = pri
 
 
 def prepare_rootfs(rootfs: Path) -> None:
-    """Add the sandbox user, remove setuid/setgid bits and package caches. Idempotent."""
+    """Add the sandbox user; remove setuid/setgid bits, package caches, docs and the compiler. Idempotent."""
     passwd, group = rootfs / "etc/passwd", rootfs / "etc/group"
     if f":{SANDBOX_UID}:" not in passwd.read_text():
         with passwd.open("a") as f:
@@ -97,7 +97,15 @@ def prepare_rootfs(rootfs: Path) -> None:
         for path in (rootfs / folder).glob("*"):
             if path.is_file():
                 path.unlink()
-    for path in ("usr/share/doc", "usr/share/man", "usr/share/info"):
+    # documentation, and the C compiler scipy's packages pull in (no compiling in the sandbox: ~300 MB)
+    for path in (
+        "usr/share/doc",
+        "usr/share/man",
+        "usr/share/info",
+        "usr/include",
+        "usr/lib/gcc",
+        "usr/libexec/gcc",
+    ):
         shutil.rmtree(rootfs / path, ignore_errors=True)
     for dirpath, _, filenames in os.walk(rootfs):
         for name in filenames:

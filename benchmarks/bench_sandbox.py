@@ -1,0 +1,247 @@
+"""Sandbox latency and throughput: the warm pool against `docker run` and `docker exec` per call.
+
+    .venv/bin/python benchmarks/bench_sandbox.py [--pool-size 4] [--calls 2000] [--seconds 5]
+
+Measures, in one run and with every DockerSandbox limit in force (no network, memory, pids, CPU quota,
+read-only root + tmpfs, non-root, no capabilities, no-new-privileges; fd-level stdout/stderr capture):
+  * pool start time (all containers warm and answering),
+  * memory per warm container (cgroup usage minus page cache) and per containerd shim on the host,
+  * single-session latency of `print(1)`: p50 / p90 / p99 / mean,
+  * throughput across the pool: one session per container, each calling `print(1)` in a loop,
+  * the same `print(1)` with `docker run --rm` per call and with `docker exec` into a warm container,
+  * LocalSandbox for reference (no isolation).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import threading
+import time
+
+from rich.console import Console
+from rich.table import Table
+
+from stare_agents.sandbox import DEFAULT_IMAGE, DockerLimits, DockerSandbox, LocalSandbox
+from stare_agents.sandbox.docker_backend import docker_client
+
+console = Console(width=120)
+
+
+def percentiles(times_s: list[float]) -> dict[str, float]:
+    ms = sorted(t * 1e3 for t in times_s)
+
+    def pick(q: float) -> float:
+        return ms[min(len(ms) - 1, round(q * (len(ms) - 1)))]
+
+    return {"p50_ms": pick(0.5), "p90_ms": pick(0.9), "p99_ms": pick(0.99), "mean_ms": statistics.fmean(ms)}
+
+
+def session_latency(sandbox, calls: int, warmup: int = 200) -> dict[str, float]:
+    with sandbox.session() as session:
+        for _ in range(warmup):
+            session.run("print(1)")
+        times = []
+        for _ in range(calls):
+            started = time.perf_counter()
+            result = session.run("print(1)")
+            times.append(time.perf_counter() - started)
+            assert result.stdout == "1\n", result
+    return percentiles(times)
+
+
+def pool_throughput(sandbox, seconds: float) -> dict[str, float]:
+    """One thread and session per container, `print(1)` in a loop for `seconds`."""
+    counts = [0] * sandbox.pool_size
+    failures: list[str] = []
+    barrier = threading.Barrier(sandbox.pool_size + 1)
+    stop = threading.Event()
+
+    def loop(i: int) -> None:
+        with sandbox.session() as session:
+            session.run("print(1)")
+            barrier.wait()
+            while not stop.is_set():
+                result = session.run("print(1)")
+                if result.stdout != "1\n":
+                    failures.append(repr(result))
+                counts[i] += 1
+
+    threads = [threading.Thread(target=loop, args=(i,)) for i in range(sandbox.pool_size)]
+    for thread in threads:
+        thread.start()
+    barrier.wait()
+    started = time.perf_counter()
+    time.sleep(seconds)
+    stop.set()
+    for thread in threads:
+        thread.join()
+    elapsed = time.perf_counter() - started
+    assert not failures, failures[:3]
+    return {"calls_per_s": sum(counts) / elapsed, "sessions": sandbox.pool_size}
+
+
+def memory_per_container(sandbox) -> dict[str, float]:
+    client = docker_client()
+    usages, shims = [], []
+    for runner in list(sandbox._pool._free):
+        container = client.containers.get(runner.channel.container.id)
+        stats = container.stats(stream=False)["memory_stats"]
+        cache = stats.get("stats", {}).get(
+            "total_inactive_file", stats.get("stats", {}).get("inactive_file", 0)
+        )
+        usages.append((stats["usage"] - cache) / 2**20)
+        shims.append(_shim_rss_mib(container.id))
+    return {"container_mib": statistics.fmean(usages), "shim_mib": statistics.fmean(shims)}
+
+
+def _shim_rss_mib(container_id: str) -> float:
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read()
+            if b"containerd-shim" in cmdline and container_id.encode() in cmdline:
+                with open(f"/proc/{pid}/status") as f:
+                    for line in f:
+                        if line.startswith("VmRSS:"):
+                            return int(line.split()[1]) / 1024
+        except OSError:
+            continue
+    return float("nan")
+
+
+def limit_flags(limits: DockerLimits) -> list[str]:
+    """The `docker run` flags of the same limits, for the per-call baselines."""
+    return [
+        "--network=none",
+        f"--memory={limits.memory_mb}m",
+        f"--memory-swap={limits.memory_mb}m",
+        f"--pids-limit={limits.pids}",
+        f"--cpus={limits.cpus}",
+        "--read-only",
+        f"--tmpfs=/tmp:rw,nosuid,nodev,noexec,size={limits.tmpfs_mb}m",
+        f"--user={limits.user}",
+        "--cap-drop=ALL",
+        "--security-opt=no-new-privileges",
+        "--log-driver=none",
+    ]
+
+
+def docker_run_per_call(image: str, limits: DockerLimits, calls: int) -> dict[str, float]:
+    times = []
+    for _ in range(calls):
+        started = time.perf_counter()
+        out = subprocess.run(
+            ["docker", "run", "--rm", *limit_flags(limits), image, "python3", "-c", "print(1)"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        times.append(time.perf_counter() - started)
+        assert out == "1\n", out
+    return percentiles(times)
+
+
+def docker_exec_per_call(image: str, limits: DockerLimits, calls: int) -> dict[str, float]:
+    name = f"stare-bench-exec-{os.getpid()}"
+    subprocess.run(
+        [
+            "docker",
+            "run",
+            "-d",
+            "--rm",
+            "--name",
+            name,
+            "--label",
+            "stare-agents.sandbox.bench=1",
+            *limit_flags(limits),
+            image,
+            "sleep",
+            "infinity",
+        ],
+        capture_output=True,
+        check=True,
+    )
+    try:
+        times = []
+        for _ in range(calls):
+            started = time.perf_counter()
+            out = subprocess.run(
+                ["docker", "exec", name, "python3", "-c", "print(1)"],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+            times.append(time.perf_counter() - started)
+            assert out == "1\n", out
+    finally:
+        subprocess.run(["docker", "rm", "-f", name], capture_output=True)
+    return percentiles(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--pool-size", type=int, default=4)
+    parser.add_argument("--calls", type=int, default=2000, help="calls for the single-session latency")
+    parser.add_argument("--seconds", type=float, default=5.0, help="duration of the throughput run")
+    parser.add_argument("--run-calls", type=int, default=10, help="calls for `docker run` per call")
+    parser.add_argument("--exec-calls", type=int, default=30, help="calls for `docker exec` per call")
+    parser.add_argument("--image", default=DEFAULT_IMAGE)
+    parser.add_argument("--json", help="also write the figures to this file")
+    args = parser.parse_args()
+
+    limits = DockerLimits()
+    figures: dict[str, dict] = {}
+    console.print(f"cores: {os.cpu_count()}, image: {args.image}, limits: {limits}")
+    with DockerSandbox(pool_size=args.pool_size, image=args.image, limits=limits) as sandbox:
+        figures["pool"] = {"start_s": sandbox.pool_start_seconds, "containers": args.pool_size}
+        figures["memory"] = memory_per_container(sandbox)
+        figures["warm pool, 1 session"] = session_latency(sandbox, args.calls)
+        figures["warm pool, throughput"] = pool_throughput(sandbox, args.seconds)
+    figures["docker exec per call"] = docker_exec_per_call(args.image, limits, args.exec_calls)
+    figures["docker run per call"] = docker_run_per_call(args.image, limits, args.run_calls)
+    with LocalSandbox(pool_size=args.pool_size) as local:
+        figures["LocalSandbox, 1 session"] = session_latency(local, args.calls)
+        figures["LocalSandbox, throughput"] = pool_throughput(local, args.seconds)
+
+    table = Table("print(1)", "p50 ms", "p90 ms", "p99 ms", "mean ms", "calls/s")
+    for name in (
+        "warm pool, 1 session",
+        "docker exec per call",
+        "docker run per call",
+        "LocalSandbox, 1 session",
+    ):
+        f = figures[name]
+        table.add_row(
+            name,
+            f"{f['p50_ms']:.2f}",
+            f"{f['p90_ms']:.2f}",
+            f"{f['p99_ms']:.2f}",
+            f"{f['mean_ms']:.2f}",
+            f"{1e3 / f['mean_ms']:.0f}",
+        )
+    for name in ("warm pool, throughput", "LocalSandbox, throughput"):
+        f = figures[name]
+        table.add_row(f"{name} ({f['sessions']} sessions)", "", "", "", "", f"{f['calls_per_s']:.0f}")
+    console.print(table)
+    speedup = figures["docker exec per call"]["p50_ms"] / figures["warm pool, 1 session"]["p50_ms"]
+    console.print(
+        f"pool start: {figures['pool']['start_s']:.2f} s for {args.pool_size} containers; "
+        f"memory per warm container: {figures['memory']['container_mib']:.1f} MiB in the container + "
+        f"{figures['memory']['shim_mib']:.1f} MiB containerd shim on the host; "
+        f"warm pool p50 is {speedup:.0f}x faster than docker exec per call"
+    )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(figures, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
