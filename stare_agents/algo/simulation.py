@@ -1,0 +1,105 @@
+"""Near-criticality simulation: a tabular softmax policy trained with GRPO or STARE on CPU in seconds.
+
+The policy holds one logit vector per context. A rollout is a sequence of contexts with one sampled
+token each; its reward is the fraction of positions where the policy emitted the context's preferred
+token (a reward that favours confident tokens). Under GRPO the entropy collapses; with STARE's gate
+and a target it holds in a band around the target, because the entropy drift of a group-normalised
+policy gradient is a small difference of large opposing terms (on-policy, E_a[Phi] = 0), which a
+weight slightly above 1 on the surprising positive-advantage tokens already outweighs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from stare_agents.algo.advantages import grpo_advantages
+from stare_agents.algo.diagnostics import negative_sensitivity_fraction, sensitivity_from_statistics
+from stare_agents.algo.logits import masked_mean, token_logprobs, token_statistics
+from stare_agents.algo.losses import PolicyLossConfig, policy_loss
+from stare_agents.algo.stare import EntropyGate, stare_selection, stare_weights
+
+
+@dataclass
+class SimulationConfig:
+    algorithm: str = "stare"  # "grpo" or "stare"
+    steps: int = 300
+    num_contexts: int = 256
+    vocab_size: int = 32
+    seq_len: int = 64
+    num_prompts: int = 16
+    group_size: int = 8
+    lr: float = 2.0
+    init_scale: float = 2.0
+    sharpness_spread: float = 0.0
+    seed: int = 0
+    variant: str = "O1"
+    top_ratio: float = 0.1
+    w: float = 1.1
+    m: float = 0.9
+    target_entropy: float = 0.3
+    gated: bool = True
+
+
+@dataclass
+class SimulationResult:
+    config: SimulationConfig
+    entropy: list[float] = field(default_factory=list)  # pre-update mean entropy over action tokens
+    reward: list[float] = field(default_factory=list)
+    gate_on: list[bool] = field(default_factory=list)
+    lplus_negative_phi: list[float] = field(default_factory=list)  # fraction of L+ with Phi < 0
+
+
+def simulate(config: SimulationConfig, initial_logits: torch.Tensor | None = None) -> SimulationResult:
+    """Run the simulation; `initial_logits` [num_contexts, vocab_size] continues from a given policy."""
+    if config.algorithm not in ("grpo", "stare"):
+        raise ValueError(f"algorithm must be 'grpo' or 'stare', got {config.algorithm!r}")
+    gen = torch.Generator().manual_seed(config.seed)
+    # Contexts differ in sharpness, as LLM positions do: most near-deterministic, a few "forking".
+    sharpness = torch.exp(torch.randn(config.num_contexts, 1, generator=gen) * config.sharpness_spread)
+    base = torch.randn(config.num_contexts, config.vocab_size, generator=gen) * config.init_scale * sharpness
+    logits = (initial_logits.clone() if initial_logits is not None else base).requires_grad_(True)
+    preferred = base.argmax(dim=-1)  # the token each context rewards
+    optimizer = torch.optim.SGD([logits], lr=config.lr)
+    loss_config = PolicyLossConfig(aggregation="token-mean")
+    gate = EntropyGate(target_entropy=config.target_entropy, w=config.w, m=config.m)
+    result = SimulationResult(config)
+    batch = config.num_prompts * config.group_size
+
+    for _ in range(config.steps):
+        prompts = torch.randint(0, config.num_contexts, (config.num_prompts, config.seq_len), generator=gen)
+        contexts = prompts.repeat_interleave(config.group_size, dim=0)  # [batch, seq_len]
+        with torch.no_grad():
+            probs = torch.softmax(logits[contexts], dim=-1)
+            tokens = torch.multinomial(probs.view(-1, config.vocab_size), 1, generator=gen).view(contexts.shape)
+        hit_rate = (tokens == preferred[contexts]).float().mean(dim=1)
+        rewards = torch.bernoulli(hit_rate, generator=gen)  # binary outcome reward, more likely when confident
+        advantages = grpo_advantages(rewards, config.group_size)
+        action_mask = torch.ones(batch, config.seq_len)
+
+        step_logits = logits[contexts]
+        stats = token_statistics(step_logits, tokens)
+        mean_entropy = float(masked_mean(stats["entropy"], action_mask))
+        gate_on = config.algorithm == "stare" and (gate.update(mean_entropy) or not config.gated)
+        weights = None
+        if gate_on:
+            surprisal = -stats["logprob"]
+            weights = stare_weights(
+                surprisal, advantages, action_mask, variant=config.variant, top_ratio=config.top_ratio, w=gate.w, m=gate.m
+            )
+            top_pos, _ = stare_selection(surprisal, advantages, action_mask, top_ratio=config.top_ratio)
+            result.lplus_negative_phi.append(
+                negative_sensitivity_fraction(top_pos, sensitivity_from_statistics(stats))
+            )
+
+        logprobs = token_logprobs(step_logits, tokens)
+        loss, _ = policy_loss(logprobs, logprobs.detach(), advantages, action_mask, loss_config, token_weights=weights)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+        result.entropy.append(mean_entropy)
+        result.reward.append(float(rewards.mean()))
+        result.gate_on.append(gate_on)
+    return result

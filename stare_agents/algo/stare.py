@@ -1,0 +1,127 @@
+"""STARE: surprisal-guided token-level advantage reweighting with a closed-loop entropy gate."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+Variant = Literal["O1", "C2"]
+
+
+def num_selected(num_candidates: int, top_ratio: float) -> int:
+    """k = max(1, ceil(P * |T|)), or 0 when there is no candidate.
+
+    The product is rounded to 9 decimals first so that e.g. 0.1 * 30 gives 3, not ceil(3.0000000000000004).
+    """
+    if num_candidates == 0:
+        return 0
+    return max(1, math.ceil(round(top_ratio * num_candidates, 9)))
+
+
+def broadcast_advantages(advantages: Tensor, like: Tensor) -> Tensor:
+    """Per-sequence [B] advantages become [B, T]; per-token [B, T] pass through."""
+    if advantages.shape == like.shape:
+        return advantages
+    if advantages.dim() == 1 and like.dim() == 2 and advantages.shape[0] == like.shape[0]:
+        return advantages[:, None].expand_as(like)
+    raise ValueError(
+        f"advantages must be [B] or [B, T] matching surprisal {tuple(like.shape)}, got {tuple(advantages.shape)}"
+    )
+
+
+def _top_surprisal(surprisal: Tensor, candidates: Tensor, top_ratio: float) -> Tensor:
+    """Flat indices of the k highest-surprisal candidates."""
+    k = num_selected(int(candidates.sum()), top_ratio)
+    if k == 0:
+        return torch.empty(0, dtype=torch.long, device=surprisal.device)
+    scores = surprisal.masked_fill(~candidates, float("-inf")).reshape(-1)
+    return torch.topk(scores, k, sorted=False).indices
+
+
+def stare_selection(
+    surprisal: Tensor, advantages: Tensor, action_mask: Tensor, *, top_ratio: float = 0.1
+) -> tuple[Tensor, Tensor]:
+    """Boolean masks (L+, L-): the max(1, ceil(P |T|)) highest-surprisal tokens of T+ and of T-.
+
+    T+ / T- are the action tokens with advantage > 0 / < 0. The sets are taken over exactly the
+    tensor passed in. Zero-advantage, prompt, padding and observation tokens are never selected.
+    """
+    if not 0.0 < top_ratio <= 1.0:
+        raise ValueError(f"top_ratio must be in (0, 1], got {top_ratio}")
+    if surprisal.shape != action_mask.shape:
+        raise ValueError(f"surprisal {tuple(surprisal.shape)} and action_mask {tuple(action_mask.shape)} differ")
+    surprisal = surprisal.detach().float()
+    advantages = broadcast_advantages(advantages.detach(), surprisal)
+    is_action = action_mask.bool()
+    selections = []
+    for candidates in (is_action & (advantages > 0), is_action & (advantages < 0)):
+        selected = torch.zeros_like(is_action)
+        selected.view(-1)[_top_surprisal(surprisal, candidates, top_ratio)] = True
+        selections.append(selected)
+    return selections[0], selections[1]
+
+
+def stare_weights(
+    surprisal: Tensor,
+    advantages: Tensor,
+    action_mask: Tensor,
+    *,
+    variant: Variant = "O1",
+    top_ratio: float = 0.1,
+    w: float = 1.1,
+    m: float = 0.9,
+) -> Tensor:
+    """STARE token weights (arXiv 2606.19236, Eq. 7): 1 everywhere, `w` on L+, and `m` on L- (variant C2).
+
+    See `stare_selection` for L+ / L-. The weights multiply the clipped per-token surrogate and are
+    not renormalised.
+    """
+    if variant not in ("O1", "C2"):
+        raise ValueError(f"unknown STARE variant {variant!r}; use 'O1' (amplify L+) or 'C2' (also attenuate L-)")
+    top_pos, top_neg = stare_selection(surprisal, advantages, action_mask, top_ratio=top_ratio)
+    weights = torch.ones_like(surprisal, dtype=torch.float32)
+    weights[top_pos] = w
+    if variant == "C2":
+        weights[top_neg] = m
+    return weights
+
+
+@dataclass
+class EntropyGate:
+    """Closed-loop gate: STARE reweighting is on iff the batch mean entropy < target (strict).
+
+    Evaluated once per training step from the pre-update policy's token-mean entropy over action
+    tokens. With `adaptive=True` the weights also follow the entropy error each step:
+    w += alpha * sign(H_tgt - H) clipped to [1, w_max], m -= alpha * sign(H_tgt - H) clipped to [m_min, 1].
+    """
+
+    target_entropy: float = 0.3
+    w: float = 1.1
+    m: float = 0.9
+    adaptive: bool = False
+    alpha: float = 0.01
+    w_max: float = 1.5
+    m_min: float = 0.5
+    active: bool = False
+
+    def update(self, batch_mean_entropy: float) -> bool:
+        entropy = float(batch_mean_entropy)
+        if not math.isfinite(entropy):
+            raise ValueError(f"batch mean entropy must be finite, got {entropy}")
+        self.active = entropy < self.target_entropy
+        if self.adaptive:
+            direction = math.copysign(1.0, self.target_entropy - entropy) if entropy != self.target_entropy else 0.0
+            self.w = min(max(self.w + self.alpha * direction, 1.0), self.w_max)
+            self.m = min(max(self.m - self.alpha * direction, self.m_min), 1.0)
+        return self.active
+
+    def state_dict(self) -> dict:
+        return asdict(self)
+
+    def load_state_dict(self, state: dict) -> None:
+        for key, value in state.items():
+            setattr(self, key, value)
