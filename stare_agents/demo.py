@@ -12,7 +12,6 @@ from rich.table import Table
 
 from stare_agents.algo.simulation import SimulationConfig, SimulationResult, simulate
 
-DEMO_CONFIG = SimulationConfig(seq_len=128, lr=1000.0, init_scale=5.0)
 
 
 def _window_mean(values: list[float], start: int, stop: int) -> float:
@@ -44,7 +43,7 @@ def run_demo(
     *, steps: int, target_entropy: float, w: float, top_ratio: float, seed: int, output_dir: Path
 ) -> list[SimulationResult]:
     console = Console()
-    base = replace(DEMO_CONFIG, steps=steps, target_entropy=target_entropy, w=w, top_ratio=top_ratio, seed=seed)
+    base = replace(SimulationConfig(), steps=steps, target_entropy=target_entropy, w=w, top_ratio=top_ratio, seed=seed)
     results = []
     with Progress(console=console, transient=True) as progress:
         for algorithm in ("grpo", "stare"):

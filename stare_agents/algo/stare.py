@@ -39,7 +39,36 @@ def _top_surprisal(surprisal: Tensor, candidates: Tensor, top_ratio: float) -> T
     if k == 0:
         return torch.empty(0, dtype=torch.long, device=surprisal.device)
     scores = surprisal.masked_fill(~candidates, float("-inf")).reshape(-1)
-    return torch.topk(scores, k, sorted=False).indices
+    return _exact_topk_indices(scores, k)
+
+
+def _exact_topk_indices(scores: Tensor, k: int, stride: int = 16) -> Tensor:
+    """Indices of the k largest scores, identical in set to torch.topk but faster on large inputs.
+
+    A strided sample estimates a threshold that about 2k scores exceed; if at least k really do,
+    the exact top-k lies among them and topk runs on that short list; otherwise it runs on all.
+    """
+    n = scores.numel()
+    if n < 64 * stride or 4 * k > n:
+        return torch.topk(scores, k, sorted=False).indices
+    sample = scores[::stride]
+    sample_k = min(sample.numel(), 2 * k // stride + 1)
+    threshold = torch.topk(sample, sample_k, sorted=False).values.min()
+    shortlist = torch.nonzero(scores >= threshold).squeeze(1)
+    if shortlist.numel() < k:
+        return torch.topk(scores, k, sorted=False).indices
+    return shortlist[torch.topk(scores[shortlist], k, sorted=False).indices]
+
+
+def _validated(
+    surprisal: Tensor, advantages: Tensor, action_mask: Tensor, top_ratio: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    if not 0.0 < top_ratio <= 1.0:
+        raise ValueError(f"top_ratio must be in (0, 1], got {top_ratio}")
+    if surprisal.shape != action_mask.shape:
+        raise ValueError(f"surprisal {tuple(surprisal.shape)} and action_mask {tuple(action_mask.shape)} differ")
+    surprisal = surprisal.detach().float()
+    return surprisal, broadcast_advantages(advantages.detach(), surprisal), action_mask.bool()
 
 
 def stare_selection(
@@ -50,13 +79,7 @@ def stare_selection(
     T+ / T- are the action tokens with advantage > 0 / < 0. The sets are taken over exactly the
     tensor passed in. Zero-advantage, prompt, padding and observation tokens are never selected.
     """
-    if not 0.0 < top_ratio <= 1.0:
-        raise ValueError(f"top_ratio must be in (0, 1], got {top_ratio}")
-    if surprisal.shape != action_mask.shape:
-        raise ValueError(f"surprisal {tuple(surprisal.shape)} and action_mask {tuple(action_mask.shape)} differ")
-    surprisal = surprisal.detach().float()
-    advantages = broadcast_advantages(advantages.detach(), surprisal)
-    is_action = action_mask.bool()
+    surprisal, advantages, is_action = _validated(surprisal, advantages, action_mask, top_ratio)
     selections = []
     for candidates in (is_action & (advantages > 0), is_action & (advantages < 0)):
         selected = torch.zeros_like(is_action)
@@ -82,11 +105,12 @@ def stare_weights(
     """
     if variant not in ("O1", "C2"):
         raise ValueError(f"unknown STARE variant {variant!r}; use 'O1' (amplify L+) or 'C2' (also attenuate L-)")
-    top_pos, top_neg = stare_selection(surprisal, advantages, action_mask, top_ratio=top_ratio)
-    weights = torch.ones_like(surprisal, dtype=torch.float32)
-    weights[top_pos] = w
+    surprisal, advantages, is_action = _validated(surprisal, advantages, action_mask, top_ratio)
+    weights = torch.ones_like(surprisal)
+    flat = weights.view(-1)
+    flat[_top_surprisal(surprisal, is_action & (advantages > 0), top_ratio)] = w
     if variant == "C2":
-        weights[top_neg] = m
+        flat[_top_surprisal(surprisal, is_action & (advantages < 0), top_ratio)] = m
     return weights
 
 

@@ -125,3 +125,25 @@ def test_adaptive_schedule_moves_and_clips():
     restored = EntropyGate()
     restored.load_state_dict(gate.state_dict())
     assert restored == gate
+
+
+@pytest.mark.parametrize("n", [100, 5_000, 131_072])
+@pytest.mark.parametrize("ties", [False, True])
+def test_fast_topk_selects_exactly_the_top_k(n, ties):
+    from stare_agents.algo.stare import _exact_topk_indices
+
+    gen = torch.Generator().manual_seed(n)
+    scores = torch.rand(n, generator=gen)
+    if ties:
+        scores = (scores * 20).floor()  # heavy ties
+    scores[torch.rand(n, generator=gen) < 0.5] = float("-inf")
+    for k in (1, 7, n // 50, n // 10):
+        if k == 0:
+            continue
+        idx = _exact_topk_indices(scores, k)
+        assert idx.numel() == k and idx.unique().numel() == k
+        chosen = torch.zeros(n, dtype=torch.bool)
+        chosen[idx] = True
+        if not ties:
+            assert set(idx.tolist()) == set(torch.topk(scores, k).indices.tolist())
+        assert scores[chosen].min() >= scores[~chosen].max()
