@@ -1,10 +1,17 @@
 #!/usr/bin/env bash
-# Set up (idempotent) and run the test suite. Extra arguments go to pytest, e.g. `bash scripts/test.sh -k stare`.
-# Tests that need Docker, vLLM or Ray skip with a reason when the component is missing, and fail
-# instead when CI=true. `.ci/run` provisions a Docker engine first (scripts/provision_docker.sh).
+# Set up (idempotent) and run the lint and the test suite. Extra arguments go to pytest,
+# e.g. `bash scripts/test.sh -k stare`.
+#
+# The sandbox tests need a Docker engine and the sandbox image. Run as root on a Debian/Ubuntu host,
+# this script provisions both (scripts/provision_docker.sh: installs docker.io, starts dockerd, builds
+# the image offline); set STARE_PROVISION_DOCKER=0 to leave Docker alone. Tests whose component
+# (Docker, vLLM, Ray) is missing skip with the reason, or fail when CI=true.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 PY="$(bash scripts/setup.sh | tail -n 1)"
+if [ "${STARE_PROVISION_DOCKER:-1}" != 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  STARE_AGENTS="$(dirname "$PY")/stare-agents" bash scripts/provision_docker.sh
+fi
 "$PY" -m ruff check .
 exec "$PY" -m pytest "$@"
