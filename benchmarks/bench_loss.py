@@ -21,7 +21,7 @@ from stare_agents.algo import PolicyLossConfig, grpo_advantages, policy_loss, st
 
 def make_batch(batch: int, length: int, action_fraction: float, device: str, seed: int = 0):
     gen = torch.Generator().manual_seed(seed)
-    old = (-torch.rand(batch, length, generator=gen) ** 3 * 6).to(device)  # most tokens confident
+    old = (-(torch.rand(batch, length, generator=gen) ** 3) * 6).to(device)  # most tokens confident
     new = (old + 0.05 * torch.randn(batch, length, generator=gen).to(device)).requires_grad_(True)
     rewards = torch.randint(0, 2, (batch,), generator=gen).float()
     advantages = grpo_advantages(rewards, group_size=8).to(device)
@@ -30,7 +30,9 @@ def make_batch(batch: int, length: int, action_fraction: float, device: str, see
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--length", type=int, default=2048)
     parser.add_argument("--action-fraction", type=float, default=0.7)

@@ -25,7 +25,9 @@ app.add_typer(envs_app, name="envs", help="List and check the registered Gymnasi
 def demo(
     steps: int = typer.Option(300, help="Training steps for each algorithm."),
     target_entropy: float = typer.Option(0.3, help="STARE's entropy target H_tgt."),
-    w: float = typer.Option(1.1, help="STARE's amplification W of the top-surprisal positive-advantage tokens."),
+    w: float = typer.Option(
+        1.1, help="STARE's amplification W of the top-surprisal positive-advantage tokens."
+    ),
     top_ratio: float = typer.Option(0.1, help="STARE's top fraction P of tokens that are reweighted."),
     seed: int = typer.Option(0, help="Random seed."),
     output_dir: Path = typer.Option(Path("outputs/demo"), help="Where the plot and metrics are written."),
@@ -37,7 +39,9 @@ def demo(
     """
     from stare_agents.demo import run_demo
 
-    run_demo(steps=steps, target_entropy=target_entropy, w=w, top_ratio=top_ratio, seed=seed, output_dir=output_dir)
+    run_demo(
+        steps=steps, target_entropy=target_entropy, w=w, top_ratio=top_ratio, seed=seed, output_dir=output_dir
+    )
 
 
 @app.command()

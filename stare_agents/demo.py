@@ -13,7 +13,6 @@ from rich.table import Table
 from stare_agents.algo.simulation import SimulationConfig, SimulationResult, simulate
 
 
-
 def _window_mean(values: list[float], start: int, stop: int) -> float:
     window = [v for v in values[start:stop] if v == v]  # drop NaN
     return sum(window) / len(window) if window else float("nan")
@@ -43,7 +42,9 @@ def run_demo(
     *, steps: int, target_entropy: float, w: float, top_ratio: float, seed: int, output_dir: Path
 ) -> list[SimulationResult]:
     console = Console()
-    base = replace(SimulationConfig(), steps=steps, target_entropy=target_entropy, w=w, top_ratio=top_ratio, seed=seed)
+    base = replace(
+        SimulationConfig(), steps=steps, target_entropy=target_entropy, w=w, top_ratio=top_ratio, seed=seed
+    )
     results = []
     with Progress(console=console, transient=True) as progress:
         for algorithm in ("grpo", "stare"):
@@ -51,8 +52,17 @@ def run_demo(
             results.append(simulate(replace(base, algorithm=algorithm)))
             progress.remove_task(task)
 
-    table = Table(title=f"Entropy simulation: {steps} steps, target H = {target_entropy}, W = {w}, P = {top_ratio}")
-    for column in ("algorithm", "entropy start", "entropy end (last 20%)", "reward end", "gate on", "L+ with Phi<0"):
+    table = Table(
+        title=f"Entropy simulation: {steps} steps, target H = {target_entropy}, W = {w}, P = {top_ratio}"
+    )
+    for column in (
+        "algorithm",
+        "entropy start",
+        "entropy end (last 20%)",
+        "reward end",
+        "gate on",
+        "L+ with Phi<0",
+    ):
         table.add_column(column)
     tail = max(1, steps // 5)
     for result in results:

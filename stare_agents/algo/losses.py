@@ -142,7 +142,9 @@ def policy_loss(
     loss = aggregate(per_token, mask, config.aggregation, normalizer)
     if config.entropy_coef:
         if entropy is None:
-            raise ValueError("entropy_coef > 0 needs the per-token `entropy` (with grad) passed to policy_loss")
+            raise ValueError(
+                "entropy_coef > 0 needs the per-token `entropy` (with grad) passed to policy_loss"
+            )
         loss = loss - config.entropy_coef * aggregate(entropy, mask, config.aggregation, normalizer)
 
     with torch.no_grad():

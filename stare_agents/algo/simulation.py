@@ -69,9 +69,12 @@ def simulate(config: SimulationConfig, initial_logits: torch.Tensor | None = Non
         contexts = prompts.repeat_interleave(config.group_size, dim=0)  # [batch, seq_len]
         with torch.no_grad():
             probs = torch.softmax(logits[contexts], dim=-1)
-            tokens = torch.multinomial(probs.view(-1, config.vocab_size), 1, generator=gen).view(contexts.shape)
+            tokens = torch.multinomial(probs.view(-1, config.vocab_size), 1, generator=gen).view(
+                contexts.shape
+            )
         hit_rate = (tokens == preferred[contexts]).float().mean(dim=1)
-        rewards = torch.bernoulli(hit_rate, generator=gen)  # binary outcome reward, more likely when confident
+        # binary outcome reward, more likely when the policy emits its preferred tokens
+        rewards = torch.bernoulli(hit_rate, generator=gen)
         advantages = grpo_advantages(rewards, config.group_size)
         action_mask = torch.ones(batch, config.seq_len)
 
@@ -83,7 +86,13 @@ def simulate(config: SimulationConfig, initial_logits: torch.Tensor | None = Non
         if gate_on:
             surprisal = -stats["logprob"]
             weights = stare_weights(
-                surprisal, advantages, action_mask, variant=config.variant, top_ratio=config.top_ratio, w=gate.w, m=gate.m
+                surprisal,
+                advantages,
+                action_mask,
+                variant=config.variant,
+                top_ratio=config.top_ratio,
+                w=gate.w,
+                m=gate.m,
             )
             top_pos, _ = stare_selection(surprisal, advantages, action_mask, top_ratio=config.top_ratio)
             result.lplus_negative_phi.append(
@@ -91,7 +100,9 @@ def simulate(config: SimulationConfig, initial_logits: torch.Tensor | None = Non
             )
 
         logprobs = token_logprobs(step_logits, tokens)
-        loss, _ = policy_loss(logprobs, logprobs.detach(), advantages, action_mask, loss_config, token_weights=weights)
+        loss, _ = policy_loss(
+            logprobs, logprobs.detach(), advantages, action_mask, loss_config, token_weights=weights
+        )
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

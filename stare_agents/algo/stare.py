@@ -66,7 +66,9 @@ def _validated(
     if not 0.0 < top_ratio <= 1.0:
         raise ValueError(f"top_ratio must be in (0, 1], got {top_ratio}")
     if surprisal.shape != action_mask.shape:
-        raise ValueError(f"surprisal {tuple(surprisal.shape)} and action_mask {tuple(action_mask.shape)} differ")
+        raise ValueError(
+            f"surprisal {tuple(surprisal.shape)} and action_mask {tuple(action_mask.shape)} differ"
+        )
     surprisal = surprisal.detach().float()
     return surprisal, broadcast_advantages(advantages.detach(), surprisal), action_mask.bool()
 
@@ -104,7 +106,9 @@ def stare_weights(
     not renormalised.
     """
     if variant not in ("O1", "C2"):
-        raise ValueError(f"unknown STARE variant {variant!r}; use 'O1' (amplify L+) or 'C2' (also attenuate L-)")
+        raise ValueError(
+            f"unknown STARE variant {variant!r}; use 'O1' (amplify L+) or 'C2' (also attenuate L-)"
+        )
     surprisal, advantages, is_action = _validated(surprisal, advantages, action_mask, top_ratio)
     weights = torch.ones_like(surprisal)
     flat = weights.view(-1)
@@ -138,7 +142,9 @@ class EntropyGate:
             raise ValueError(f"batch mean entropy must be finite, got {entropy}")
         self.active = entropy < self.target_entropy
         if self.adaptive:
-            direction = math.copysign(1.0, self.target_entropy - entropy) if entropy != self.target_entropy else 0.0
+            direction = (
+                math.copysign(1.0, self.target_entropy - entropy) if entropy != self.target_entropy else 0.0
+            )
             self.w = min(max(self.w + self.alpha * direction, 1.0), self.w_max)
             self.m = min(max(self.m - self.alpha * direction, self.m_min), 1.0)
         return self.active

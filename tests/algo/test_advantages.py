@@ -9,7 +9,9 @@ def test_grpo_advantages_hand_computed():
     adv = grpo_advantages(rewards, group_size=3)
     # group 1: mean 1/3, unbiased std sqrt(1/3); group 2: all equal -> 0
     std = (1 / 3) ** 0.5
-    expected = torch.tensor([(2 / 3) / (std + 1e-6), (-1 / 3) / (std + 1e-6), (-1 / 3) / (std + 1e-6), 0, 0, 0])
+    expected = torch.tensor(
+        [(2 / 3) / (std + 1e-6), (-1 / 3) / (std + 1e-6), (-1 / 3) / (std + 1e-6), 0, 0, 0]
+    )
     assert torch.allclose(adv, expected)
     centred = grpo_advantages(rewards, group_size=3, normalize_std=False)
     assert torch.allclose(centred, torch.tensor([2 / 3, -1 / 3, -1 / 3, 0, 0, 0]))

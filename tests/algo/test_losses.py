@@ -69,8 +69,15 @@ def test_masked_positions_change_neither_loss_nor_gradient(aggregation, cov_mode
 
     def run(new_lp, old_lp, advantages):
         weights = stare_weights(-old_lp, advantages, mask, variant="C2")
-        loss, _ = policy_loss(new_lp, old_lp, advantages, mask, config, token_weights=weights,
-                              generator=torch.Generator().manual_seed(0))
+        loss, _ = policy_loss(
+            new_lp,
+            old_lp,
+            advantages,
+            mask,
+            config,
+            token_weights=weights,
+            generator=torch.Generator().manual_seed(0),
+        )
         (grad,) = torch.autograd.grad(loss, new_lp)
         return loss, grad
 
@@ -131,7 +138,17 @@ def test_kl_cov_penalises_top_covariance_tokens():
 
 
 def test_presets_are_complete_and_validated():
-    for name in ("grpo", "grpo-ds", "dapo", "stare", "stare-c2", "entropy-bonus", "clip-cov", "kl-cov", "entrocraft"):
+    for name in (
+        "grpo",
+        "grpo-ds",
+        "dapo",
+        "stare",
+        "stare-c2",
+        "entropy-bonus",
+        "clip-cov",
+        "kl-cov",
+        "entrocraft",
+    ):
         assert AlgorithmConfig.preset(name).name == name
     assert AlgorithmConfig.preset("stare").stare.w == 1.1
     assert AlgorithmConfig.preset("grpo").loss.clip_high == 0.2

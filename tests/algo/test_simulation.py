@@ -12,7 +12,9 @@ def _mean(values):
 @pytest.fixture(scope="module")
 def closed_loop_runs():
     config = SimulationConfig(steps=300, seed=0)
-    return {alg: simulate(SimulationConfig(**{**config.__dict__, "algorithm": alg})) for alg in ("grpo", "stare")}
+    return {
+        alg: simulate(SimulationConfig(**{**config.__dict__, "algorithm": alg})) for alg in ("grpo", "stare")
+    }
 
 
 def test_grpo_collapses_entropy(closed_loop_runs):

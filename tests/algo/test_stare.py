@@ -32,8 +32,19 @@ def test_c2_differs_from_o1_only_on_negative_tokens():
     assert torch.allclose(c2[changed], torch.tensor(0.9))
 
 
-@pytest.mark.parametrize(("count", "ratio", "expected"), [(0, 0.1, 0), (1, 0.1, 1), (9, 0.1, 1), (10, 0.1, 1),
-                                                           (11, 0.1, 2), (30, 0.1, 3), (70, 0.1, 7), (7, 1.0, 7)])
+@pytest.mark.parametrize(
+    ("count", "ratio", "expected"),
+    [
+        (0, 0.1, 0),
+        (1, 0.1, 1),
+        (9, 0.1, 1),
+        (10, 0.1, 1),
+        (11, 0.1, 2),
+        (30, 0.1, 3),
+        (70, 0.1, 7),
+        (7, 1.0, 7),
+    ],
+)
 def test_k_is_max_one_ceil(count, ratio, expected):
     assert num_selected(count, ratio) == expected
 
@@ -48,7 +59,9 @@ def test_selection_sizes_match_k_on_random_batches():
         adv = advantages[:, None].expand_as(surprisal)
         n_pos = int(((adv > 0) & mask.bool()).sum())
         n_neg = int(((adv < 0) & mask.bool()).sum())
-        assert int(top_pos.sum()) == num_selected(n_pos, 0.1) == (max(1, math.ceil(0.1 * n_pos)) if n_pos else 0)
+        assert (
+            int(top_pos.sum()) == num_selected(n_pos, 0.1) == (max(1, math.ceil(0.1 * n_pos)) if n_pos else 0)
+        )
         assert int(top_neg.sum()) == num_selected(n_neg, 0.1)
         # every selected token beats every unselected candidate on surprisal
         cand = (adv > 0) & mask.bool()
