@@ -27,10 +27,15 @@ def plot_entropy(results: list[SimulationResult], target_entropy: float, path: P
     fig, (ax_h, ax_r) = plt.subplots(1, 2, figsize=(11, 4))
     for result in results:
         ax_h.plot(result.entropy, label=result.config.algorithm.upper())
-        ax_r.plot(result.reward, label=result.config.algorithm.upper(), alpha=0.8)
+        window = 10
+        smoothed = [
+            sum(result.reward[max(0, i - window + 1) : i + 1]) / min(i + 1, window)
+            for i in range(len(result.reward))
+        ]
+        ax_r.plot(smoothed, label=result.config.algorithm.upper())
     ax_h.axhline(target_entropy, color="gray", linestyle="--", label=f"target {target_entropy}")
     ax_h.set(xlabel="step", ylabel="mean policy entropy (nats)", title="Policy entropy")
-    ax_r.set(xlabel="step", ylabel="mean reward", title="Reward")
+    ax_r.set(xlabel="step", ylabel="mean reward (10-step moving average)", title="Reward")
     ax_h.legend()
     ax_r.legend()
     fig.tight_layout()
