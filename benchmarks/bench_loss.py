@@ -6,6 +6,10 @@ that machine noise hits all of them alike.
 
     python benchmarks/bench_loss.py                     # 64 x 2048, 70% action tokens (the issue's batch)
     python benchmarks/bench_loss.py --device cuda
+    python benchmarks/bench_loss.py --batch 8 --vocab 8192   # include log-probs from logits (fwd + bwd)
+
+With --vocab V each variant also computes the token log-probs from [batch, length, V] logits inside the
+timed region, as a learner does; without it only the loss itself is timed (the harshest comparison).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import time
 
 import torch
 
-from stare_agents.algo import PolicyLossConfig, grpo_advantages, policy_loss, stare_weights
+from stare_agents.algo import PolicyLossConfig, grpo_advantages, policy_loss, stare_weights, token_logprobs
 
 
 def make_batch(batch: int, length: int, action_fraction: float, device: str, seed: int = 0):
@@ -37,20 +41,31 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=2048)
     parser.add_argument("--action-fraction", type=float, default=0.7)
     parser.add_argument("--rounds", type=int, default=200)
+    parser.add_argument(
+        "--vocab", type=int, default=0, help="also compute log-probs from logits of this vocab"
+    )
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
 
     new, old, advantages, mask = make_batch(args.batch, args.length, args.action_fraction, args.device)
     config = PolicyLossConfig()
+    if args.vocab:
+        gen = torch.Generator().manual_seed(1)
+        logits = torch.randn(args.batch, args.length, args.vocab, generator=gen).to(args.device)
+        logits.requires_grad_(True)
+        tokens = torch.randint(0, args.vocab, (args.batch, args.length), generator=gen).to(args.device)
+
+    def current_logprobs():
+        return token_logprobs(logits, tokens) if args.vocab else new
 
     def grpo():
-        loss, _ = policy_loss(new, old, advantages, mask, config)
+        loss, _ = policy_loss(current_logprobs(), old, advantages, mask, config)
         loss.backward()
 
     def stare(variant):
         def run():
             weights = stare_weights(-old, advantages, mask, variant=variant)
-            loss, _ = policy_loss(new, old, advantages, mask, config, token_weights=weights)
+            loss, _ = policy_loss(current_logprobs(), old, advantages, mask, config, token_weights=weights)
             loss.backward()
 
         return run
@@ -64,15 +79,17 @@ def main() -> None:
     for _ in range(args.rounds):
         for name, fn in variants.items():
             new.grad = None
+            if args.vocab:
+                logits.grad = None
             sync()
             start = time.perf_counter()
             fn()
             sync()
             times[name].append(time.perf_counter() - start)
 
-    tokens = int(mask.sum())
     print(
-        f"batch {args.batch} x {args.length} ({tokens} action tokens, {args.action_fraction:.0%}), "
+        f"batch {args.batch} x {args.length} ({int(mask.sum())} action tokens, {args.action_fraction:.0%}), "
+        f"{'log-probs from logits, vocab ' + str(args.vocab) if args.vocab else 'loss only'}, "
         f"device {args.device}, torch {torch.__version__}, threads {torch.get_num_threads()}, {args.rounds} rounds"
     )
     base = statistics.median(times["grpo"])

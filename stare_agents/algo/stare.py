@@ -34,30 +34,41 @@ def broadcast_advantages(advantages: Tensor, like: Tensor) -> Tensor:
 
 
 def _top_surprisal(surprisal: Tensor, candidates: Tensor, top_ratio: float) -> Tensor:
-    """Flat indices of the k highest-surprisal candidates."""
+    """Boolean mask of the k = max(1, ceil(P |candidates|)) highest-surprisal candidates."""
     k = num_selected(int(candidates.sum()), top_ratio)
     if k == 0:
-        return torch.empty(0, dtype=torch.long, device=surprisal.device)
-    scores = surprisal.masked_fill(~candidates, float("-inf")).reshape(-1)
-    return _exact_topk_indices(scores, k)
+        return torch.zeros_like(candidates)
+    # non-candidates score -inf, so with k <= |candidates| the top k are all candidates
+    scores = torch.where(candidates, surprisal, float("-inf")).reshape(-1)
+    return _top_k_mask(scores, k).view_as(candidates)
 
 
-def _exact_topk_indices(scores: Tensor, k: int, stride: int = 16) -> Tensor:
-    """Indices of the k largest scores, identical in set to torch.topk but faster on large inputs.
+def _top_k_mask(scores: Tensor, k: int) -> Tensor:
+    """Mask of exactly k largest scores (ties at the k-th value broken by position)."""
+    threshold, at_or_above = _kth_largest(scores, k)
+    selected = scores >= threshold
+    if at_or_above > k:
+        tied = torch.nonzero(scores == threshold).squeeze(1)
+        selected[tied[: at_or_above - k]] = False
+    return selected
 
-    A strided sample estimates a threshold that about 2k scores exceed; if at least k really do,
-    the exact top-k lies among them and topk runs on that short list; otherwise it runs on all.
+
+def _kth_largest(scores: Tensor, k: int, stride: int = 16) -> tuple[Tensor, int]:
+    """The k-th largest value and how many scores are >= it, without a full top-k on large inputs.
+
+    A strided sample gives a rough threshold that about 2k scores exceed; when at least k really do,
+    the k-th largest lies in that short list and top-k runs on it alone. Otherwise, on everything.
     """
     n = scores.numel()
-    if n < 64 * stride or 4 * k > n:
-        return torch.topk(scores, k, sorted=False).indices
-    sample = scores[::stride]
-    sample_k = min(sample.numel(), 2 * k // stride + 1)
-    threshold = torch.topk(sample, sample_k, sorted=False).values.min()
-    shortlist = torch.nonzero(scores >= threshold).squeeze(1)
-    if shortlist.numel() < k:
-        return torch.topk(scores, k, sorted=False).indices
-    return shortlist[torch.topk(scores[shortlist], k, sorted=False).indices]
+    if n >= 64 * stride and 4 * k <= n:
+        sample = scores[::stride]
+        rough = torch.topk(sample, min(sample.numel(), 2 * k // stride + 1), sorted=False).values.min()
+        shortlist = scores[scores >= rough]
+        if shortlist.numel() >= k:
+            kth = torch.topk(shortlist, k, sorted=False).values.min()
+            return kth, int((shortlist >= kth).sum())
+    kth = torch.topk(scores, k, sorted=False).values.min()
+    return kth, int((scores >= kth).sum())
 
 
 def _validated(
@@ -70,7 +81,12 @@ def _validated(
             f"surprisal {tuple(surprisal.shape)} and action_mask {tuple(action_mask.shape)} differ"
         )
     surprisal = surprisal.detach().float()
-    return surprisal, broadcast_advantages(advantages.detach(), surprisal), action_mask.bool()
+    advantages = advantages.detach()
+    if advantages.dim() == 1 and surprisal.dim() == 2 and advantages.shape[0] == surprisal.shape[0]:
+        advantages = advantages[:, None]  # per-sequence: compare [B] once, broadcast the comparison
+    else:
+        advantages = broadcast_advantages(advantages, surprisal)
+    return surprisal, advantages, action_mask.bool()
 
 
 def stare_selection(
@@ -82,12 +98,9 @@ def stare_selection(
     tensor passed in. Zero-advantage, prompt, padding and observation tokens are never selected.
     """
     surprisal, advantages, is_action = _validated(surprisal, advantages, action_mask, top_ratio)
-    selections = []
-    for candidates in (is_action & (advantages > 0), is_action & (advantages < 0)):
-        selected = torch.zeros_like(is_action)
-        selected.view(-1)[_top_surprisal(surprisal, candidates, top_ratio)] = True
-        selections.append(selected)
-    return selections[0], selections[1]
+    top_pos = _top_surprisal(surprisal, is_action & (advantages > 0), top_ratio)
+    top_neg = _top_surprisal(surprisal, is_action & (advantages < 0), top_ratio)
+    return top_pos, top_neg
 
 
 def stare_weights(
@@ -110,11 +123,9 @@ def stare_weights(
             f"unknown STARE variant {variant!r}; use 'O1' (amplify L+) or 'C2' (also attenuate L-)"
         )
     surprisal, advantages, is_action = _validated(surprisal, advantages, action_mask, top_ratio)
-    weights = torch.ones_like(surprisal)
-    flat = weights.view(-1)
-    flat[_top_surprisal(surprisal, is_action & (advantages > 0), top_ratio)] = w
+    weights = torch.where(_top_surprisal(surprisal, is_action & (advantages > 0), top_ratio), w, 1.0)
     if variant == "C2":
-        flat[_top_surprisal(surprisal, is_action & (advantages < 0), top_ratio)] = m
+        weights = torch.where(_top_surprisal(surprisal, is_action & (advantages < 0), top_ratio), m, weights)
     return weights
 
 
