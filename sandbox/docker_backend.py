@@ -167,6 +167,17 @@ class DockerChannel(Channel):
                 return b""
             self._raw += chunk
 
+    def peer_gone(self) -> bool:
+        if self._raw or self._buffer:
+            return False
+        self.sock.settimeout(0.0)  # non-blocking: with a timeout set, Python would wait for data first
+        try:
+            return self.sock.recv(1, socket.MSG_PEEK) == b""
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True
+
     def close(self) -> None:
         try:
             self.sock.close()

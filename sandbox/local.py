@@ -46,6 +46,9 @@ class PipeChannel(Channel):
             if ready:
                 return os.read(self._out, 1 << 16)
 
+    def peer_gone(self) -> bool:
+        return self.process.poll() is not None
+
     def close(self) -> None:
         for stream in (self.process.stdin, self.process.stdout):
             with contextlib.suppress(OSError):

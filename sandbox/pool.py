@@ -57,6 +57,10 @@ class Channel:
     def close(self) -> None:
         raise NotImplementedError
 
+    def peer_gone(self) -> bool:
+        """True if the runner has certainly ended (checked without blocking)."""
+        raise NotImplementedError
+
     def recv_exact(self, n: int, deadline: float | None) -> bytes:
         while len(self._buffer) < n:
             chunk = self._recv_some(deadline)
@@ -120,7 +124,8 @@ class Runner:
 class _Waiter:
     """One caller waiting for a runner: a thread (event) or a coroutine (future on its loop)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+    def __init__(self, pool: Pool, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self.pool = pool
         self.loop = loop
         self.future: asyncio.Future | None = loop.create_future() if loop is not None else None
         self.event = threading.Event() if loop is None else None
@@ -143,9 +148,7 @@ class _Waiter:
         def settle() -> None:
             if self.future.done():  # cancelled in the meantime: give the runner back
                 if runner is not None:
-                    pool = _pool_of.get(id(runner))
-                    if pool is not None:
-                        pool._put(runner)
+                    self.pool._put(runner)
                 return
             if error is not None:
                 self.future.set_exception(error)
@@ -154,9 +157,6 @@ class _Waiter:
 
         self.loop.call_soon_threadsafe(settle)
         return True
-
-
-_pool_of: dict[int, Pool] = {}
 
 
 class Pool:
@@ -201,7 +201,6 @@ class Pool:
             return exc
         with self._lock:
             self._all.add(runner)
-            _pool_of[id(runner)] = self
         return runner
 
     def close(self) -> None:
@@ -220,8 +219,6 @@ class Pool:
             closer.start()
         for closer in closers:
             closer.join(30)
-        for runner in runners:
-            _pool_of.pop(id(runner), None)
 
     # -- leasing
     def _put(self, runner: Runner) -> None:
@@ -251,7 +248,7 @@ class Pool:
             return None
 
     def acquire(self, timeout_s: float | None = None) -> Runner:
-        waiter = _Waiter()
+        waiter = _Waiter(self)
         runner = self._take_or_wait(waiter)
         if runner is not None:
             return runner
@@ -269,7 +266,7 @@ class Pool:
         return waiter.runner
 
     async def aacquire(self) -> Runner:
-        waiter = _Waiter(asyncio.get_running_loop())
+        waiter = _Waiter(self, asyncio.get_running_loop())
         runner = self._take_or_wait(waiter)
         if runner is not None:
             return runner
@@ -299,7 +296,6 @@ class Pool:
         """Discard a broken runner and start a new one in the background."""
         with self._lock:
             self._all.discard(runner)
-            _pool_of.pop(id(runner), None)
             if self._closed:
                 return
             self._starting += 1
@@ -359,6 +355,7 @@ class Session:
         self.timeout_s = timeout_s if timeout_s is not None else sandbox.default_timeout_s
         self.echo = echo
         self.runner: Runner | None = None
+        self.used = False  # this session's code has run on self.runner: its death must be reported
         self.closed = False
 
     def __enter__(self) -> Session:
@@ -375,6 +372,28 @@ class Session:
             self.runner = self.sandbox._pool_started().acquire(self.sandbox.lease_timeout_s)
         return self.runner
 
+    def _settled_runner(self) -> Runner:
+        """The leased runner, done with the reset that its previous session left queued.
+
+        A runner that fails its reset is replaced before this session's code runs, so the session's
+        first call never reports a failure that belongs to the previous session. Once the session has
+        run code on its runner, a dead runner is left for `run` to report (the session's state is gone).
+        """
+        if self.used:
+            return self._lease()
+        for _ in range(5):
+            runner = self._lease()
+            try:
+                runner.settle(time.monotonic() + 60)
+                if runner.channel.peer_gone():
+                    raise ChannelClosed("it ended while idle")
+                return runner
+            except (ChannelClosed, ChannelTimeout, OSError) as exc:
+                logger.warning("%s failed its reset between sessions (%s); replacing it", runner.name, exc)
+                self.sandbox._pool_started().replace(runner)
+                self.runner = None
+        raise SandboxError("five runners in a row failed their reset between sessions")
+
     def run(self, code: str, timeout_s: float | None = None) -> ExecutionResult:
         if not isinstance(code, str):
             raise TypeError(f"code must be a str, got {type(code).__name__}")
@@ -382,7 +401,8 @@ class Session:
         limit = float(timeout_s if timeout_s is not None else self.timeout_s)
         if limit <= 0:
             raise ValueError(f"timeout_s must be > 0, got {limit}")
-        runner = self._lease()
+        runner = self._settled_runner()
+        self.used = True
         request = {
             "op": "run",
             "code": code,
@@ -409,7 +429,7 @@ class Session:
     ) -> ExecutionResult:
         """The runner died or hung: replace it; this call reports what happened and the session goes on."""
         self.sandbox._pool_started().replace(runner)
-        self.runner = None
+        self.runner, self.used = None, False
         if isinstance(exc, ChannelTimeout):
             status, what = (
                 "timeout",
@@ -459,8 +479,6 @@ class AsyncSession:
         await self._lease()
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.session.sandbox._executor(), self.session.run, code, timeout_s)
-
-    run = arun
 
     async def aclose(self) -> None:
         self.session.close()

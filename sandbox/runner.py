@@ -18,8 +18,12 @@ killed and a fresh one started: the call is still "timeout", and stderr says tha
 lost. A worker that dies (signal, out of memory, segfault, os._exit) is reported as "killed" and replaced
 the same way. Processes the code starts do not outlive its call (in a container; locally, after a timeout).
 
+Between sessions the host sends "reset": every process but the supervisor is killed, the scratch folder
+(/tmp) and /dev/shm are emptied and a fresh worker is started.
+
 Frames: 4-byte big-endian length + JSON header; a result frame from the supervisor is followed by the raw
-stdout and stderr bytes whose lengths the header gives.
+stdout and stderr bytes whose lengths the header gives. In a container the host starts this file as
+`python3 -I -c <its source>`, so the image never holds a stale copy of it.
 """
 
 from __future__ import annotations

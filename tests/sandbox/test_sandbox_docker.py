@@ -421,6 +421,31 @@ def test_dead_or_frozen_container_is_replaced():
         assert s.run("print('unfrozen')").stdout == "unfrozen\n"
 
 
+def test_container_dying_idle_in_the_pool_is_replaced_unseen():
+    _require_docker()
+    with DockerSandbox(pool_size=1, limits=LIMITS) as box:
+        with box.session() as s:
+            s.run("x = 1")
+            dead = s.runner.channel.container.id
+        docker_client().containers.get(dead).kill()  # dies while idle between sessions
+        deadline = time.monotonic() + 10
+        while _exists(dead) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with box.session() as s:
+            r = s.run("print('x' in globals())")
+            assert (r.status, r.stdout) == ("ok", "False\n")  # the next session never sees the failure
+            assert s.runner.channel.container.id != dead
+
+
+def _exists(container_id: str) -> bool:
+    import docker.errors
+
+    try:
+        return docker_client().containers.get(container_id).status != "exited"
+    except docker.errors.NotFound:
+        return False
+
+
 def _our_containers(owner_pid: int) -> list:
     client = docker_client()
     return [
