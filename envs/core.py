@@ -354,6 +354,7 @@ class TextEnv(gym.Env[list[Message], str]):
         if terminated or truncated:
             self._episode_over = True
             self.final_score = self.score(self.task, self.response_text())
+            self.end_episode()  # hand per-episode resources (a sandbox session) back right away
             reward = float(self.final_score.reward)
             observation = []
             info_extra = {
@@ -390,7 +391,10 @@ class TextEnv(gym.Env[list[Message], str]):
         return "\n".join(self.responses)
 
     def end_episode(self) -> None:
-        """Release per-episode resources (called by `reset` and `close`). The base class holds none."""
+        """Release per-episode resources (called when an episode ends, by `reset` and by `close`).
+
+        The base class holds none; `ToolEnv` closes its sandbox session here.
+        """
 
     def _task_from_options(self, options: dict[str, Any]) -> Task:
         if "task" in options:
