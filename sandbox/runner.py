@@ -43,6 +43,7 @@ import subprocess
 import sys
 import time
 import traceback
+import weakref
 
 _LEN = struct.Struct(">I")
 MAX_FRAME = 256 * 1024 * 1024
@@ -133,14 +134,28 @@ def _compile_cell(source: str, filename: str, echo: bool):
     return body, (compile(last, filename, "eval") if last is not None else None)
 
 
-def _reap_children() -> None:
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
+_popens: weakref.WeakSet = weakref.WeakSet()  # the code's subprocess.Popen objects
+
+
+def _track_popens() -> None:
+    """Remember every Popen the code makes, so reaping never steals the exit status it will wait for."""
+    original_init = subprocess.Popen.__init__
+
+    def __init__(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        _popens.add(self)
+
+    subprocess.Popen.__init__ = __init__
+
+
+def _reap_children(pids: list[int]) -> None:
+    """Collect the zombies among `pids` (killed by the supervisor) that no Popen object will wait for."""
+    waited_for = {p.pid for p in list(_popens) if p.returncode is None}
+    for pid in pids:
+        if pid in waited_for:
+            continue
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
 
 
 def worker_main(ctl_in: int, ctl_out: int) -> None:
@@ -163,6 +178,7 @@ def worker_main(ctl_in: int, ctl_out: int) -> None:
     saved_out = _move_high(os.dup(1))
     saved_err = _move_high(os.dup(2))
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _track_popens()
     namespace: dict = {"__name__": "__main__", "__builtins__": builtins}
     cell = 0
 
@@ -177,7 +193,7 @@ def worker_main(ctl_in: int, ctl_out: int) -> None:
         status = "error"
         out = err = None
         if request.get("reap"):  # the supervisor killed processes the code forked: collect the zombies
-            _reap_children()
+            _reap_children(request["reap"])
         try:
             os.dup2(saved_out, 1)
             os.dup2(saved_err, 2)
@@ -316,7 +332,7 @@ class Supervisor:
         self.memory_hint = memory_hint
         self.workdir = workdir
         self.worker: subprocess.Popen | None = None
-        self.reap_next = False  # the worker has zombie children to collect before the next call
+        self.reap_next: list[int] = []  # processes killed here that may be zombie children of the worker
         self.ctl_w = self.ctl_r = self.out_r = self.err_r = -1
         # Signals from the code: PID 1 of a container only receives those it handles, and Python handles
         # SIGINT (KeyboardInterrupt). A no-op handler (not SIG_IGN, which children would inherit) makes
@@ -376,7 +392,8 @@ class Supervisor:
             os.set_blocking(fd, False)
         self.out_r, self.err_r = out_r, err_r
 
-    def stop_worker(self) -> None:
+    def kill_code(self) -> None:
+        """SIGKILL the worker and every process the code started; the pipes stay open for draining."""
         if self.worker is not None:
             with contextlib.suppress(OSError):
                 os.killpg(self.worker.pid, signal.SIGKILL)
@@ -384,14 +401,17 @@ class Supervisor:
                 self.worker.kill()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.worker.wait(timeout=5)
+        self.kill_strays(keep_worker=False)
+
+    def stop_worker(self) -> None:
+        self.kill_code()
         for fd in (self.ctl_w, self.ctl_r, self.out_r, self.err_r):
             if fd >= 0:
                 with contextlib.suppress(OSError):
                     os.close(fd)
         self.ctl_w = self.ctl_r = self.out_r = self.err_r = -1
         self.worker = None
-        self.kill_strays(keep_worker=False)
-        self.reap_next = False
+        self.reap_next = []
 
     def restart_worker(self) -> None:
         self.stop_worker()
@@ -401,21 +421,23 @@ class Supervisor:
         keep = {1, os.getpid()}
         if keep_worker and self.worker is not None:
             keep.add(self.worker.pid)
+        group = self.worker.pid if self.worker is not None else -1
         pids = []
         for name in os.listdir("/proc"):
             if not name.isdigit() or int(name) in keep:
                 continue
             pid = int(name)
-            if self.mode == "local":  # only the code's own processes: its process group, or orphans here
-                try:
-                    with open(f"/proc/{pid}/stat") as f:
-                        fields = f.read().rsplit(")", 1)[1].split()
-                except OSError:
-                    continue
-                ppid, pgid = int(fields[1]), int(fields[2])
-                group = self.worker.pid if self.worker is not None else -1
-                if pgid != group and ppid != os.getpid():
-                    continue
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] == "Z":  # already dead; its parent collects it
+                continue
+            ppid, pgid = int(fields[1]), int(fields[2])
+            # locally, only the code's own processes: its process group, or orphans re-parented here
+            if self.mode == "local" and pgid != group and ppid != os.getpid():
+                continue
             pids.append(pid)
         return pids
 
@@ -430,23 +452,21 @@ class Supervisor:
             if self.worker is not None and pid == self.worker.pid:
                 self.worker.returncode = -1  # reaped here; Popen must not wait for it again
 
-    def kill_strays(self, keep_worker: bool = True) -> int:
+    def kill_strays(self, keep_worker: bool = True) -> list[int]:
         """SIGKILL every process the code started (all but this one and, if kept, the worker)."""
-        killed = 0
+        killed: set[int] = set()
         for _ in range(200):
             self._reap()
             pids = self._stray_pids(keep_worker)
             if not pids:
                 break
             for pid in pids:
-                try:
+                with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
-                    killed += 1
-                except OSError:
-                    pass
+                    killed.add(pid)
             time.sleep(0.001)
         self._reap()
-        return killed
+        return sorted(killed)
 
     def wipe_scratch(self) -> None:
         for root in (self.workdir, "/dev/shm") if self.mode == "docker" else (self.workdir,):
@@ -474,7 +494,7 @@ class Supervisor:
         if self.worker is None or self.worker.poll() is not None:
             self.restart_worker()
         job = {k: request.get(k) for k in ("code", "stateless", "echo")}
-        job["reap"], self.reap_next = self.reap_next, False
+        job["reap"], self.reap_next = self.reap_next, []
         try:
             _write_all(self.ctl_w, encode_frame(job))
         except OSError:  # the worker died between calls (e.g. a thread of the code ended it)
@@ -532,9 +552,9 @@ class Supervisor:
                     code = self.worker.wait(timeout=2)
                 except subprocess.TimeoutExpired:
                     code = None
+            self.kill_code()
             self._drain(streams)
-            self.stop_worker()
-            self.spawn_worker()
+            self.restart_worker()
             if hard_killed:
                 status = "timeout"
                 notes.append(
@@ -545,13 +565,13 @@ class Supervisor:
                 status = "killed"
                 notes.append(_death_note(code, self.memory_hint))
         else:
-            self._drain(streams)
             status = reply["status"]
+            restart = False
             if interrupted or status == "interrupted":
                 status = "timeout"
                 message = f"TimeoutError: the code ran past the {timeout_s:g} s limit and was interrupted"
                 if reply.get("threads", 1) > 1:
-                    self.restart_worker()
+                    restart = True
                     message += (
                         "; threads it started were still running, so the interpreter was restarted and "
                         "this session's variables were lost"
@@ -559,9 +579,15 @@ class Supervisor:
                 else:
                     message += "; the session's variables are kept"
                 notes.append(message)
-                self.reap_next = self.kill_strays() > 0
-            elif self.mode == "docker":
-                self.reap_next = self.kill_strays() > 0
+            # processes the code left behind end with its call (locally: only after a timeout), before
+            # the pipes are drained, so that a background writer cannot keep the call open
+            if restart:
+                self.kill_code()
+            elif status == "timeout" or self.mode == "docker":
+                self.reap_next = self.kill_strays()
+            self._drain(streams)
+            if restart:
+                self.restart_worker()
         err_bytes = err.result()
         if notes:
             if err_bytes and not err_bytes.endswith(b"\n"):
@@ -577,11 +603,13 @@ class Supervisor:
         }
         return header, out_bytes, err_bytes
 
-    def _drain(self, streams: dict) -> None:
+    def _drain(self, streams: dict, budget_s: float = 0.5) -> None:
+        """Read what is left in the output pipes (bounded: a live writer could go on forever)."""
+        until = time.monotonic() + budget_s
         for fd, capture in streams.items():
             if fd < 0:
                 continue
-            while True:
+            while time.monotonic() < until:
                 try:
                     data = os.read(fd, 1 << 16)
                 except (BlockingIOError, OSError):

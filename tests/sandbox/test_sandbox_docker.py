@@ -143,6 +143,16 @@ def test_100_mb_of_output(sandbox):
     assert_pool_serves_next_session(sandbox)
 
 
+def test_background_process_flooding_output(sandbox):
+    with sandbox.session() as s:
+        r = s.run("import subprocess\nflood = subprocess.Popen(['yes'])\nprint('started')", timeout_s=5)
+        assert r.status == "ok" and r.stdout.startswith("started\n") and r.duration_s < 3
+        r = s.run("print(flood.wait())")  # the process ended with the call that started it
+        assert (r.status, r.stdout) == ("ok", "-9\n")
+        assert processes(s) == []
+    assert_pool_serves_next_session(sandbox)
+
+
 def test_no_network_to_internet_or_bridge(sandbox):
     code = textwrap.dedent(
         """
