@@ -14,6 +14,7 @@ import atexit
 import contextlib
 import json
 import os
+import re
 import select
 import subprocess
 import sys
@@ -89,6 +90,20 @@ def _last_box(text: str) -> tuple[str | None, bool]:
     return None, True
 
 
+_BASE_NUMBER = re.compile(r"^\s*([0-9A-Za-z]+)_\{?\s*(\d+)\s*\}?\s*$")
+
+
+def _base_subscript_mismatch(answer: str, reference: str) -> str:
+    """math-verify drops a number's base subscript (`52_8` equals `52_9` to it). When both sides are
+    written as base-b numbers, digits and base must match exactly; returns why not, or "" to go on."""
+    ref, ans = _BASE_NUMBER.match(reference), _BASE_NUMBER.match(answer)
+    if ref is None or ans is None:
+        return ""
+    if (ans.group(1).lower(), int(ans.group(2))) != (ref.group(1).lower(), int(ref.group(2))):
+        return f"base-{ans.group(2)} number {ans.group(1)} differs from base-{ref.group(2)} number {ref.group(1)}"
+    return ""
+
+
 class MathGrader:
     """Grades answers in a long-lived worker process with a hard per-call timeout.
 
@@ -133,6 +148,9 @@ class MathGrader:
             return GradeResult(
                 False, "parse_failure", answer, f"answer longer than {self.max_answer_chars} characters"
             )
+        base_mismatch = _base_subscript_mismatch(answer, str(reference))
+        if base_mismatch:
+            return GradeResult(False, "wrong", answer, base_mismatch)
         reply = self._request({"answer": answer, "reference": str(reference)})
         reason = reply["reason"]
         return GradeResult(reason == "correct", reason, answer, reply.get("detail", ""))

@@ -43,6 +43,8 @@ EQUIVALENT = [
     # matrices
     ("\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}", "\\begin{pmatrix}1&2\\\\3&4\\end{pmatrix}"),
     ("\\begin{pmatrix} 1 \\\\ -1 \\end{pmatrix}", "\\begin{bmatrix} 1 \\\\ -1 \\end{bmatrix}"),
+    # base subscripts
+    ("52_8", "52_{8}"),
     # big integers stay exact
     ("123456789012345678901234567890", "123456789012345678901234567890"),
 ]
@@ -56,6 +58,10 @@ DIFFERENT = [
     ("123456789012345678901234567890", "123456789012345678901234567891"),
     ("\\pi", "3.14159"),
     ("5", "-5"),
+    # numbers in another base: math-verify alone drops the subscript
+    ("52_8", "52_9"),
+    ("4210_{5}", "4210_{6}"),
+    ("52_8", "53_8"),
 ]
 
 
