@@ -46,7 +46,10 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[index]
 
 
-def run_episodes(sandbox, episodes: int, tool_lat: list[float], answer_lat: list[float]) -> int:
+def run_episodes(
+    sandbox, episodes: int, tool_lat: list[float], answer_lat: list[float], steps_out: list[int] | None = None
+) -> int:
+    """Run scripted episodes on one environment; latencies go to the lists, the step count to `steps_out`."""
     env = gym.make("stare_agents/MathTIR-v0", sandbox=sandbox)
     steps = 0
     for episode in range(episodes):
@@ -61,6 +64,8 @@ def run_episodes(sandbox, episodes: int, tool_lat: list[float], answer_lat: list
                 assert reward == 1.0 and info["tool_calls"] == 2 and info["tool_errors"] == 0, info
                 break
     env.close()
+    if steps_out is not None:
+        steps_out.append(steps)
     return steps
 
 
@@ -76,11 +81,12 @@ def bench_mathtir(backend: str, episodes: int, env_counts: list[int]) -> list[di
         tool_lat: list[float] = []
         answer_lat: list[float] = []
         per_env = max(1, episodes // count)
-        totals = [0] * count
+        totals: list[int] = []
         started = time.perf_counter()
+
         threads = [
-            threading.Thread(target=lambda i=i: totals.__setitem__(i, run_episodes(sandbox, per_env, tool_lat, answer_lat)))
-            for i in range(count)
+            threading.Thread(target=run_episodes, args=(sandbox, per_env, tool_lat, answer_lat, totals))
+            for _ in range(count)
         ]
         for thread in threads:
             thread.start()
@@ -163,9 +169,13 @@ def bench_grader(limit: int | None) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--backend", default="auto", choices=("auto", "docker", "local"))
-    parser.add_argument("--episodes", type=int, default=60, help="scripted MathTIR episodes per configuration")
+    parser.add_argument(
+        "--episodes", type=int, default=60, help="scripted MathTIR episodes per configuration"
+    )
     parser.add_argument("--envs", default="1,4", help="comma-separated environment counts (threads)")
     parser.add_argument("--grader-limit", type=int, default=None, help="grade only the first N answers")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
@@ -182,9 +192,15 @@ def main() -> None:
             f"{r['answer_step_p50_ms']:.1f} / {r['answer_step_p99_ms']:.1f} |"
         )
     g = grader
-    print(f"\ngrader on {g['source']} ({g['answers']} answers; worker start-up {g['worker_startup_s']:.2f} s):")
-    print(f"  self-graded correct: {g['self_correct']}/{g['answers']}, perturbed rejected: {g['perturbed_rejected']}/{g['answers']} {g['perturbed_reasons']}")
-    print(f"  self p50/p99: {g['self_p50_ms']:.2f} / {g['self_p99_ms']:.2f} ms; perturbed p50/p99: {g['perturbed_p50_ms']:.2f} / {g['perturbed_p99_ms']:.2f} ms; max {g['max_ms']:.1f} ms")
+    print(
+        f"\ngrader on {g['source']} ({g['answers']} answers; worker start-up {g['worker_startup_s']:.2f} s):"
+    )
+    print(
+        f"  self-graded correct: {g['self_correct']}/{g['answers']}, perturbed rejected: {g['perturbed_rejected']}/{g['answers']} {g['perturbed_reasons']}"
+    )
+    print(
+        f"  self p50/p99: {g['self_p50_ms']:.2f} / {g['self_p99_ms']:.2f} ms; perturbed p50/p99: {g['perturbed_p50_ms']:.2f} / {g['perturbed_p99_ms']:.2f} ms; max {g['max_ms']:.1f} ms"
+    )
     if args.json:
         args.json.write_text(json.dumps({"mathtir": mathtir, "grader": grader}, indent=2))
 

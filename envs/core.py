@@ -31,6 +31,7 @@ Everything else (turn limits, tool-call parsing, observation formatting and trun
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import math
 import string
@@ -550,6 +551,21 @@ class ToolEnv(TextEnv):
         self._session: Any = None
         self._session_stack: contextlib.ExitStack | None = None
         self.tool_answers: list[str] = []
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> ToolEnv:
+        """A copy shares the sandbox (never closing it) and opens its own session when it needs one."""
+        cls = type(self)
+        clone = cls.__new__(cls)
+        memo[id(self)] = clone
+        for key, value in self.__dict__.items():
+            if key == "_sandbox":
+                clone.__dict__[key] = value
+            elif key in ("_session", "_session_stack"):
+                clone.__dict__[key] = None
+            else:
+                clone.__dict__[key] = copy.deepcopy(value, memo)
+        clone._owns_sandbox = self._sandbox is None
+        return clone
 
     # -- hooks ------------------------------------------------------------------------------------------------
     def tools(self) -> dict[str, Tool]:

@@ -160,6 +160,9 @@ class MathGrader:
         with self._lock:
             self._stop_worker()
 
+    def __deepcopy__(self, memo: dict[int, object]) -> MathGrader:
+        return self  # one worker process, shared by copies (it is thread-safe)
+
     def __enter__(self) -> MathGrader:
         return self
 

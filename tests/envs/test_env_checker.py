@@ -8,6 +8,7 @@ from typing import Any
 
 import gymnasium as gym
 import pytest
+from gymnasium.utils.env_checker import check_env as gymnasium_check_env
 from typer.testing import CliRunner
 
 from stare_agents.envs import ENVIRONMENTS, EnvCheckError, Score, Task, TextEnv, ToolEnv, check_env, message
@@ -29,6 +30,10 @@ def test_every_registered_env_passes(env_id: str, sandbox) -> None:
     env_class = getattr(importlib.import_module(module), name)
     kwargs = {"sandbox": sandbox} if issubclass(env_class, ToolEnv) else {}
     check_env(gym.make(env_id, **kwargs))
+    # and gymnasium's own checker (random actions from the action space, space sampling, seeding). Built
+    # directly, not with make: gymnasium's checker re-makes an env from its spec, deep-copying the kwargs,
+    # and a live sandbox (threads, sockets) cannot be deep-copied.
+    gymnasium_check_env(env_class(**kwargs), skip_render_check=True)
 
 
 def test_readme_example_is_short_and_passes(local_sandbox) -> None:

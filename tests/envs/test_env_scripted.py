@@ -441,3 +441,19 @@ def test_unittest_pinned_task_with_its_own_tests(sandbox) -> None:
 def test_unittest_is_single_turn() -> None:
     with pytest.raises(ValueError, match="single-turn"):
         PythonUnitTestEnv(max_turns=3)
+
+
+def test_deepcopy_shares_the_sandbox_not_the_session(sandbox) -> None:
+    import copy
+
+    env = MathTIREnv(sandbox=sandbox)
+    env.reset(seed=0, options=PINNED)
+    env.step(CODE.format("mine = 1"))
+    clone = copy.deepcopy(env)
+    assert clone.sandbox is sandbox and clone._session is None and not clone._owns_sandbox
+    obs, *_ = clone.step(CODE.format("print(mine)"))  # the clone's own, fresh session
+    assert "NameError" in obs[0]["content"]
+    obs, *_ = env.step(CODE.format("print(mine)"))
+    assert obs[0]["content"] == "1"
+    env.close()
+    clone.close()
