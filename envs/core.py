@@ -303,7 +303,7 @@ class TextEnv(gym.Env[list[Message], str]):
         The default grades the last `\\boxed{}` against `task.answer` with math-verify: reward 1.0 when
         correct, else 0.0.
         """
-        result = (self.grader or default_grader()).grade(response, str(task.answer))
+        result = (self.grader or default_grader()).grade(response, _reference(task))
         return Score(
             float(result.correct), result.reason, result.correct, result.extracted, {"detail": result.detail}
         )
@@ -431,6 +431,15 @@ class TextEnv(gym.Env[list[Message], str]):
             "tool_errors": self.stats.tool_errors,
             "tool_timeouts": self.stats.tool_timeouts,
         }
+
+
+def _reference(task: Task) -> str:
+    if task.answer is None or not str(task.answer).strip():
+        raise ValueError(
+            f"task {task.id!r} has no reference answer, which math grading needs: map the answer column with "
+            "fields={'answer': '<column>'} or pin it with reset(options={'problem': ..., 'answer': ...})"
+        )
+    return str(task.answer)
 
 
 # -- tools ------------------------------------------------------------------------------------------------------
@@ -583,9 +592,9 @@ class ToolEnv(TextEnv):
         """Math grading of the policy's last `\\boxed{}`; with `accept_tool_answer`, a final answer the tool
         printed counts when the policy's own text has none."""
         grader = self.grader or default_grader()
-        result = grader.grade(response, str(task.answer))
+        result = grader.grade(response, _reference(task))
         if result.reason == "no_answer" and self.accept_tool_answer and self.tool_answers:
-            result = grader.compare(self.tool_answers[-1], str(task.answer))
+            result = grader.compare(self.tool_answers[-1], _reference(task))
             details = {"detail": result.detail, "answer_source": "tool"}
         else:
             details = {"detail": result.detail, "answer_source": "policy"}

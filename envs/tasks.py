@@ -44,8 +44,8 @@ class TaskDataset(Sequence[Task]):
 
     Args:
         source: a path to a `.jsonl`, `.json` (list of objects or JSON lines) or `.parquet` file; a Hugging
-            Face dataset id such as "HuggingFaceH4/MATH-500" (loaded with `datasets.load_dataset`, which needs
-            the dataset cached or network access); or a sequence of row mappings.
+            Face dataset id such as "HuggingFaceH4/MATH-500" or a local dataset folder (both loaded with
+            `datasets.load_dataset`; an id needs the dataset cached or network access); or a sequence of rows.
         fields: Task field -> column name or function of the row. Defaults: problem="problem",
             answer="answer", id="id" (a missing id column yields ids "<name>-<index>").
         split: split to load for Hugging Face ids.
@@ -137,6 +137,8 @@ def load_rows(
     if not isinstance(source, str | Path):
         return [dict(row) for row in source]
     path = Path(source).expanduser()
+    if path.is_dir():  # a local dataset folder (data files, or a dataset repository): let `datasets` read it
+        return _load_hf(str(path), split=split, config=config)
     if path.suffix in FILE_SUFFIXES or path.exists():
         if not path.exists():
             raise FileNotFoundError(f"task file {path} does not exist")

@@ -97,3 +97,16 @@ def test_shared_math500_loads() -> None:
     tasks = TaskDataset(shared_data("benchmarks/math500.jsonl"))
     assert len(tasks) == 500
     assert all(task.problem and task.answer for task in tasks)
+
+
+def test_local_dataset_folder_goes_through_hugging_face_datasets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "my_dataset"
+    folder.mkdir()
+    write_jsonl(folder / "train.jsonl", ROWS)
+    tasks = TaskDataset(folder, fields={"problem": "question", "answer": "final"}, split="train")
+    assert len(tasks) == 20 and tasks[4].answer == "16"
