@@ -354,8 +354,10 @@ class TextEnv(gym.Env[list[Message], str]):
         info_extra: dict[str, Any] = {}
         if terminated or truncated:
             self._episode_over = True
-            self.final_score = self.score(self.task, self.response_text())
-            self.end_episode()  # hand per-episode resources (a sandbox session) back right away
+            try:
+                self.final_score = self.score(self.task, self.response_text())
+            finally:
+                self.end_episode()  # hand per-episode resources (a sandbox session) back right away
             reward = float(self.final_score.reward)
             observation = []
             info_extra = {
@@ -370,7 +372,7 @@ class TextEnv(gym.Env[list[Message], str]):
         return observation, reward, terminated, truncated, info
 
     def render(self) -> str | None:
-        """ "ansi": the episode so far as plain text (prompt, then each turn)."""
+        """Render mode "ansi": the episode so far as plain text (the task, then each turn)."""
         if self.render_mode != "ansi" or self.task is None:
             return None
         parts = [f"[task {self.task.id}] {self.task.problem}"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import time
+from typing import ClassVar
 
 import gymnasium as gym
 import pytest
@@ -464,3 +465,35 @@ def test_math_grading_without_a_reference_says_what_to_do() -> None:
     env.reset(seed=0)
     with pytest.raises(ValueError, match="no reference answer"):
         env.step("\\boxed{2}")
+
+
+def test_custom_tools_hook_with_hermes_calls() -> None:
+    from stare_agents.envs import Tool, ToolEnv, ToolOutput
+
+    class LookupEnv(ToolEnv):
+        """A tool environment without Python: one lookup tool, whose failures become observations."""
+
+        table: ClassVar[dict[str, str]] = {"answer": "42"}
+
+        def sample_task(self) -> Task:
+            return Task(problem="Look up 'answer'.", answer="42", id="lookup")
+
+        def tools(self) -> dict[str, Tool]:
+            def lookup(arguments: dict) -> ToolOutput:
+                return ToolOutput(self.table[arguments["key"]])  # KeyError on a missing key
+
+            schema = {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]}
+            return {"lookup": Tool("lookup", "Look a key up.", schema, lookup)}
+
+    env = LookupEnv(tool_format="hermes", render_mode="ansi")
+    _, info = env.reset(seed=0)
+    assert [tool["function"]["name"] for tool in info["tools"]] == ["lookup"]
+    obs, _, _, _, info = env.step('<tool_call>{"name": "lookup", "arguments": {"key": "answer"}}</tool_call>')
+    assert obs[0]["content"] == "42"
+    obs, _, _, _, info = env.step('<tool_call>{"name": "lookup", "arguments": {"key": "nope"}}</tool_call>')
+    assert "KeyError" in obs[0]["content"] and info["tool_errors"] == 1
+    _, reward, terminated, _, _ = env.step("\\boxed{42}")
+    assert (reward, terminated) == (1.0, True)
+    assert env.render().splitlines()[0] == "[task lookup] Look up 'answer'."
+    assert env._sandbox is None  # no Python tool, no sandbox was ever created
+    env.close()
