@@ -334,7 +334,10 @@ def test_arithmetic_tool_call_solves_the_task(sandbox) -> None:
         ("\\boxed{about 5}", "parse_failure"),
         ("\\boxed{²}", "parse_failure"),
         ("", "no_answer"),
-        ("```python\nprint(1)", "no_answer"),
+        ("```python\nprint(1)", "no_answer"),  # unterminated fence: a void turn
+        ("```pythonprint(1)```", "no_answer"),  # malformed fence: a void turn
+        ("\\boxed{４２}", "parse_failure"),  # full-width digits are not an integer here
+        ("答案 ✓ 𝔸 \u200b\u202e", "no_answer"),
         ("q" * ONE_MB, "no_answer"),
     ],
 )
