@@ -497,7 +497,7 @@ class ToolEnv(TextEnv):
     On the last allowed turn tool calls are not run; the episode is truncated and scored.
 
     Args (besides `TextEnv`'s):
-        sandbox: a `stare_agents.sandbox` sandbox to run Python in. None: `make_sandbox("auto")` on first use
+        sandbox: a `stare_agents.sandbox` sandbox to run Python in. None: `make_sandbox("auto", pool_size=2)` on first use
             (Docker when available, otherwise the local backend, which warns). An injected sandbox is shared
             and never closed by the environment.
         tool_format: "python_fence" (```python blocks) or "hermes" (<tool_call> JSON).
@@ -650,11 +650,11 @@ class ToolEnv(TextEnv):
     # -- the python tool --------------------------------------------------------------------------------------
     @property
     def sandbox(self) -> Any:
-        """The sandbox (created with `make_sandbox("auto")` on first use when none was injected)."""
+        """The sandbox (`make_sandbox("auto", pool_size=2)` on first use when none was injected)."""
         if self._sandbox is None:
             from stare_agents.sandbox import make_sandbox
 
-            self._sandbox = make_sandbox("auto")
+            self._sandbox = make_sandbox("auto", pool_size=2)  # one in use, one being reset for the next
             self._owns_sandbox = True
         return self._sandbox
 
