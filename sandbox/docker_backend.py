@@ -14,6 +14,7 @@ from typing import Any
 
 from stare_agents.sandbox.pool import (
     HOST_SLACK_S,
+    PREIMPORT,
     Channel,
     ChannelTimeout,
     PooledSandbox,
@@ -113,18 +114,28 @@ def docker_status(image: str = DEFAULT_IMAGE) -> tuple[bool, str]:
         client.close()
 
 
+def sandbox_containers(client: Any, owner: str | None = None) -> list[dict[str, Any]]:
+    """The engine's records ({"Id", "Labels", "State", ...}) of sandbox containers, optionally one owner's.
+
+    Uses the plain list call: the SDK's `containers.list` inspects each container afterwards and fails
+    when one is removed in between, which auto-removed containers do all the time.
+    """
+    label = LABEL if owner is None else f"{OWNER_LABEL}={owner}"
+    return client.api.containers(all=True, filters={"label": label})
+
+
 def sweep_stale_containers(client: Any) -> int:
     """Remove sandbox containers whose owner process is gone (e.g. it was killed). Returns how many."""
     removed = 0
-    for container in client.containers.list(all=True, filters={"label": LABEL}):
-        owner = container.labels.get(OWNER_LABEL, "")
+    for record in sandbox_containers(client):
+        owner = (record.get("Labels") or {}).get(OWNER_LABEL, "")
         if _owner_alive(owner):
             continue
         try:
-            container.remove(force=True)
+            client.api.remove_container(record["Id"], force=True)
             removed += 1
         except Exception as exc:  # already being removed (auto-remove) or gone
-            logger.debug("could not remove stale container %s: %s", container.short_id, exc)
+            logger.debug("could not remove stale container %s: %s", record["Id"][:12], exc)
     if removed:
         logger.warning("removed %d sandbox container(s) left behind by a process that ended", removed)
     return removed
@@ -213,6 +224,7 @@ class DockerSandbox(PooledSandbox):
         lease_timeout_s: float | None = None,
         grace_s: float = 1.0,
         host_slack_s: float = HOST_SLACK_S,
+        preimport: tuple[str, ...] = PREIMPORT,
     ) -> None:
         super().__init__(
             pool_size=pool_size,
@@ -224,6 +236,7 @@ class DockerSandbox(PooledSandbox):
         self.limits = limits or DockerLimits()
         self.grace_s = grace_s
         self.host_slack_s = host_slack_s  # past limit + this, a silent container is replaced
+        self.preimport = tuple(preimport)
         self.client: Any = None
         self.owner = owner_tag()
 
@@ -260,6 +273,8 @@ class DockerSandbox(PooledSandbox):
             str(self.grace_s),
             "--memory-hint",
             f"{limits.memory_mb} MB",
+            "--preimport",
+            ",".join(self.preimport),
         ]
         create = {
             "image": self.image,

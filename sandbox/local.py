@@ -14,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from stare_agents.sandbox.pool import Channel, ChannelTimeout, PooledSandbox, Runner
+from stare_agents.sandbox.pool import PREIMPORT, Channel, ChannelTimeout, PooledSandbox, Runner
 
 logger = logging.getLogger("stare_agents.sandbox")
 
@@ -98,6 +98,7 @@ class LocalSandbox(PooledSandbox):
         isolate_network: bool = True,
         python: str = sys.executable,
         lease_timeout_s: float | None = None,
+        preimport: tuple[str, ...] = PREIMPORT,
     ) -> None:
         super().__init__(
             pool_size=pool_size,
@@ -109,6 +110,7 @@ class LocalSandbox(PooledSandbox):
         self.isolate_network = isolate_network
         self.python = python
         self.network_prefix: tuple[str, ...] | None = None
+        self.preimport = tuple(preimport)
 
     def _before_start(self) -> None:
         global _warned
@@ -148,6 +150,8 @@ class LocalSandbox(PooledSandbox):
             str(self.memory_mb * 1024 * 1024),
             "--memory-hint",
             f"{self.memory_mb} MB of address space",
+            "--preimport",
+            ",".join(self.preimport),
         ]
         process = subprocess.Popen(
             command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=workdir, start_new_session=True

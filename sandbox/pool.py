@@ -28,6 +28,10 @@ logger = logging.getLogger("stare_agents.sandbox")
 # interrupt grace period plus transport. Past it the runner is discarded and replaced.
 HOST_SLACK_S = 10.0
 
+# Modules every session's interpreter starts with, already imported: sessions are forked from a template
+# interpreter that imported them once per container (see runner.py), so they cost no time per session.
+PREIMPORT: tuple[str, ...] = ("numpy", "sympy")
+
 
 class SandboxError(RuntimeError):
     """The sandbox itself failed (no engine, no image, a runner that cannot start) - never the code's doing."""

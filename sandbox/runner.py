@@ -139,6 +139,9 @@ _popens: weakref.WeakSet = weakref.WeakSet()  # the code's subprocess.Popen obje
 
 def _track_popens() -> None:
     """Remember every Popen the code makes, so reaping never steals the exit status it will wait for."""
+    if getattr(subprocess.Popen, "_stare_tracked", False):
+        return
+    subprocess.Popen._stare_tracked = True
     original_init = subprocess.Popen.__init__
 
     def __init__(self, *args, **kwargs):
@@ -158,10 +161,11 @@ def _reap_children(pids: list[int]) -> None:
             os.waitpid(pid, os.WNOHANG)
 
 
-def worker_main(ctl_in: int, ctl_out: int) -> None:
+def worker_main(ctl_in: int, ctl_out: int, forked: bool = False) -> None:
+    """Serve calls on the control pipes until they close. forked: a spare made by the template (below)."""
     worker_pid = os.getpid()
     libc = _libc()
-    if libc is not None and sys.platform.startswith("linux"):
+    if libc is not None and sys.platform.startswith("linux") and not forked:
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     try:  # when memory runs out, the kernel should pick this process, never the supervisor
         with open("/proc/self/oom_score_adj", "w") as f:
@@ -189,6 +193,12 @@ def worker_main(ctl_in: int, ctl_out: int) -> None:
             continue
         if request is None:
             os._exit(0)
+        if forked and cell == 0:  # a spare from the template, now given its session: become ordinary
+            os.setsid()
+            if libc is not None:
+                libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
+            if "numpy" in sys.modules:  # its own random state, not the template's
+                sys.modules["numpy"].random.seed()
         cell += 1
         status = "error"
         out = err = None
@@ -263,6 +273,125 @@ def worker_main(ctl_in: int, ctl_out: int) -> None:
             os._exit(1)
 
 
+# ------------------------------------------------------------------------------------------- template
+#
+# A fresh interpreter per session costs a Python start plus the imports the code makes (numpy ~0.1 s,
+# sympy ~0.5 s of CPU, again for every session). The template is a pristine interpreter that has imported
+# `preimport` and never runs user code; each session's worker is forked from it (copy-on-write, the
+# modules already loaded and their pages shared). The template keeps one spare worker forked ahead, so a
+# reset between sessions only kills the old worker and hands over the spare.
+# Template and spare are non-dumpable from birth (code in the container can neither ptrace them nor read
+# their memory or pipes) and stay in the supervisor's session, which the code's processes cannot join; the
+# stray-process sweep spares exactly that session. A spare becomes an ordinary worker (own session,
+# dumpable, reseeded) when it receives its first call. If the code kills or stops the template or the
+# spare, the supervisor notices, falls back to starting workers the slow way, and makes a new template
+# between sessions, when none of the code's processes is left.
+
+
+def template_main(sock_fd: int, workdir: str, preimport: list[str]) -> None:
+    import importlib
+    import socket
+
+    libc = _libc()
+    if libc is not None:
+        libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    sock = socket.socket(fileno=sock_fd)
+    sock.sendall(b"A")  # armed: nothing can tamper with this process any more
+    with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as f:
+        f.write("500")  # out of memory: workers (1000) go first, then this, never the supervisor
+    memory_bytes = int(os.environ.pop("STARE_SANDBOX_MEMORY_BYTES", "0") or 0)
+    if memory_bytes > 0:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for name in ("ast", "fcntl", "threading", *preimport):  # the worker's own lazy imports, then the user's
+        with contextlib.suppress(Exception):
+            importlib.import_module(name)
+    if "numpy" in sys.modules:  # loaded lazily by numpy; every worker reseeds it
+        with contextlib.suppress(Exception):
+            importlib.import_module("numpy.random")
+    _track_popens()
+    import gc
+
+    gc.collect()
+    gc.freeze()  # the workers' garbage collector then leaves these objects (and their shared pages) alone
+    sock.sendall(b"R")  # ready to fork workers
+    while True:
+        try:
+            command = sock.recv(1)
+        except InterruptedError:
+            continue
+        if command != b"F":
+            os._exit(0)
+        to_worker_r, to_worker_w = os.pipe()
+        from_worker_r, from_worker_w = os.pipe()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        pid_r, pid_w = os.pipe()
+        middle = os.fork()
+        if middle == 0:  # double fork: the worker is re-parented to the supervisor, which can wait for it
+            try:
+                worker = os.fork()
+                if worker == 0:  # a spare worker: in the supervisor's session and non-dumpable until used
+                    for fd in (sock.fileno(), to_worker_w, from_worker_r, out_r, err_r, pid_r, pid_w):
+                        os.close(fd)
+                    devnull = os.open(os.devnull, os.O_RDONLY)
+                    os.dup2(devnull, 0)
+                    os.dup2(out_w, 1)
+                    os.dup2(err_w, 2)
+                    for fd in (devnull, out_w, err_w):
+                        os.close(fd)
+                    os.chdir(workdir)
+                    worker_main(to_worker_r, from_worker_w, forked=True)
+                    os._exit(0)
+                os.write(pid_w, struct.pack(">I", worker))
+            finally:
+                os._exit(0)
+        os.close(pid_w)  # so that the read below ends if the middle process could not fork
+        os.waitpid(middle, 0)
+        worker_pid = _read_exact(pid_r, 4)
+        mine = (to_worker_w, from_worker_r, out_r, err_r)
+        try:
+            if worker_pid is not None:
+                socket.send_fds(sock, [worker_pid], list(mine))
+        finally:
+            for fd in (to_worker_r, from_worker_w, out_w, err_w, pid_r, *mine):
+                os.close(fd)
+
+
+class _Forked:
+    """The Popen-like handle of a worker forked by the template (a child of the supervisor after the
+    double fork): pid, returncode, poll, wait, kill."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                self.returncode = -1
+                return self.returncode
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        until = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if until is not None and time.monotonic() > until:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout)
+            time.sleep(0.001)
+        return self.returncode
+
+    def kill(self) -> None:
+        os.kill(self.pid, signal.SIGKILL)
+
+
 # ----------------------------------------------------------------------------------------- supervisor
 
 
@@ -323,8 +452,15 @@ class Supervisor:
         grace_s: float,
         memory_hint: str,
         memory_bytes: int = 0,
+        preimport: tuple[str, ...] = (),
     ) -> None:
         self.memory_bytes = memory_bytes
+        self.preimport = preimport
+        self.template: subprocess.Popen | None = None
+        self.template_sock = None
+        self.template_ready = False
+        self.spare: tuple[_Forked, list[int]] | None = None  # a forked, idle worker and its pipes
+        self.spare_requested = False  # the template is forking one; its answer is unread
         self.mode = mode
         self.python = python
         self.max_output = max_output
@@ -357,11 +493,7 @@ class Supervisor:
                 libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
     # -- worker lifecycle
-    def spawn_worker(self) -> None:
-        to_worker_r, self.ctl_w = os.pipe()
-        self.ctl_r, from_worker_w = os.pipe()
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
+    def _worker_env(self) -> dict[str, str]:
         env = {
             "PATH": "/usr/local/bin:/usr/bin:/bin",
             "HOME": self.workdir,
@@ -376,6 +508,130 @@ class Supervisor:
         }
         if self.memory_bytes:
             env["STARE_SANDBOX_MEMORY_BYTES"] = str(self.memory_bytes)
+        return env
+
+    def start_template(self) -> None:
+        """Start the template (only while none of the code's processes is alive) and wait until armed."""
+        import socket
+
+        self.stop_template()
+        if not self.preimport:
+            return
+        mine, theirs = socket.socketpair()
+        process = subprocess.Popen(
+            [
+                *_self_command(self.python),
+                "template",
+                str(theirs.fileno()),
+                self.workdir,
+                ",".join(self.preimport),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            pass_fds=(theirs.fileno(),),
+            cwd=self.workdir,
+            env=self._worker_env(),
+        )
+        theirs.close()
+        mine.settimeout(10)
+        try:
+            armed = mine.recv(1) == b"A"
+        except OSError:
+            armed = False
+        if not armed:
+            with contextlib.suppress(OSError):
+                process.kill()
+            process.wait()
+            mine.close()
+            return
+        self.template, self.template_sock, self.template_ready = process, mine, False
+
+    def stop_template(self) -> None:
+        """End the template and its spares: every other process in this supervisor's session."""
+        if self.template is not None:
+            with contextlib.suppress(OSError):
+                self.template.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.template.wait(timeout=5)
+            self.template_sock.close()
+        if self.spare is not None:
+            for fd in self.spare[1]:
+                os.close(fd)
+        self.template, self.template_sock, self.template_ready = None, None, False
+        self.spare, self.spare_requested = None, False
+        own_session = os.getsid(0)
+        for pid in self._pids(lambda pid, fields: int(fields[3]) == own_session):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        self._reap()
+
+    def _request_spare(self) -> None:
+        os.kill(self.template.pid, signal.SIGCONT)  # in case the code stopped it
+        self.template_sock.sendall(b"F")
+        self.spare_requested = True
+
+    def _collect_spare(self) -> None:
+        import socket
+
+        self.template_sock.settimeout(5)
+        message, fds, _, _ = socket.recv_fds(self.template_sock, 4, 4)
+        self.spare_requested = False
+        if len(message) != 4 or len(fds) != 4:
+            for fd in fds:
+                os.close(fd)
+            raise OSError("the template answered with a short message")
+        self.spare = (_Forked(_LEN.unpack(message)[0]), fds)
+
+    def fork_worker(self) -> bool:
+        """Hand over the template's spare worker (and have it fork the next one); False (and the
+        template dropped) if it cannot give one now."""
+        if self.template is None:
+            return False
+        sock = self.template_sock
+        try:
+            if not self.template_ready:  # still importing? then this worker is started the slow way
+                ready, _, _ = select.select([sock], [], [], 0)
+                if not ready:
+                    return False
+                if sock.recv(1) != b"R":
+                    raise OSError("the template did not get ready")
+                self.template_ready = True
+            for _ in range(2):  # a spare the code killed meanwhile is replaced once
+                if self.spare is None:
+                    if not self.spare_requested:
+                        self._request_spare()
+                    self._collect_spare()
+                handle, fds = self.spare
+                self.spare = None
+                with contextlib.suppress(OSError):
+                    os.kill(handle.pid, signal.SIGCONT)
+                if handle.poll() is None:
+                    break
+                for fd in fds:
+                    os.close(fd)
+            else:
+                raise OSError("the spare workers keep dying")
+        except OSError:
+            self.stop_template()
+            return False
+        self.ctl_w, self.ctl_r, self.out_r, self.err_r = fds
+        for fd in (self.out_r, self.err_r, self.ctl_r):
+            os.set_blocking(fd, False)
+        self.worker = handle
+        try:
+            self._request_spare()  # the next one is forked while this session runs
+        except OSError:
+            self.stop_template()
+        return True
+
+    def spawn_worker(self) -> None:
+        if self.fork_worker():
+            return
+        to_worker_r, self.ctl_w = os.pipe()
+        self.ctl_r, from_worker_w = os.pipe()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        env = self._worker_env()
         self.worker = subprocess.Popen(
             [*_self_command(self.python), "worker", str(to_worker_r), str(from_worker_w)],
             stdin=subprocess.DEVNULL,
@@ -417,40 +673,48 @@ class Supervisor:
         self.stop_worker()
         self.spawn_worker()
 
-    def _stray_pids(self, keep_worker: bool) -> list[int]:
-        keep = {1, os.getpid()}
-        if keep_worker and self.worker is not None:
-            keep.add(self.worker.pid)
-        group = self.worker.pid if self.worker is not None else -1
+    def _pids(self, select_process) -> list[int]:
+        """Live processes (not this one) for which select_process(pid, /proc/pid/stat fields) holds."""
         pids = []
         for name in os.listdir("/proc"):
-            if not name.isdigit() or int(name) in keep:
+            if not name.isdigit() or int(name) in (1, os.getpid()):
                 continue
             pid = int(name)
             try:
                 with open(f"/proc/{pid}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
+                    fields = f.read().rsplit(")", 1)[1].split()  # state, ppid, pgrp, session, ...
             except OSError:
                 continue
-            if fields[0] == "Z":  # already dead; its parent collects it
-                continue
-            ppid, pgid = int(fields[1]), int(fields[2])
-            # locally, only the code's own processes: its process group, or orphans re-parented here
-            if self.mode == "local" and pgid != group and ppid != os.getpid():
-                continue
-            pids.append(pid)
+            if fields[0] != "Z" and select_process(pid, fields):  # zombies: their parents collect them
+                pids.append(pid)
         return pids
+
+    def _stray_pids(self, keep_worker: bool) -> list[int]:
+        keep_pid = self.worker.pid if keep_worker and self.worker is not None else -1
+        group = self.worker.pid if self.worker is not None else -1
+        own_session = os.getsid(0)  # the template and its spares; the code's processes cannot join it
+        me = os.getpid()
+
+        def is_stray(pid: int, fields: list[str]) -> bool:
+            if pid == keep_pid or int(fields[3]) == own_session:
+                return False
+            # locally, only the code's own processes: its process group, or orphans re-parented here
+            return self.mode == "docker" or int(fields[2]) == group or int(fields[1]) == me
+
+        return self._pids(is_stray)
 
     def _reap(self) -> None:
         while True:
             try:
-                pid, _ = os.waitpid(-1, os.WNOHANG)
+                pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
                 return
             if pid == 0:
                 return
-            if self.worker is not None and pid == self.worker.pid:
-                self.worker.returncode = -1  # reaped here; Popen must not wait for it again
+            spare = self.spare[0] if self.spare is not None else None
+            for handle in (self.worker, self.template, spare):  # reaped here, so not by its handle
+                if handle is not None and pid == handle.pid:
+                    handle.returncode = os.waitstatus_to_exitcode(status)
 
     def kill_strays(self, keep_worker: bool = True) -> list[int]:
         """SIGKILL every process the code started (all but this one and, if kept, the worker)."""
@@ -625,8 +889,10 @@ class Supervisor:
             pass
         finally:
             self.stop_worker()
+            self.stop_template()
 
     def _serve(self) -> None:
+        self.start_template()
         self.spawn_worker()
         while True:
             request = read_frame_fd(0)
@@ -639,6 +905,8 @@ class Supervisor:
             elif op == "reset":
                 self.stop_worker()
                 self.wipe_scratch()
+                if self.preimport and (self.template is None or self.template.poll() is not None):
+                    self.start_template()  # the code killed it; now none of its processes is left
                 self.spawn_worker()
                 _write_all(1, encode_frame({"status": "ok", "stdout": 0, "stderr": 0}))
             elif op == "ping":
@@ -696,6 +964,9 @@ def main(argv: list[str]) -> None:
     if argv[:1] == ["worker"]:
         worker_main(int(argv[1]), int(argv[2]))
         return
+    if argv[:1] == ["template"]:
+        template_main(int(argv[1]), argv[2], [name for name in argv[3].split(",") if name])
+        return
     import argparse
 
     parser = argparse.ArgumentParser(description="stare-agents sandbox supervisor")
@@ -706,9 +977,17 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--grace", type=float, default=1.0)
     parser.add_argument("--memory-hint", default="", help="the memory limit in words, for error messages")
     parser.add_argument("--memory-bytes", type=int, default=0, help="RLIMIT_AS for the worker (local mode)")
+    parser.add_argument("--preimport", default="", help="comma-separated modules the template imports")
     args = parser.parse_args(argv)
     Supervisor(
-        args.mode, args.python, args.workdir, args.max_output, args.grace, args.memory_hint, args.memory_bytes
+        args.mode,
+        args.python,
+        args.workdir,
+        args.max_output,
+        args.grace,
+        args.memory_hint,
+        args.memory_bytes,
+        tuple(name for name in args.preimport.split(",") if name),
     ).serve()
 
 
