@@ -1,4 +1,4 @@
-"""A new environment in 25 lines: find the n-th prime, with the Python tool (stare_agents/NthPrime-v0)."""
+"""A new environment in 28 lines: find the n-th prime with the Python tool (registered as my_envs/NthPrime-v0)."""
 
 import gymnasium as gym
 import sympy
