@@ -8,6 +8,7 @@ read-only root + tmpfs, non-root, no capabilities, no-new-privileges; fd-level s
   * memory per warm container (cgroup usage minus page cache) and per containerd shim on the host,
   * single-session latency of `print(1)`: p50 / p90 / p99 / mean,
   * throughput across the pool: one session per container, each calling `print(1)` in a loop,
+  * session churn: one-call sessions (`import numpy, sympy; print(1)`) per second across the pool,
   * the same `print(1)` with `docker run --rm` per call and with `docker exec` into a warm container,
   * LocalSandbox for reference (no isolation).
 """
@@ -82,6 +83,27 @@ def pool_throughput(sandbox, seconds: float) -> dict[str, float]:
     elapsed = time.perf_counter() - started
     assert not failures, failures[:3]
     return {"calls_per_s": sum(counts) / elapsed, "sessions": sandbox.pool_size}
+
+
+def session_churn(sandbox, seconds: float) -> dict[str, float]:
+    """One-call sessions (`import numpy, sympy; print(1)`) from one thread per container: what an RL
+    rollout with a short episode per session sees, including the wipe between sessions."""
+    counts = [0] * sandbox.pool_size
+    stop = time.perf_counter() + seconds
+
+    def loop(i: int) -> None:
+        while time.perf_counter() < stop:
+            result = sandbox.run("import numpy, sympy\nprint(1)")
+            assert result.stdout == "1\n", result
+            counts[i] += 1
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=loop, args=(i,)) for i in range(sandbox.pool_size)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return {"sessions_per_s": sum(counts) / (time.perf_counter() - started)}
 
 
 def memory_per_container(sandbox) -> dict[str, float]:
@@ -202,14 +224,16 @@ def main() -> None:
     console.print(f"cores: {os.cpu_count()}, image: {args.image}, limits: {limits}")
     with DockerSandbox(pool_size=args.pool_size, image=args.image, limits=limits) as sandbox:
         figures["pool"] = {"start_s": sandbox.pool_start_seconds, "containers": args.pool_size}
-        figures["memory"] = memory_per_container(sandbox)
         figures["warm pool, 1 session"] = session_latency(sandbox, args.calls)
         figures["warm pool, throughput"] = pool_throughput(sandbox, args.seconds)
+        figures["warm pool, session churn"] = session_churn(sandbox, args.seconds)
+        figures["memory"] = memory_per_container(sandbox)  # idle, after use: template + spare + worker
     figures["docker exec per call"] = docker_exec_per_call(args.image, limits, args.exec_calls)
     figures["docker run per call"] = docker_run_per_call(args.image, limits, args.run_calls)
     with LocalSandbox(pool_size=args.pool_size) as local:
         figures["LocalSandbox, 1 session"] = session_latency(local, args.calls)
         figures["LocalSandbox, throughput"] = pool_throughput(local, args.seconds)
+        figures["LocalSandbox, session churn"] = session_churn(local, args.seconds)
 
     table = Table("print(1)", "p50 ms", "p90 ms", "p99 ms", "mean ms", "calls/s")
     for name in (
@@ -231,6 +255,11 @@ def main() -> None:
         f = figures[name]
         table.add_row(f"{name} ({f['sessions']} sessions)", "", "", "", "", f"{f['calls_per_s']:.0f}")
     console.print(table)
+    console.print(
+        "one-call sessions (`import numpy, sympy; print(1)`, wipe between sessions), one thread per container: "
+        f"warm pool {figures['warm pool, session churn']['sessions_per_s']:.0f}/s, "
+        f"LocalSandbox {figures['LocalSandbox, session churn']['sessions_per_s']:.0f}/s"
+    )
     speedup = figures["docker exec per call"]["p50_ms"] / figures["warm pool, 1 session"]["p50_ms"]
     console.print(
         f"pool start: {figures['pool']['start_s']:.2f} s for {args.pool_size} containers; "

@@ -458,7 +458,6 @@ class Supervisor:
         self.preimport = preimport
         self.template: subprocess.Popen | None = None
         self.template_sock = None
-        self.template_ready = False
         self.spare: tuple[_Forked, list[int]] | None = None  # a forked, idle worker and its pipes
         self.spare_requested = False  # the template is forking one; its answer is unread
         self.mode = mode
@@ -511,7 +510,8 @@ class Supervisor:
         return env
 
     def start_template(self) -> None:
-        """Start the template (only while none of the code's processes is alive) and wait until armed."""
+        """Start the template (only while none of the code's processes is alive) and wait until it has
+        imported `preimport`, so that every session's worker starts with them."""
         import socket
 
         self.stop_template()
@@ -533,9 +533,9 @@ class Supervisor:
             env=self._worker_env(),
         )
         theirs.close()
-        mine.settimeout(10)
+        mine.settimeout(120)
         try:
-            armed = mine.recv(1) == b"A"
+            armed = mine.recv(1) == b"A" and mine.recv(1) == b"R"
         except OSError:
             armed = False
         if not armed:
@@ -544,7 +544,7 @@ class Supervisor:
             process.wait()
             mine.close()
             return
-        self.template, self.template_sock, self.template_ready = process, mine, False
+        self.template, self.template_sock = process, mine
 
     def stop_template(self) -> None:
         """End the template and its spares: every other process in this supervisor's session."""
@@ -557,7 +557,7 @@ class Supervisor:
         if self.spare is not None:
             for fd in self.spare[1]:
                 os.close(fd)
-        self.template, self.template_sock, self.template_ready = None, None, False
+        self.template, self.template_sock = None, None
         self.spare, self.spare_requested = None, False
         own_session = os.getsid(0)
         for pid in self._pids(lambda pid, fields: int(fields[3]) == own_session):
@@ -587,15 +587,7 @@ class Supervisor:
         template dropped) if it cannot give one now."""
         if self.template is None:
             return False
-        sock = self.template_sock
         try:
-            if not self.template_ready:  # still importing? then this worker is started the slow way
-                ready, _, _ = select.select([sock], [], [], 0)
-                if not ready:
-                    return False
-                if sock.recv(1) != b"R":
-                    raise OSError("the template did not get ready")
-                self.template_ready = True
             for _ in range(2):  # a spare the code killed meanwhile is replaced once
                 if self.spare is None:
                     if not self.spare_requested:
