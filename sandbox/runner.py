@@ -490,6 +490,9 @@ class Supervisor:
                 # (no PDEATHSIG here: it fires when the host *thread* that started us ends; the host
                 # closing our stdin ends us instead)
                 libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        if mode == "local":  # a session of our own: the one the template and its spares live in
+            with contextlib.suppress(OSError):
+                os.setsid()
 
     # -- worker lifecycle
     def _worker_env(self) -> dict[str, str]:
@@ -547,7 +550,8 @@ class Supervisor:
         self.template, self.template_sock = process, mine
 
     def stop_template(self) -> None:
-        """End the template and its spares: every other process in this supervisor's session."""
+        """End the template and its spare. (A spare it was still forking reads end-of-file on its control
+        pipe, whose other end only the template held, and exits by itself.)"""
         if self.template is not None:
             with contextlib.suppress(OSError):
                 self.template.kill()
@@ -555,14 +559,15 @@ class Supervisor:
                 self.template.wait(timeout=5)
             self.template_sock.close()
         if self.spare is not None:
-            for fd in self.spare[1]:
+            handle, fds = self.spare
+            with contextlib.suppress(OSError):
+                handle.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                handle.wait(timeout=5)
+            for fd in fds:
                 os.close(fd)
         self.template, self.template_sock = None, None
         self.spare, self.spare_requested = None, False
-        own_session = os.getsid(0)
-        for pid in self._pids(lambda pid, fields: int(fields[3]) == own_session):
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
         self._reap()
 
     def _request_spare(self) -> None:
