@@ -41,6 +41,7 @@ __all__ = [
 logger = logging.getLogger("stare_agents.sandbox")
 
 Backend = Literal["auto", "docker", "local"]
+_fallbacks_reported: set[str] = set()
 
 
 def make_sandbox(backend: Backend = "auto", *, pool_size: int = 4, **kwargs: Any) -> PooledSandbox:
@@ -61,6 +62,8 @@ def make_sandbox(backend: Backend = "auto", *, pool_size: int = 4, **kwargs: Any
     available, reason = docker_status(image)
     if available:
         return DockerSandbox(pool_size, **kwargs)
-    logger.warning("sandbox backend 'auto': using LocalSandbox, NOT Docker, because %s", reason)
+    if reason not in _fallbacks_reported:  # loudly, once per reason and process
+        _fallbacks_reported.add(reason)
+        logger.warning("sandbox backend 'auto': using LocalSandbox, NOT Docker, because %s", reason)
     local_kwargs = {k: v for k, v in kwargs.items() if k not in ("image", "limits", "grace_s")}
     return LocalSandbox(pool_size, **local_kwargs)

@@ -150,6 +150,12 @@ def run_doctor(image: str = DEFAULT_IMAGE) -> list[Check]:
                     versions.stdout.strip() or versions.stderr.strip()[-200:],
                 )
             )
+            preloaded = session.run("import sys\nprint(all(m in sys.modules for m in ('numpy', 'sympy')))")
+            checks.append(
+                Check(
+                    "numpy, sympy pre-imported", preloaded.stdout == "True\n", "sessions fork from a template"
+                )
+            )
             checks += check_limits(probe_limits(session), limits)
             p50, p99 = round_trip_ms(session)
             checks.append(Check("round trip print(1)", True, f"p50 {p50:.2f} ms, p99 {p99:.2f} ms"))

@@ -361,6 +361,7 @@ class Session:
         self.runner: Runner | None = None
         self.used = False  # this session's code has run on self.runner: its death must be reported
         self.closed = False
+        self._lock = threading.Lock()  # one call at a time, even if threads share the session
 
     def __enter__(self) -> Session:
         self._lease()
@@ -401,6 +402,10 @@ class Session:
     def run(self, code: str, timeout_s: float | None = None) -> ExecutionResult:
         if not isinstance(code, str):
             raise TypeError(f"code must be a str, got {type(code).__name__}")
+        with self._lock:
+            return self._run(code, timeout_s)
+
+    def _run(self, code: str, timeout_s: float | None) -> ExecutionResult:
         started = time.perf_counter()
         limit = float(timeout_s if timeout_s is not None else self.timeout_s)
         if limit <= 0:

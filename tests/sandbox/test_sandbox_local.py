@@ -28,6 +28,16 @@ def test_state_persists_within_a_session_and_not_across(sandbox):
         assert r.status == "error" and "NameError" in r.stderr
 
 
+def test_sessions_start_with_numpy_and_sympy_imported(sandbox):
+    probe = "import sys, numpy\nprint('sympy' in sys.modules, numpy.random.randint(1 << 30))"
+    outputs = []
+    for _ in range(3):
+        with sandbox.session() as s:
+            outputs.append(s.run(probe).stdout.split())
+    assert all(imported == "True" for imported, _ in outputs)
+    assert len({number for _, number in outputs}) == 3  # reseeded per session
+
+
 def test_stateless_session_forgets_variables(sandbox):
     with sandbox.session(stateless=True) as s:
         assert s.run("y = 1").status == "ok"
