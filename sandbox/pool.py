@@ -403,15 +403,15 @@ class Session:
         if not isinstance(code, str):
             raise TypeError(f"code must be a str, got {type(code).__name__}")
         with self._lock:
-            return self._run(code, timeout_s)
+            return self._run(code, timeout_s, retry=True)
 
-    def _run(self, code: str, timeout_s: float | None) -> ExecutionResult:
+    def _run(self, code: str, timeout_s: float | None, retry: bool) -> ExecutionResult:
         started = time.perf_counter()
         limit = float(timeout_s if timeout_s is not None else self.timeout_s)
         if limit <= 0:
             raise ValueError(f"timeout_s must be > 0, got {limit}")
         runner = self._settled_runner()
-        self.used = True
+        fresh, self.used = not self.used, True
         request = {
             "op": "run",
             "code": code,
@@ -422,7 +422,18 @@ class Session:
         }
         try:
             header, out, err = runner.request(request, time.monotonic() + limit + self.sandbox.host_slack_s)
-        except (ChannelClosed, ChannelTimeout, OSError) as exc:
+        except (ChannelClosed, ChannelTimeout, OSError, ValueError) as exc:
+            if fresh and retry and not isinstance(exc, ChannelTimeout):
+                # The runner ended under this session's first call on it. The code cannot end a runner
+                # (PID 1 ignores it; out of memory kills the worker, not the runner), so it died on its
+                # own, e.g. while idle; with no state to lose and every effect gone with it, run the call
+                # again on a fresh one.
+                logger.warning(
+                    "%s ended under a session's first call (%s); running it on another", runner.name, exc
+                )
+                self.sandbox._pool_started().replace(runner)
+                self.runner, self.used = None, False
+                return self._run(code, timeout_s, retry=False)
             return self._runner_lost(runner, exc, started, limit)
         status = header.get("status", "error")
         return ExecutionResult(
