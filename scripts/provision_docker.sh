@@ -46,7 +46,7 @@ start_dockerd() {  # start_dockerd [extra dockerd flags...]; returns 0 once `doc
         rm -f "$pidfile"  # left by a dockerd that is gone
     fi
     mkdir -p "$DATA_ROOT" "$(dirname "$LOG")"
-    say "starting dockerd $* (data root $DATA_ROOT, log $LOG)"
+    say "starting dockerd${*:+ $*} (data root $DATA_ROOT, log $LOG)"
     nohup dockerd --data-root "$DATA_ROOT" "$@" >>"$LOG" 2>&1 &
     local pid=$!
     for _ in $(seq "$WAIT_S"); do
