@@ -673,7 +673,11 @@ class Supervisor:
     def _pids(self, select_process) -> list[int]:
         """Live processes (not this one) for which select_process(pid, /proc/pid/stat fields) holds."""
         pids = []
-        for name in os.listdir("/proc"):
+        try:
+            names = os.listdir("/proc")
+        except OSError:  # no procfs (not Linux): nothing to find
+            return pids
+        for name in names:
             if not name.isdigit() or int(name) in (1, os.getpid()):
                 continue
             pid = int(name)
