@@ -152,6 +152,7 @@ class LocalSandbox(PooledSandbox):
             f"{self.memory_mb} MB of address space",
             "--preimport",
             ",".join(self.preimport),
+            "--remove-workdir",
         ]
         process = subprocess.Popen(
             command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=workdir, start_new_session=True

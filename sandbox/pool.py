@@ -178,6 +178,7 @@ class Pool:
         self._all: set[Runner] = set()
         self._starting = 0
         self._closed = False
+        self._closing: list[threading.Thread] = []  # replaced runners being closed in the background
         self.last_error: BaseException | None = None
         self.start_seconds = 0.0
 
@@ -221,7 +222,7 @@ class Pool:
         closers = [threading.Thread(target=_close_quietly, args=(runner,)) for runner in runners]
         for closer in closers:
             closer.start()
-        for closer in closers:
+        for closer in closers + self._closing:
             closer.join(30)
 
     # -- leasing
@@ -303,7 +304,10 @@ class Pool:
             if self._closed:
                 return
             self._starting += 1
-        threading.Thread(target=_close_quietly, args=(runner,), daemon=True).start()
+        closer = threading.Thread(target=_close_quietly, args=(runner,), daemon=True)
+        closer.start()
+        with self._lock:
+            self._closing = [t for t in self._closing if t.is_alive()] + [closer]
         threading.Thread(target=self._start_replacement, daemon=True, name="sandbox-replace").start()
 
     def _start_replacement(self) -> None:

@@ -453,8 +453,10 @@ class Supervisor:
         memory_hint: str,
         memory_bytes: int = 0,
         preimport: tuple[str, ...] = (),
+        remove_workdir: bool = False,
     ) -> None:
         self.memory_bytes = memory_bytes
+        self.remove_workdir = remove_workdir
         self.preimport = preimport
         self.template: subprocess.Popen | None = None
         self.template_sock = None
@@ -891,6 +893,8 @@ class Supervisor:
         finally:
             self.stop_worker()
             self.stop_template()
+            if self.remove_workdir:  # local backend: the host made it for us; gone with us, however we end
+                shutil.rmtree(self.workdir, ignore_errors=True)
 
     def _serve(self) -> None:
         self.start_template()
@@ -979,6 +983,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--memory-hint", default="", help="the memory limit in words, for error messages")
     parser.add_argument("--memory-bytes", type=int, default=0, help="RLIMIT_AS for the worker (local mode)")
     parser.add_argument("--preimport", default="", help="comma-separated modules the template imports")
+    parser.add_argument("--remove-workdir", action="store_true", help="delete --workdir on exit (local mode)")
     args = parser.parse_args(argv)
     Supervisor(
         args.mode,
@@ -989,6 +994,7 @@ def main(argv: list[str]) -> None:
         args.memory_hint,
         args.memory_bytes,
         tuple(name for name in args.preimport.split(",") if name),
+        args.remove_workdir,
     ).serve()
 
 

@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import glob
 import logging
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -147,3 +153,27 @@ def test_make_sandbox_local_and_auto_says_why(caplog):
     assert isinstance(box, LocalSandbox)
     assert "NOT Docker" in caplog.text
     assert "no-such-image" in caplog.text or "no Docker engine" in caplog.text
+
+
+def test_a_killed_host_leaves_no_interpreter_or_folder_behind():
+    before = set(glob.glob("/tmp/stare-sandbox-*"))
+    host = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "from stare_agents.sandbox import LocalSandbox\nimport os, time\n"
+            "box = LocalSandbox(2, preimport=()).start()\n"
+            "print(' '.join(str(r.channel.process.pid) for r in box._pool._free), flush=True)\ntime.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    supervisors = [int(pid) for pid in host.stdout.readline().split()]
+    assert len(supervisors) == 2 and len(set(glob.glob("/tmp/stare-sandbox-*")) - before) == 2
+    os.kill(host.pid, signal.SIGKILL)
+    host.wait()
+    deadline = time.monotonic() + 10
+    while any(os.path.exists(f"/proc/{pid}") for pid in supervisors) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(os.path.exists(f"/proc/{pid}") for pid in supervisors)  # they end when stdin closes
+    assert set(glob.glob("/tmp/stare-sandbox-*")) - before == set()  # and remove their folders
