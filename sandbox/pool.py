@@ -585,6 +585,11 @@ class PooledSandbox:
     def __enter__(self) -> PooledSandbox:
         return self.start()
 
+    def __deepcopy__(self, memo: dict) -> PooledSandbox:
+        # A sandbox is a shared resource (containers, threads): copies of an object that holds one,
+        # such as the kwargs gymnasium deep-copies for its env checker, share it rather than clone it.
+        return self
+
     def __exit__(self, *exc: object) -> None:
         self.close()
 

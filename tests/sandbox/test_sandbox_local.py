@@ -143,7 +143,11 @@ def test_run_rejects_non_string_code(sandbox):
         s.run(b"print(1)")
 
 
-def test_make_sandbox_local_and_auto_says_why(caplog):
+def test_make_sandbox_local_and_auto_says_why(caplog, monkeypatch):
+    import stare_agents.sandbox
+
+    # the warning is once per reason and process; earlier tests may already have seen this reason
+    monkeypatch.setattr(stare_agents.sandbox, "_fallbacks_reported", set())
     assert isinstance(make_sandbox("local", pool_size=1), LocalSandbox)
     with pytest.raises(ValueError):
         make_sandbox("podman")
@@ -177,3 +181,13 @@ def test_a_killed_host_leaves_no_interpreter_or_folder_behind():
         time.sleep(0.05)
     assert not any(os.path.exists(f"/proc/{pid}") for pid in supervisors)  # they end when stdin closes
     assert set(glob.glob("/tmp/stare-sandbox-*")) - before == set()  # and remove their folders
+
+
+def test_deep_copy_shares_the_sandbox(sandbox):
+    import copy
+
+    holder = {"sandbox": sandbox, "other": [1, 2]}
+    copied = copy.deepcopy(holder)
+    assert copied["sandbox"] is sandbox and copied["other"] is not holder["other"]
+    with copied["sandbox"].session() as s:
+        assert s.run("print(6 * 7)").stdout == "42\n"
