@@ -193,10 +193,26 @@ class DockerChannel(Channel):
         try:
             self.sock.close()
         finally:
-            try:
-                self.container.remove(force=True)
-            except Exception as exc:  # auto-remove may have won the race
-                logger.debug("removing %s: %s", self.container.short_id, exc)
+            _remove_container(self.container)
+
+
+def _remove_container(container: Any, wait_s: float = 20.0) -> None:
+    """Force-remove a container and return once it is gone.
+
+    When the engine's auto-remove is already under way, `remove` answers 409 while the container still
+    exists for a moment; then wait for the removal to finish rather than return early.
+    """
+    try:
+        container.remove(force=True)
+        return
+    except Exception as exc:
+        if getattr(getattr(exc, "response", None), "status_code", None) == 404:
+            return
+        logger.debug("removing %s: %s; waiting for its removal", container.short_id, exc)
+    try:
+        container.wait(condition="removed", timeout=wait_s)
+    except Exception as exc:  # gone already (404), or the engine is stuck: the label sweep catches it later
+        logger.debug("waiting for the removal of %s: %s", container.short_id, exc)
 
 
 class DockerSandbox(PooledSandbox):
@@ -324,10 +340,7 @@ class DockerSandbox(PooledSandbox):
             container.start()
             runner = Runner(DockerChannel(sock, container), f"container {container.short_id}")
         except BaseException:
-            try:
-                container.remove(force=True)
-            except Exception as exc:
-                logger.debug("cleanup of %s: %s", container.short_id, exc)
+            _remove_container(container)
             raise
         try:
             header, _, _ = runner.request({"op": "ping"}, time.monotonic() + 60)
