@@ -7,6 +7,7 @@ import os
 import socket
 import struct
 import time
+import uuid
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -27,6 +28,7 @@ logger = logging.getLogger("stare_agents.sandbox")
 RUNNER_PATH = Path(__file__).with_name("runner.py")
 LABEL = "stare-agents.sandbox"  # every sandbox container carries it
 OWNER_LABEL = "stare-agents.sandbox.owner"  # "<host>:<pid>:<process start time>" of the process that made it
+INSTANCE_LABEL = "stare-agents.sandbox.instance"  # one DockerSandbox object (a process may hold several)
 
 
 def _version() -> str:
@@ -114,14 +116,21 @@ def docker_status(image: str = DEFAULT_IMAGE) -> tuple[bool, str]:
         client.close()
 
 
-def sandbox_containers(client: Any, owner: str | None = None) -> list[dict[str, Any]]:
-    """The engine's records ({"Id", "Labels", "State", ...}) of sandbox containers, optionally one owner's.
+def sandbox_containers(
+    client: Any, owner: str | None = None, instance: str | None = None
+) -> list[dict[str, Any]]:
+    """The engine's records ({"Id", "Labels", "State", ...}) of sandbox containers, optionally only one
+    owner process's or one DockerSandbox's (`instance`).
 
     Uses the plain list call: the SDK's `containers.list` inspects each container afterwards and fails
     when one is removed in between, which auto-removed containers do all the time.
     """
-    label = LABEL if owner is None else f"{OWNER_LABEL}={owner}"
-    return client.api.containers(all=True, filters={"label": label})
+    labels = [LABEL]
+    if owner is not None:
+        labels.append(f"{OWNER_LABEL}={owner}")
+    if instance is not None:
+        labels.append(f"{INSTANCE_LABEL}={instance}")
+    return client.api.containers(all=True, filters={"label": labels})
 
 
 def sweep_stale_containers(client: Any) -> int:
@@ -255,6 +264,7 @@ class DockerSandbox(PooledSandbox):
         self.preimport = tuple(preimport)
         self.client: Any = None
         self.owner = owner_tag()
+        self.instance = uuid.uuid4().hex[:12]
 
     def _before_start(self) -> None:
         import docker.errors
@@ -300,7 +310,7 @@ class DockerSandbox(PooledSandbox):
             # drops (e.g. this process is killed), and the runner then exits and the container is removed
             "detach": False,
             "tty": False,
-            "labels": {LABEL: "1", OWNER_LABEL: self.owner},
+            "labels": {LABEL: "1", OWNER_LABEL: self.owner, INSTANCE_LABEL: self.instance},
             "user": limits.user,
             "environment": {"LANG": "C.UTF-8", "PATH": "/usr/local/bin:/usr/bin:/bin"},
             "working_dir": "/tmp",

@@ -53,10 +53,10 @@ def sandbox():
     )
     box.start()
     yield box
-    owner = box.owner
+    instance = box.instance
     box.close()
     client = docker_client()
-    assert sandbox_containers(client, owner) == []
+    assert sandbox_containers(client, instance=instance) == []
 
 
 PROCESSES = """
@@ -573,10 +573,10 @@ def test_no_container_or_process_left_behind(sandbox):
     ids = set()
     for runner in list(sandbox._pool._free):
         ids.add(runner.channel.container.id)
-    owner = sandbox.owner
+    instance = sandbox.instance
     sandbox.close()
     client = docker_client()
-    assert sandbox_containers(client, owner) == []
+    assert sandbox_containers(client, instance=instance) == []
     deadline = time.monotonic() + 10
     while _processes_mentioning(ids) and time.monotonic() < deadline:  # shims end a moment after
         time.sleep(0.2)
