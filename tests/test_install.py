@@ -66,3 +66,13 @@ def test_ray_starts_a_local_cluster():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().endswith("42")
+
+
+def test_readme_algorithm_snippet_runs():
+    readme = (REPO / "README.md").read_text()
+    start = readme.index("```python\nimport torch\nfrom stare_agents.algo")
+    snippet = readme[start + len("```python\n") : readme.index("```", start + 10)]
+    namespace: dict = {}
+    exec(compile(snippet, "README.md", "exec"), namespace)
+    assert namespace["loss"].requires_grad and namespace["logprobs"].grad is not None
+    assert "policy/clipfrac" in namespace["metrics"]
