@@ -193,6 +193,12 @@ def worker_main(ctl_in: int, ctl_out: int, forked: bool = False) -> None:
             continue
         if request is None:
             os._exit(0)
+        if request.get("op") == "ping":  # the supervisor checks that a spare lives before handing it over
+            try:
+                _write_all(ctl_out, encode_frame({"status": "ok"}))
+            except OSError:
+                os._exit(1)
+            continue
         if forked and cell == 0:  # a spare from the template, now given its session: become ordinary
             os.setsid()
             if libc is not None:
@@ -285,7 +291,10 @@ def worker_main(ctl_in: int, ctl_out: int, forked: bool = False) -> None:
 # stray-process sweep spares exactly that session. A spare becomes an ordinary worker (own session,
 # dumpable, reseeded) when it receives its first call. If the code kills or stops the template or the
 # spare, the supervisor notices, falls back to starting workers the slow way, and makes a new template
-# between sessions, when none of the code's processes is left.
+# between sessions, when none of the code's processes is left. Noticing takes a ping: a spare that the
+# code's kill(-1) hit may still be exiting when it is handed over (waitpid cannot tell it from a live one,
+# least of all on a busy machine), but a process with SIGKILL pending never runs Python again, so only a
+# spare that answers the supervisor, after every process of the code is gone, is handed over.
 
 
 def template_main(sock_fd: int, workdir: str, preimport: list[str]) -> None:
@@ -604,8 +613,11 @@ class Supervisor:
                 self.spare = None
                 with contextlib.suppress(OSError):
                     os.kill(handle.pid, signal.SIGCONT)
-                if handle.poll() is None:
+                if handle.poll() is None and self._answers(fds[0], fds[1]):
                     break
+                if handle.returncode is None:  # dying or mute: it must not linger
+                    with contextlib.suppress(OSError):
+                        handle.kill()
                 for fd in fds:
                     os.close(fd)
             else:
@@ -622,6 +634,31 @@ class Supervisor:
         except OSError:
             self.stop_template()
         return True
+
+    @staticmethod
+    def _answers(ctl_w: int, ctl_r: int, timeout_s: float = 5.0) -> bool:
+        """Whether a spare answers a ping on its (blocking) control pipes: a dying one closes them instead."""
+        try:
+            _write_all(ctl_w, encode_frame({"op": "ping"}))
+        except OSError:
+            return False
+        until = time.monotonic() + timeout_s
+        reply = bytearray()
+        while len(reply) < 4 or len(reply) < 4 + _LEN.unpack(reply[:4])[0]:
+            remaining = until - time.monotonic()
+            if remaining <= 0:
+                return False
+            try:
+                ready, _, _ = select.select([ctl_r], [], [], remaining)
+                data = os.read(ctl_r, 1 << 16) if ready else b""
+            except InterruptedError:
+                continue
+            except OSError:
+                return False
+            if not data:
+                return False
+            reply += data
+        return bytes(reply) == encode_frame({"status": "ok"})
 
     def spawn_worker(self) -> None:
         if self.fork_worker():

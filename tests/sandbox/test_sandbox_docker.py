@@ -296,6 +296,40 @@ def test_killing_pid_1_and_the_runner(sandbox):
     assert_pool_serves_next_session(sandbox)
 
 
+def test_a_spare_is_handed_over_only_when_it_answers():
+    """The kill(-1) above also hits the spare the template forked; on a busy machine that spare can still be
+    exiting when the runner takes it (waitpid: alive). The runner pings a spare first: one that cannot
+    answer (closed, mute) is never handed over, and the ping is no call of the session."""
+    from stare_agents.sandbox import runner
+    from stare_agents.sandbox.runner import Supervisor, encode_frame, read_frame_fd
+
+    to_r, to_w = os.pipe()
+    from_r, from_w = os.pipe()
+    command = [sys.executable, "-I", runner.__file__, "worker", str(to_r), str(from_w)]
+    worker = subprocess.Popen(command, pass_fds=(to_r, from_w), stdout=subprocess.PIPE)
+    mute = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], pass_fds=(to_r, from_w))
+    os.close(to_r)
+    os.close(from_w)
+    try:
+        assert Supervisor._answers(to_w, from_r)
+        os.write(to_w, encode_frame({"code": "import linecache\nprint(sorted(linecache.cache))"}))
+        assert read_frame_fd(from_r)["status"] == "ok"
+        worker.kill()
+        assert worker.communicate()[0] == b"['<cell 1>']\n"
+        started = time.monotonic()
+        assert not Supervisor._answers(to_w, from_r, timeout_s=0.5)  # the pipes live on in `mute`
+        assert time.monotonic() - started >= 0.5
+        mute.kill()
+        mute.wait()
+        assert not Supervisor._answers(to_w, from_r)  # closed: no waiting
+    finally:
+        for process in (worker, mute):
+            process.kill()
+            process.wait()
+        os.close(to_w)
+        os.close(from_r)
+
+
 def test_ctypes_segfault(sandbox):
     with sandbox.session() as s:
         r = s.run("import ctypes\nctypes.string_at(0)")
