@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypedDict
 
@@ -72,39 +73,40 @@ class ToolCall:
 _FENCE_OPEN = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[ \t]*\r?\n")
 
 
+def _fenced_blocks(text: str) -> Iterator[tuple[str, str | None]]:
+    """(language, body) for each fenced block in order; body None for a final block that never closes."""
+    position = 0
+    while True:
+        opening = _FENCE_OPEN.search(text, position)
+        if opening is None:
+            return
+        close = text.find("```", opening.end())
+        language = opening.group(1).lower()
+        if close < 0:
+            yield language, None
+            return
+        yield language, text[opening.end() : close]
+        position = close + 3
+
+
 def python_blocks(text: str, languages: tuple[str, ...] = PYTHON_LANGUAGES) -> list[str]:
     """Contents of every complete fenced code block tagged with one of `languages`, in order.
 
     A block opens with ```` ```<language> ```` on its own line and closes at the next ```` ``` ````; blocks in
     other languages (e.g. ```` ```output ````) are skipped over. An unterminated block ends the scan.
     """
-    blocks: list[str] = []
-    position = 0
     wanted = {language.lower() for language in languages}
-    while True:
-        opening = _FENCE_OPEN.search(text, position)
-        if opening is None:
-            return blocks
-        close = text.find("```", opening.end())
-        if close < 0:
-            return blocks
-        if opening.group(1).lower() in wanted:
-            blocks.append(text[opening.end() : close].rstrip("\n").rstrip("\r"))
-        position = close + 3
+    return [
+        body.rstrip("\n").rstrip("\r")
+        for language, body in _fenced_blocks(text)
+        if body is not None and language in wanted
+    ]
 
 
 def has_unterminated_fence(text: str, languages: tuple[str, ...] = PYTHON_LANGUAGES) -> bool:
     """True when the text opens a code block in `languages` that never closes."""
-    position = 0
     wanted = {language.lower() for language in languages}
-    while True:
-        opening = _FENCE_OPEN.search(text, position)
-        if opening is None:
-            return False
-        close = text.find("```", opening.end())
-        if close < 0:
-            return opening.group(1).lower() in wanted
-        position = close + 3
+    return any(body is None and language in wanted for language, body in _fenced_blocks(text))
 
 
 def hermes_calls(text: str) -> list[ToolCall]:
