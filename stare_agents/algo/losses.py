@@ -155,6 +155,7 @@ def policy_loss(
             "policy/ratio_mean": masked_mean(ratio, mask),
         }
         if token_weights is not None:
-            metrics["stare/mean_weight"] = masked_mean(token_weights, mask)
-            metrics["stare/frac_weighted"] = masked_mean((token_weights != 1).to(mask.dtype), mask)
+            num_actions = mask.sum().clamp(min=1.0)
+            metrics["stare/mean_weight"] = (token_weights * mask).sum() / num_actions
+            metrics["stare/frac_weighted"] = ((token_weights != 1) & (mask > 0)).sum() / num_actions
     return loss, metrics

@@ -123,9 +123,23 @@ def stare_weights(
             f"unknown STARE variant {variant!r}; use 'O1' (amplify L+) or 'C2' (also attenuate L-)"
         )
     surprisal, advantages, is_action = _validated(surprisal, advantages, action_mask, top_ratio)
-    weights = torch.where(_top_surprisal(surprisal, is_action & (advantages > 0), top_ratio), w, 1.0)
-    if variant == "C2":
-        weights = torch.where(_top_surprisal(surprisal, is_action & (advantages < 0), top_ratio), m, weights)
+    signs = ((1, w), (-1, m)) if variant == "C2" else ((1, w),)
+    if advantages.shape[-1] == 1 and surprisal.dim() == 2:
+        # per-sequence advantages: T+ (T-) lies in the rows with A > 0 (< 0); rank only those rows
+        weights = torch.ones_like(surprisal)
+        for sign, value in signs:
+            rows = torch.nonzero(advantages[:, 0] * sign > 0).squeeze(1)
+            if rows.numel():
+                top = _top_surprisal(
+                    surprisal.index_select(0, rows), is_action.index_select(0, rows), top_ratio
+                )
+                weights.index_copy_(0, rows, torch.where(top, value, 1.0))
+        return weights
+    weights = torch.ones_like(surprisal)
+    for sign, value in signs:
+        weights = torch.where(
+            _top_surprisal(surprisal, is_action & (advantages * sign > 0), top_ratio), value, weights
+        )
     return weights
 
 
