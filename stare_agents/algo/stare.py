@@ -124,9 +124,9 @@ def stare_weights(
         )
     surprisal, advantages, is_action = _validated(surprisal, advantages, action_mask, top_ratio)
     signs = ((1, w), (-1, m)) if variant == "C2" else ((1, w),)
+    weights = torch.ones_like(surprisal)
     if advantages.shape[-1] == 1 and surprisal.dim() == 2:
         # per-sequence advantages: T+ (T-) lies in the rows with A > 0 (< 0); rank only those rows
-        weights = torch.ones_like(surprisal)
         for sign, value in signs:
             rows = torch.nonzero(advantages[:, 0] * sign > 0).squeeze(1)
             if rows.numel():
@@ -135,7 +135,6 @@ def stare_weights(
                 )
                 weights.index_copy_(0, rows, torch.where(top, value, 1.0))
         return weights
-    weights = torch.ones_like(surprisal)
     for sign, value in signs:
         weights = torch.where(
             _top_surprisal(surprisal, is_action & (advantages * sign > 0), top_ratio), value, weights
