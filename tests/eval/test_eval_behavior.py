@@ -1,0 +1,151 @@
+"""Reflection-word counts and tool-use statistics against hand-counted values."""
+
+from __future__ import annotations
+
+import pytest
+
+from stare_agents.eval.behavior import (
+    REFLECTION_CATEGORIES,
+    SUMMARY_KEYS,
+    ResponseStats,
+    behavior_summary,
+    reflection_counts,
+    response_stats,
+    summarize,
+)
+from stare_agents.trajectory import Trajectory, TurnRecord
+
+
+def counts(**nonzero: int) -> dict[str, int]:
+    return {category: nonzero.get(category, 0) for category in REFLECTION_CATEGORIES}
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("", counts()),
+        ("The answer is 12.", counts()),
+        ("Wait, let me re-check that. But 3*4 = 12.", counts(hesitation=1, contrast=1, revision=1)),
+        ("WAIT. wait! Hmmm... hold on", counts(hesitation=4)),
+        ("However, although x, though y, but z", counts(contrast=4)),
+        ("Alternatively, instead use another approach. On second thought, no.", counts(alternative=4)),
+        (
+            "Let me double-check; verify; verification; I checked; check; confirm; make sure",
+            counts(verification=7),
+        ),
+        (
+            "Let me recompute. Let's reconsider. I should re-evaluate. A mistake! I was wrong.",
+            counts(revision=5),
+        ),
+        # whole words only: none of these are reflection words
+        ("butter, awaits, checkers, rechecking? no: rechecking is", counts(revision=2)),
+        ("abut waiting unverified", counts()),
+        # phrases count once, in one category
+        ("double-check", counts(verification=1)),
+        ("let me re-check", counts(revision=1)),
+        ("re-check", counts(revision=1)),
+    ],
+)
+def test_reflection_counts(text: str, expected: dict[str, int]) -> None:
+    assert reflection_counts(text) == expected
+
+
+def test_reflection_counts_hostile_input() -> None:
+    with pytest.raises(TypeError, match="str"):
+        reflection_counts(None)  # type: ignore[arg-type]
+    long = "wait " * 20000 + "\x00\ud800 ünïcödé but"
+    assert reflection_counts(long) == counts(hesitation=20000, contrast=1)
+
+
+def trajectory(
+    turn_texts: list[str],
+    statuses: list[list[str]],
+    *,
+    tokens: int = 10,
+    correct: bool = False,
+    stop_reason: str = "answered",
+    void_turns: int = 0,
+    group: str = "g",
+) -> Trajectory:
+    turns = [
+        TurnRecord(text=text, num_tokens=tokens, finish_reason="stop", tool_calls=len(st), tool_statuses=st)
+        for text, st in zip(turn_texts, statuses, strict=True)
+    ]
+    n = tokens * len(turns) + 3  # 3 observation tokens
+    mask = [1] * (tokens * len(turns)) + [0] * 3
+    return Trajectory(
+        prompt_ids=[1, 2],
+        response_ids=list(range(n)),
+        action_mask=mask,
+        rollout_logprobs=[-0.5 if m else 0.0 for m in mask],
+        reward=float(correct),
+        num_turns=len(turns),
+        stop_reason=stop_reason,
+        turns=turns,
+        info={"void_turns": void_turns, "tool_calls": 99},
+        group_id=group,
+        correct=correct,
+    )
+
+
+def test_response_stats_counts_turn_statuses() -> None:
+    t = trajectory(["Let me check.\n```python\nprint(1)\n```", "Wait, but \\boxed{1}"], [["ok", "error"], []])
+    stats = response_stats(t)
+    assert stats == ResponseStats(
+        response_tokens=20,
+        response_chars=len("Let me check.\n```python\nprint(1)\n```") + 1 + len("Wait, but \\boxed{1}"),
+        turns=2,
+        tool_calls=2,  # from the turn records, not info's 99
+        tool_errors=1,
+        tool_timeouts=0,
+        void_turns=0,
+        correct=False,
+        failed=False,
+        stop_reason="answered",
+        reflection=counts(hesitation=1, contrast=1, verification=1),
+    )
+    assert ResponseStats.from_dict(stats.to_dict()) == stats
+
+
+def test_behavior_summary_hand_computed() -> None:
+    trajectories = [
+        # 2 turns, 2 calls (1 error, 1 timeout), correct, 20 tokens; reflection: wait
+        trajectory(["wait ```python\n1\n```", "\\boxed{2}"], [["error", "timeout"], []], correct=True),
+        # 1 turn, no call, a void turn, 10 tokens, wrong; reflection: but, check
+        trajectory(["but check"], [[]], void_turns=1),
+        # 3 turns, 1 ok call per turn for the first two, wrong, 5 tokens each (15)
+        trajectory(["a", "b", "c"], [["ok"], ["ok"], []], tokens=5, stop_reason="turn_limit"),
+        # a failed rollout: counted, left out of every mean
+        trajectory(["wait wait wait"], [["ok"]], tokens=50, stop_reason="engine_error"),
+    ]
+    summary = behavior_summary(trajectories)
+    assert tuple(summary) == SUMMARY_KEYS
+    assert summary["responses"] == 4 and summary["failed"] == 1
+    assert summary["turns_mean"] == pytest.approx(2.0)  # (2 + 1 + 3) / 3
+    assert summary["response_tokens_mean"] == pytest.approx(15.0)  # (20 + 10 + 15) / 3
+    assert summary["response_tokens_correct_mean"] == pytest.approx(20.0)
+    assert summary["response_tokens_wrong_mean"] == pytest.approx(12.5)
+    assert summary["tool_calls_per_response"] == pytest.approx(4 / 3)
+    assert summary["tool_call_rate"] == pytest.approx(2 / 3)
+    assert summary["tool_error_rate"] == pytest.approx(1 / 4)
+    assert summary["tool_timeout_rate"] == pytest.approx(1 / 4)
+    assert summary["void_turns_per_response"] == pytest.approx(1 / 3)
+    assert summary["void_turn_rate"] == pytest.approx(1 / 3)
+    assert summary["stop_reason/answered"] == pytest.approx(0.5)
+    assert summary["stop_reason/turn_limit"] == pytest.approx(0.25)
+    assert summary["stop_reason/engine_error"] == pytest.approx(0.25)
+    assert summary["stop_reason/token_budget"] == 0.0
+    assert summary["reflection/total_per_response"] == pytest.approx(1.0)  # (1 + 2 + 0) / 3
+    assert summary["reflection/hesitation_per_response"] == pytest.approx(1 / 3)
+    assert summary["reflection/verification_rate"] == pytest.approx(1 / 3)
+    assert summary["reflection/revision_rate"] == 0.0
+
+
+def test_summary_of_nothing_is_none_not_zero() -> None:
+    empty = summarize([])
+    assert empty["responses"] == 0 and empty["turns_mean"] is None and empty["tool_error_rate"] is None
+    only_failed = behavior_summary([trajectory(["x"], [[]], stop_reason="env_error")])
+    assert only_failed["failed"] == 1 and only_failed["response_tokens_mean"] is None
+    assert only_failed["stop_reason/env_error"] == 1.0
+    no_calls = behavior_summary([trajectory(["x"], [[]])])
+    assert no_calls["tool_calls_per_response"] == 0.0 and no_calls["tool_error_rate"] is None
