@@ -227,6 +227,19 @@ class Protocol:
             kwargs["max_turns"] = self.max_turns
         return kwargs
 
+    def effective_max_turns(self) -> int:
+        """The turn limit the episodes run with: 1, the override, or the environment class's default."""
+        if self.single_turn:
+            return 1
+        if self.max_turns is not None:
+            return self.max_turns
+        import gymnasium as gym
+        from gymnasium.envs.registration import load_env_creator
+
+        import stare_agents.envs  # noqa: F401  (registers the ids)
+
+        return int(load_env_creator(gym.spec(self.env_id).entry_point).default_max_turns)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
@@ -234,7 +247,7 @@ class Protocol:
             "env_kwargs": dict(self.env_kwargs),
             "temperature": self.temperature,
             "top_p": self.top_p,
-            "max_turns": 1 if self.single_turn else self.max_turns,
+            "max_turns": self.effective_max_turns(),
             "max_tokens_per_turn": self.max_tokens_per_turn,
             "max_total_tokens": self.max_total_tokens,
         }

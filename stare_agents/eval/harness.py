@@ -1,0 +1,479 @@
+"""The evaluation harness: every problem of every benchmark sampled k times through the rollout layer.
+
+    from stare_agents.eval import EvalConfig, evaluate
+    results = evaluate("runs/checkpoint-200", ["aime24", "math500"], EvalConfig(protocol="tir", samples=4),
+                       out="evals/ckpt200")
+
+How it runs:
+
+1. Settings are resolved once: the protocol (`tir`, `cot`, `simpletir`), the preset (`paper`: 32 samples
+   on AIME/AMC, 4 elsewhere, temperature 1.0, top_p 0.7), then explicit overrides.
+2. Every (benchmark, problem, sample index) is one `RolloutTask` of the protocol's environment, pinned to the
+   problem with `reset(options={"problem", "answer", "id"})`, with its own seed derived from the run seed
+   and the sample's identity, and `group_id` "<benchmark>/<problem id>".
+3. Tasks run in chunks through a runner: `RolloutWorkerGroup` (Ray actors, `workers >= 1`) or the
+   in-process `collect` (`workers = 0`). After each chunk its samples are appended to `samples.jsonl`,
+   flushed and fsynced.
+4. An interrupted run started again with the same folder and settings resumes: samples already in
+   `samples.jsonl` are kept and not redone (a torn last line is cut off); different settings or a different
+   model in the same folder is an error. `run.json` holds what a resume must match.
+5. At the end `results.json`, `results.md` and `pass_at_k.png` are computed from `samples.jsonl` alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+import typing
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stare_agents.envs import Task
+from stare_agents.eval.benchmarks import (
+    Benchmark,
+    Protocol,
+    get_preset,
+    get_protocol,
+    load_benchmark,
+)
+from stare_agents.eval.report import (
+    RESULTS_FILE,
+    SAMPLES_FILE,
+    append_samples,
+    build_results,
+    drop_torn_tail,
+    model_identity,
+    read_samples,
+    sample_key,
+    sample_record,
+    write_results,
+)
+from stare_agents.trajectory import Trajectory
+
+logger = logging.getLogger("stare_agents.eval")
+
+RUN_FILE = "run.json"
+
+
+@dataclass
+class EvalConfig:
+    """Everything that decides an evaluation's numbers (and how it is run).
+
+    protocol: "tir", "cot" or "simpletir" (see `benchmarks.PROTOCOLS`).
+    samples: samples per problem (the k of avg@k); None: the preset's count per benchmark, else 1.
+    preset: None or "paper" (samples per benchmark and the sampling the paper reports with).
+    temperature / top_p / max_turns / max_tokens_per_turn / max_total_tokens: override the protocol (and
+        the preset's sampling) when given.
+    limit: evaluate only the first `limit` problems of each benchmark.
+    data_dir / fields / split: where benchmark names resolve, column mapping, split of dataset ids.
+    workers: Ray rollout workers (each one engine and one sandbox); 0 runs in this process without Ray.
+    engine / dtype / rendering / sandbox: passed to the rollout layer's `RolloutConfig` (None: its default).
+    max_concurrency: episodes in flight per worker (None: the rollout layer's default).
+    seed: the run seed; each sample's seed is derived from it and the sample's identity.
+    chunk_size: tasks per chunk; a killed run loses at most the chunk in flight.
+    bootstrap / confidence: bootstrap resamples and level of the intervals.
+    """
+
+    protocol: str = "tir"
+    samples: int | None = None
+    preset: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    max_turns: int | None = None
+    max_tokens_per_turn: int | None = None
+    max_total_tokens: int | None = None
+    limit: int | None = None
+    data_dir: str | None = None
+    fields: dict[str, str] | None = None
+    split: str = "test"
+    workers: int = 0
+    engine: str | None = None
+    dtype: str | None = None
+    rendering: str | None = None
+    sandbox: str | None = None
+    max_concurrency: int | None = None
+    seed: int = 0
+    chunk_size: int = 64
+    bootstrap: int = 1000
+    confidence: float = 0.95
+
+    def check(self) -> None:
+        if self.samples is not None and self.samples < 1:
+            raise ValueError(f"samples per problem (--k) must be >= 1, got {self.samples}")
+        if self.workers < 0:
+            raise ValueError(f"workers must be >= 0 (0 = in-process), got {self.workers}")
+        if self.chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {self.chunk_size}")
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"limit must be >= 1 problems, got {self.limit}")
+        if self.bootstrap < 0:
+            raise ValueError(f"bootstrap must be >= 0 resamples, got {self.bootstrap}")
+
+    def resolve_protocol(self) -> Protocol:
+        """The protocol with the preset's sampling, then the explicit overrides, applied."""
+        protocol = get_protocol(self.protocol)
+        preset = get_preset(self.preset) if self.preset else None
+        return protocol.override(
+            temperature=self.temperature if self.temperature is not None else (preset and preset.temperature),
+            top_p=self.top_p if self.top_p is not None else (preset and preset.top_p),
+            max_turns=self.max_turns,
+            max_tokens_per_turn=self.max_tokens_per_turn,
+            max_total_tokens=self.max_total_tokens,
+        )
+
+    def samples_for(self, benchmark: str) -> int:
+        if self.samples is not None:
+            return self.samples
+        if self.preset:
+            return get_preset(self.preset).samples_for(benchmark)
+        return 1
+
+
+@dataclass(frozen=True)
+class SampleSpec:
+    """One sample to draw: a benchmark problem, its sample index and its seed."""
+
+    benchmark: str
+    task: Task
+    sample_index: int
+    seed: int
+
+    @property
+    def group_id(self) -> str:
+        return f"{self.benchmark}/{self.task.id}"
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        return (self.benchmark, self.task.id, self.sample_index)
+
+
+def sample_seed(run_seed: int, benchmark: str, problem_id: str, sample_index: int) -> int:
+    """A 31-bit seed for one sample, stable across runs, resumption and chunking."""
+    text = json.dumps([run_seed, benchmark, problem_id, sample_index])
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "big") & 0x7FFFFFFF
+
+
+class Runner(typing.Protocol):
+    """Turns samples into trajectories, in order. `RolloutRunner` is the real one."""
+
+    def collect(self, specs: Sequence[SampleSpec]) -> list[Trajectory]: ...
+
+    def close(self) -> None: ...
+
+
+class RolloutRunner:
+    """Samples through the rollout layer: a Ray `RolloutWorkerGroup` (workers >= 1) or in-process `collect`."""
+
+    def __init__(self, model_dir: str, protocol: Protocol, config: EvalConfig) -> None:
+        from stare_agents import rollout
+
+        self.rollout = rollout
+        self.protocol = protocol
+        sampling = rollout.SamplingConfig(
+            temperature=protocol.temperature,
+            top_p=protocol.top_p,
+            max_tokens_per_turn=protocol.max_tokens_per_turn,
+            max_total_tokens=protocol.max_total_tokens,
+        )
+        extra = {
+            name: value
+            for name, value in (
+                ("engine", config.engine),
+                ("dtype", config.dtype),
+                ("rendering", config.rendering),
+                ("sandbox", config.sandbox),
+                ("max_concurrency", config.max_concurrency),
+            )
+            if value is not None
+        }
+        self.config = rollout.RolloutConfig(model=model_dir, sampling=sampling, seed=config.seed, **extra)
+        self.env_kwargs = protocol.make_env_kwargs()
+        if config.workers >= 1:
+            self.group = rollout.RolloutWorkerGroup(self.config, num_workers=config.workers)
+            self.local = None
+        else:
+            self.group = None
+            self.local = rollout.LocalRollout(self.config)
+
+    def tasks(self, specs: Sequence[SampleSpec]) -> list[Any]:
+        return [
+            self.rollout.RolloutTask(
+                env_id=self.protocol.env_id,
+                env_kwargs=self.env_kwargs,
+                options={"problem": s.task.problem, "answer": s.task.answer, "id": s.task.id},
+                seed=s.seed,
+                group_id=s.group_id,
+                sample_index=s.sample_index,
+            )
+            for s in specs
+        ]
+
+    def collect(self, specs: Sequence[SampleSpec]) -> list[Trajectory]:
+        tasks = self.tasks(specs)
+        if self.group is not None:
+            return self.group.collect(tasks, progress=False)
+        return self.local.collect(tasks)
+
+    def close(self) -> None:
+        if self.group is not None:
+            self.group.close()
+        if self.local is not None:
+            self.local.close()
+
+
+def run_settings(
+    config: EvalConfig, protocol: Protocol, benchmarks: Sequence[Benchmark], model: dict[str, Any]
+) -> dict[str, Any]:
+    """What decides the numbers (a resume must match it) — not how many workers or chunks ran them."""
+    return {
+        "protocol": protocol.to_dict(),
+        "preset": config.preset,
+        "samples": {b.name: config.samples_for(b.name) for b in benchmarks},
+        "benchmarks": {b.name: {"source": b.source, "problems": len(b)} for b in benchmarks},
+        "limit": config.limit,
+        "fields": config.fields,
+        "split": config.split,
+        "seed": config.seed,
+        "engine": config.engine,
+        "dtype": config.dtype,
+        "rendering": config.rendering,
+        "sandbox": config.sandbox,
+        # the model's content when it is a folder (moving it does not matter), else its name
+        "model": model.get("fingerprint") or model.get("path"),
+    }
+
+
+def _check_resume(out: Path, settings: dict[str, Any]) -> None:
+    run_file = out / RUN_FILE
+    samples_file = out / SAMPLES_FILE
+    if not run_file.exists():
+        if samples_file.exists() and samples_file.stat().st_size > 0:
+            raise FileExistsError(
+                f"{samples_file} exists but {run_file} does not: {out} is not a resumable evaluation folder. "
+                "Use another --out folder."
+            )
+        return
+    previous = json.loads(run_file.read_text(encoding="utf-8"))["settings"]
+    differing = sorted(key for key in set(previous) | set(settings) if previous.get(key) != settings.get(key))
+    if differing:
+        details = "; ".join(
+            f"{key}: was {previous.get(key)!r}, now {settings.get(key)!r}" for key in differing
+        )
+        raise ValueError(
+            f"{out} holds an evaluation with other settings ({details}). Resuming would mix them: use another "
+            "--out folder, or the same settings to resume that run."
+        )
+
+
+def plan_samples(benchmarks: Sequence[Benchmark], config: EvalConfig) -> list[SampleSpec]:
+    """Every sample of the run, problem by problem (a chunk finishes whole problems first)."""
+    return [
+        SampleSpec(b.name, task, index, sample_seed(config.seed, b.name, task.id, index))
+        for b in benchmarks
+        for task in b.tasks
+        for index in range(config.samples_for(b.name))
+    ]
+
+
+@dataclass
+class Progress:
+    """What `evaluate` reports after each chunk (for a progress bar or a test that stops a run)."""
+
+    done: int
+    total: int
+    resumed: int
+    elapsed_s: float
+    chunk_s: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def evaluate(
+    model: str | Path,
+    benchmarks: Sequence[str | Benchmark],
+    config: EvalConfig | None = None,
+    *,
+    out: str | Path,
+    runner: Runner | None = None,
+    on_chunk: Callable[[Progress], None] | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Evaluate `model` on `benchmarks` into the folder `out`; returns the results.json content.
+
+    model: a model name `prepare_model` knows ("tiny", "smollm2-135m"), a local HF folder (a checkpoint) or
+    a hub id. benchmarks: names, files or dataset ids (see `load_benchmark`), or loaded `Benchmark`s.
+    runner: how samples are drawn (default: `RolloutRunner` on the rollout layer).
+    """
+    config = config or EvalConfig()
+    config.check()
+    protocol = config.resolve_protocol()
+    loaded = [
+        b
+        if isinstance(b, Benchmark)
+        else load_benchmark(
+            b, data_dir=config.data_dir, fields=config.fields, split=config.split, limit=config.limit
+        )
+        for b in benchmarks
+    ]
+    if not loaded:
+        raise ValueError("evaluate needs at least one benchmark")
+    names = [b.name for b in loaded]
+    if len(set(names)) != len(names):
+        raise ValueError(
+            f"two benchmarks share a name ({names}); reports are keyed by name: rename one of the files"
+        )
+    model_dir = _model_dir(model)
+    identity = model_identity(model_dir)
+    settings = run_settings(config, protocol, loaded, identity)
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    _check_resume(out, settings)
+    (out / RUN_FILE).write_text(json.dumps({"settings": settings, "model": identity}, indent=2) + "\n")
+    samples_path = out / SAMPLES_FILE
+    cut = drop_torn_tail(samples_path)
+    if cut:
+        logger.warning(
+            "%s: dropped a torn last line (%d bytes) left by an interrupted run", samples_path, cut
+        )
+    existing = read_samples(samples_path)
+    planned = plan_samples(loaded, config)
+    planned_keys = {spec.key for spec in planned}
+    stray = [sample_key(r) for r in existing if sample_key(r) not in planned_keys]
+    if stray:
+        raise ValueError(
+            f"{samples_path} holds samples this run does not plan, e.g. {stray[:3]}; use another --out"
+        )
+    done = {sample_key(r) for r in existing}
+    pending = [spec for spec in planned if spec.key not in done]
+    if done:
+        logger.info("resuming %s: %d of %d samples already done", out, len(done), len(planned))
+
+    start = time.perf_counter()
+    generation_s = 0.0
+    if pending:
+        own_runner = runner is None
+        runner = runner or RolloutRunner(str(model_dir), protocol, config)
+        try:
+            generation_s = _run_chunks(
+                runner, pending, samples_path, config, len(planned), len(done), on_chunk, progress
+            )
+        finally:
+            if own_runner:
+                runner.close()
+
+    records = read_samples(samples_path)
+    results = build_results(
+        records,
+        benchmarks={
+            b.name: {
+                "source": b.source,
+                "problems": len(b),
+                "samples_per_problem": config.samples_for(b.name),
+            }
+            for b in loaded
+        },
+        settings={**settings, "workers": config.workers, "chunk_size": config.chunk_size},
+        model=identity,
+        bootstrap=config.bootstrap,
+        confidence=config.confidence,
+        seed=config.seed,
+        timing={
+            "samples_this_run": len(pending),
+            "samples_resumed": len(done),
+            "rollout_s_this_run": round(generation_s, 3),
+            "wall_s_this_run": round(time.perf_counter() - start, 3),
+        },
+    )
+    write_results(out, results)
+    return results
+
+
+def _run_chunks(
+    runner: Runner,
+    pending: list[SampleSpec],
+    samples_path: Path,
+    config: EvalConfig,
+    total: int,
+    resumed: int,
+    on_chunk: Callable[[Progress], None] | None,
+    progress: bool,
+) -> float:
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+    from rich.progress import Progress as Bar
+
+    start = time.perf_counter()
+    rollout_s = 0.0
+    done = resumed
+    with Bar(
+        TextColumn("eval"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        disable=not progress,
+    ) as bar:
+        task_bar = bar.add_task("samples", total=total, completed=resumed)
+        for offset in range(0, len(pending), config.chunk_size):
+            chunk = pending[offset : offset + config.chunk_size]
+            chunk_start = time.perf_counter()
+            trajectories = runner.collect(chunk)
+            chunk_s = time.perf_counter() - chunk_start
+            rollout_s += chunk_s
+            if len(trajectories) != len(chunk):
+                raise RuntimeError(
+                    f"the runner returned {len(trajectories)} trajectories for {len(chunk)} tasks"
+                )
+            records = []
+            for spec, trajectory in zip(chunk, trajectories, strict=True):
+                if trajectory.group_id != spec.group_id or trajectory.sample_index != spec.sample_index:
+                    raise RuntimeError(
+                        f"the runner returned trajectory {trajectory.group_id!r}#{trajectory.sample_index} where "
+                        f"{spec.group_id!r}#{spec.sample_index} was expected: results must come back in task order"
+                    )
+                records.append(
+                    sample_record(
+                        benchmark=spec.benchmark,
+                        problem_id=spec.task.id,
+                        answer=str(spec.task.answer),
+                        sample_index=spec.sample_index,
+                        seed=spec.seed,
+                        trajectory=trajectory,
+                    )
+                )
+            append_samples(samples_path, records)
+            done += len(chunk)
+            bar.update(task_bar, completed=done)
+            if on_chunk is not None:
+                on_chunk(Progress(done, total, resumed, time.perf_counter() - start, chunk_s))
+    return rollout_s
+
+
+def _model_dir(model: str | Path) -> Path:
+    from stare_agents.models import prepare_model
+
+    return Path(prepare_model(str(model)))
+
+
+__all__ = [
+    "RESULTS_FILE",
+    "RUN_FILE",
+    "EvalConfig",
+    "Progress",
+    "RolloutRunner",
+    "Runner",
+    "SampleSpec",
+    "evaluate",
+    "plan_samples",
+    "run_settings",
+    "sample_seed",
+]
