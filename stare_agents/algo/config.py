@@ -6,35 +6,7 @@ from dataclasses import dataclass, field, replace
 
 from stare_agents.algo.advantages import EntrocraftSwitch
 from stare_agents.algo.losses import PolicyLossConfig
-
-STARE_VARIANTS = ("O1", "C2")
-STARE_SCOPES = ("micro-batch", "batch")
-
-
-@dataclass
-class StareConfig:
-    """STARE token reweighting. Defaults are the official release's (O1, P = 10%, W = 1.1, M = 0.9, H_tgt = 0.3)."""
-
-    variant: str = "O1"
-    top_ratio: float = 0.1
-    w: float = 1.1
-    m: float = 0.9
-    target_entropy: float = 0.3
-    gated: bool = True  # False: reweight every step (open loop)
-    adaptive: bool = False  # adapt w / m by alpha * sign(H_tgt - H) each step
-    alpha: float = 0.01
-    w_max: float = 1.5
-    m_min: float = 0.5
-    # where L+/L- are taken: each micro-batch (the official code) or the whole step batch (the paper's reading)
-    scope: str = "micro-batch"
-
-    def __post_init__(self) -> None:
-        if self.variant not in STARE_VARIANTS:
-            raise ValueError(f"stare.variant must be one of {STARE_VARIANTS}, got {self.variant!r}")
-        if self.scope not in STARE_SCOPES:
-            raise ValueError(f"stare.scope must be one of {STARE_SCOPES}, got {self.scope!r}")
-        if not 0 < self.top_ratio <= 1:
-            raise ValueError(f"stare.top_ratio must be in (0, 1], got {self.top_ratio}")
+from stare_agents.algo.stare import StareConfig
 
 
 @dataclass
@@ -43,6 +15,10 @@ class AlgorithmConfig:
 
     Build one with `AlgorithmConfig.preset("stare")` (or "grpo", "grpo-ds", "dapo", "stare-c2",
     "entropy-bonus", "clip-cov", "kl-cov", "entrocraft") and override fields as needed.
+
+    Where each field takes effect: the advantage fields in `compute_advantages`; `loss` in `policy_loss`;
+    `stare` in `Stare` (its `scope` in the learner, which takes L+/L- per micro-batch or per step);
+    `entrocraft` in the learner, on the advantages, from the step's pre-update entropy.
     """
 
     name: str = "stare"
@@ -53,8 +29,15 @@ class AlgorithmConfig:
     overlong_cache_length: int = 256
     overlong_factor: float = 1.0
     loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
-    stare: StareConfig | None = field(default_factory=StareConfig)
+    stare: StareConfig | None = field(default_factory=StareConfig)  # None: no reweighting
     entrocraft: EntrocraftSwitch | None = None
+
+    def __post_init__(self) -> None:
+        if not (self.std_eps > 0 and self.overlong_cache_length > 0 and self.overlong_factor >= 0):
+            raise ValueError(
+                f"need std_eps > 0, overlong_cache_length > 0 and overlong_factor >= 0; got "
+                f"{self.std_eps=}, {self.overlong_cache_length=}, {self.overlong_factor=}"
+            )
 
     @classmethod
     def preset(cls, name: str) -> AlgorithmConfig:

@@ -1,7 +1,9 @@
 """Clipped policy-gradient loss shared by GRPO, GRPO-ds, STARE and the entropy-control baselines.
 
 All inputs are [B, T] over response positions; `action_mask` is 1 on policy-generated tokens and 0 on
-prompt padding and observation tokens, which never enter the loss.
+prompt padding and observation tokens, which never enter the loss. The clipped surrogate is
+`clipped_surrogate`; the baselines' extra terms are `entropy_bonus` here and Clip-Cov / KL-Cov in
+`stare_agents.algo.baselines`; `policy_loss` puts them together.
 """
 
 from __future__ import annotations
@@ -11,11 +13,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from stare_agents.algo.baselines import clip_cov_keep, kl_cov_per_token
 from stare_agents.algo.logits import masked_mean
 from stare_agents.algo.stare import broadcast_advantages
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
 COV_MODES = ("none", "clip-cov", "kl-cov")
+LOG_RATIO_LIMIT = 20.0  # log pi - log pi_old is clamped to [-20, 20] before exp
 
 
 @dataclass
@@ -42,6 +46,11 @@ class PolicyLossConfig:
                 f"need 0 <= clip_low < 1, clip_high >= 0, dual_clip > 1; got "
                 f"{self.clip_low=}, {self.clip_high=}, {self.dual_clip=}"
             )
+        if self.entropy_coef < 0 or not 0 <= self.clip_cov_ratio <= 1 or not 0 <= self.kl_cov_ratio <= 1:
+            raise ValueError(
+                f"need entropy_coef >= 0 and clip_cov_ratio, kl_cov_ratio in [0, 1]; got "
+                f"{self.entropy_coef=}, {self.clip_cov_ratio=}, {self.kl_cov_ratio=}"
+            )
 
 
 def aggregate(per_token: Tensor, mask: Tensor, aggregation: str, normalizer: float | None = None) -> Tensor:
@@ -50,53 +59,56 @@ def aggregate(per_token: Tensor, mask: Tensor, aggregation: str, normalizer: flo
     token-mean: sum over all action tokens / their count. seq-mean-token-sum: mean over sequences of
     the per-sequence sum. seq-mean-token-mean: mean over sequences of the per-sequence mean.
     `normalizer` replaces the local token (or sequence) count, e.g. the whole step's count when a
-    batch is split into gradient-accumulation micro-batches.
+    batch is split into gradient-accumulation micro-batches (`loss_normalizer` counts it). Values at
+    masked positions never enter, not even as NaN or inf.
     """
-    mask = mask.to(per_token.dtype)
-    masked = per_token * mask
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
+    is_action = mask > 0
+    masked = torch.where(is_action, per_token, 0.0)
+    counts = is_action.sum(-1).to(per_token.dtype)
+    if normalizer is None:
+        normalizer = loss_normalizer(mask, aggregation)
     if aggregation == "token-mean":
-        return masked.sum() / (normalizer if normalizer is not None else mask.sum().clamp(min=1.0))
-    has_tokens = (mask.sum(-1) > 0).to(per_token.dtype)
-    num_seqs = normalizer if normalizer is not None else has_tokens.sum().clamp(min=1.0)
+        return masked.sum() / normalizer
     if aggregation == "seq-mean-token-sum":
-        return masked.sum(-1).sum() / num_seqs
-    if aggregation == "seq-mean-token-mean":
-        return (masked.sum(-1) / mask.sum(-1).clamp(min=1.0)).sum() / num_seqs
-    raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
+        return masked.sum(-1).sum() / normalizer
+    return (masked.sum(-1) / counts.clamp(min=1.0)).sum() / normalizer
 
 
-def _centred_covariance(advantages: Tensor, logprobs: Tensor, mask: Tensor) -> Tensor:
-    """cov_t = (A_t - mean A)(log pi_t - mean log pi), means over action tokens; detached."""
-    adv, logp = advantages.detach(), logprobs.detach()
-    return (adv - masked_mean(adv, mask)) * (logp - masked_mean(logp, mask))
+def loss_normalizer(mask: Tensor, aggregation: str) -> float:
+    """What `aggregate` divides by: the action-token count (token-mean) or the count of sequences with at
+    least one action token (the seq-mean modes); at least 1. Sum it over micro-batches (and workers) to
+    normalise a gradient-accumulation step over the whole step."""
+    is_action = mask > 0
+    count = is_action.sum() if aggregation == "token-mean" else is_action.any(-1).sum()
+    return max(float(count), 1.0)
 
 
-def _clip_cov_keep(
-    cov: Tensor, mask: Tensor, already_clipped: Tensor, config: PolicyLossConfig, generator
-) -> Tensor:
-    """0 on max(1, int(r N)) random action tokens with low < cov < high, 1 elsewhere.
+def clipped_surrogate(ratio: Tensor, advantages: Tensor, config: PolicyLossConfig) -> tuple[Tensor, Tensor]:
+    """PPO-clip per token with the asymmetric range [1 - eps_low, 1 + eps_high] and the dual clip c.
 
-    Tokens the ratio clip already stopped are not candidates (their gradient is zero anyway).
+    Returns the per-token loss max(-A r, -A clip(r)), capped at -A c where A < 0, and the mask of tokens
+    whose gradient a clip stopped.
     """
-    keep = torch.ones_like(cov)
-    in_band = (cov > config.clip_cov_low) & (cov < config.clip_cov_high)
-    candidates = torch.nonzero((mask > 0) & in_band & ~already_clipped)
-    if len(candidates):
-        count = max(1, int(config.clip_cov_ratio * int(mask.sum())))
-        order = torch.randperm(len(candidates), generator=generator, device="cpu")[:count].to(cov.device)
-        chosen = candidates[order]
-        keep[tuple(chosen.T)] = 0.0
-    return keep
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1.0 - config.clip_low, 1.0 + config.clip_high)
+    per_token = torch.maximum(unclipped, clipped)
+    dual = torch.minimum(per_token, -advantages * config.dual_clip)
+    stopped = (clipped > unclipped) | ((advantages < 0) & (dual < per_token))
+    return torch.where(advantages < 0, dual, per_token), stopped
 
 
-def _kl_cov_selected(cov: Tensor, mask: Tensor, config: PolicyLossConfig) -> Tensor:
-    """True on the max(1, int(k N)) action tokens with the largest covariance."""
-    count = max(1, int(config.kl_cov_ratio * int(mask.sum())))
-    scores = cov.masked_fill(mask == 0, float("-inf")).reshape(-1)
-    selected = torch.zeros_like(mask, dtype=torch.bool)
-    if int(mask.sum()):
-        selected.view(-1)[torch.topk(scores, min(count, int(mask.sum()))).indices] = True
-    return selected
+def entropy_bonus(
+    entropy: Tensor | None, action_mask: Tensor, config: PolicyLossConfig, normalizer: float | None = None
+) -> Tensor:
+    """The entropy-bonus baseline's term, coef * aggregate(H), subtracted from the loss."""
+    if entropy is None:
+        raise ValueError(
+            f"entropy_coef = {config.entropy_coef} > 0 needs the per-token `entropy` (with grad) passed to "
+            "policy_loss"
+        )
+    return config.entropy_coef * aggregate(entropy, action_mask, config.aggregation, normalizer)
 
 
 def policy_loss(
@@ -107,6 +119,7 @@ def policy_loss(
     config: PolicyLossConfig | None = None,
     *,
     token_weights: Tensor | None = None,
+    importance_weights: Tensor | None = None,
     entropy: Tensor | None = None,
     normalizer: float | None = None,
     generator: torch.Generator | None = None,
@@ -114,48 +127,41 @@ def policy_loss(
     """Clipped surrogate, STARE-weighted after clipping and before aggregation (paper Eq. 8).
 
     Returns the scalar loss and detached metrics. `token_weights` are STARE's (None = all ones);
-    `entropy` [B, T] with grad is needed only when `config.entropy_coef > 0`.
+    `importance_weights` (detached, e.g. truncated importance sampling) multiply the same way;
+    `entropy` [B, T] with grad is needed only when `config.entropy_coef > 0`. Off the action tokens the
+    log-ratio is 0 and on them it is clamped to [-20, 20] before `exp`, so masked or sentinel
+    log-probs (e.g. -1e9, -inf) cannot produce NaN; an all-masked input gives a loss of exactly 0.
     """
     config = config or PolicyLossConfig()
-    mask = action_mask.to(logprobs.dtype)
-    advantages = broadcast_advantages(advantages, logprobs).to(logprobs.dtype)
-
-    log_ratio = logprobs - old_logprobs
+    is_action = action_mask > 0
+    advantages = torch.where(is_action, broadcast_advantages(advantages, logprobs).to(logprobs.dtype), 0.0)
+    log_ratio = (logprobs - old_logprobs).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
+    log_ratio = torch.where(is_action, log_ratio, 0.0)
     ratio = torch.exp(log_ratio)
-    surrogate = -advantages * ratio
-    clipped = -advantages * ratio.clamp(1.0 - config.clip_low, 1.0 + config.clip_high)
-    per_token = torch.maximum(surrogate, clipped)  # PPO clip with asymmetric range
-    dual = torch.minimum(per_token, -advantages * config.dual_clip)
-    per_token = torch.where(advantages < 0, dual, per_token)  # dual clip bounds negative-advantage tokens
 
+    per_token, stopped = clipped_surrogate(ratio, advantages, config)
     if config.cov_mode == "clip-cov":
-        cov = _centred_covariance(advantages, logprobs, mask)
-        per_token = per_token * _clip_cov_keep(cov, mask, clipped > surrogate, config, generator)
-    elif config.cov_mode == "kl-cov":  # Cui et al.: unclipped surrogate plus |log-ratio| on top-cov tokens
-        cov = _centred_covariance(advantages, logprobs, mask)
-        kl_selected = _kl_cov_selected(cov, mask, config)
-        per_token = torch.where(kl_selected, surrogate + config.kl_cov_coef * log_ratio.abs(), surrogate)
-
+        per_token = per_token * clip_cov_keep(advantages, logprobs, action_mask, stopped, config, generator)
+    elif config.cov_mode == "kl-cov":
+        per_token = kl_cov_per_token(advantages, logprobs, log_ratio, ratio, action_mask, config)
+    if importance_weights is not None:
+        per_token = per_token * importance_weights.detach()
     if token_weights is not None:
         per_token = per_token * token_weights  # STARE: after clipping, before aggregation, not renormalised
 
-    loss = aggregate(per_token, mask, config.aggregation, normalizer)
+    loss = aggregate(per_token, action_mask, config.aggregation, normalizer)
     if config.entropy_coef:
-        if entropy is None:
-            raise ValueError(
-                "entropy_coef > 0 needs the per-token `entropy` (with grad) passed to policy_loss"
-            )
-        loss = loss - config.entropy_coef * aggregate(entropy, mask, config.aggregation, normalizer)
+        loss = loss - entropy_bonus(entropy, action_mask, config, normalizer)
 
     with torch.no_grad():
-        is_clipped = (clipped > surrogate) | ((advantages < 0) & (dual < torch.maximum(surrogate, clipped)))
+        mask = is_action.to(logprobs.dtype)
         metrics = {
-            "policy/clipfrac": masked_mean(is_clipped.to(mask.dtype), mask),
+            "policy/clipfrac": masked_mean(stopped.to(mask.dtype), mask),
             "policy/approx_kl": masked_mean((ratio - 1) - log_ratio, mask),  # k3 estimator of KL(old || new)
             "policy/ratio_mean": masked_mean(ratio, mask),
         }
         if token_weights is not None:
             num_actions = mask.sum().clamp(min=1.0)
-            metrics["stare/mean_weight"] = (token_weights * mask).sum() / num_actions
-            metrics["stare/frac_weighted"] = ((token_weights != 1) & (mask > 0)).sum() / num_actions
+            metrics["stare/mean_weight"] = torch.where(is_action, token_weights, 0.0).sum() / num_actions
+            metrics["stare/frac_weighted"] = ((token_weights != 1) & is_action).sum() / num_actions
     return loss, metrics

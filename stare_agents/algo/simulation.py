@@ -18,7 +18,7 @@ from stare_agents.algo.advantages import grpo_advantages
 from stare_agents.algo.diagnostics import negative_sensitivity_fraction, sensitivity_from_statistics
 from stare_agents.algo.logits import masked_mean, token_logprobs, token_statistics
 from stare_agents.algo.losses import PolicyLossConfig, policy_loss
-from stare_agents.algo.stare import EntropyGate, stare_selection, stare_weights
+from stare_agents.algo.stare import Stare, StareConfig
 
 
 @dataclass
@@ -60,7 +60,16 @@ def simulate(config: SimulationConfig, initial_logits: torch.Tensor | None = Non
     preferred = base.argmax(dim=-1)  # the token each context rewards
     optimizer = torch.optim.SGD([logits], lr=config.lr)
     loss_config = PolicyLossConfig(aggregation="token-mean")
-    gate = EntropyGate(target_entropy=config.target_entropy, w=config.w, m=config.m)
+    stare = Stare(
+        StareConfig(
+            variant=config.variant,
+            top_ratio=config.top_ratio,
+            w=config.w,
+            m=config.m,
+            target_entropy=config.target_entropy,
+            gated=config.gated,
+        )
+    )
     result = SimulationResult(config)
     batch = config.num_prompts * config.group_size
 
@@ -81,20 +90,11 @@ def simulate(config: SimulationConfig, initial_logits: torch.Tensor | None = Non
         step_logits = logits[contexts]
         stats = token_statistics(step_logits, tokens)
         mean_entropy = float(masked_mean(stats["entropy"], action_mask))
-        gate_on = config.algorithm == "stare" and (gate.update(mean_entropy) or not config.gated)
+        gate_on = config.algorithm == "stare" and stare.update(mean_entropy)
         weights = None
         if gate_on:
-            surprisal = -stats["logprob"]
-            weights = stare_weights(
-                surprisal,
-                advantages,
-                action_mask,
-                variant=config.variant,
-                top_ratio=config.top_ratio,
-                w=gate.w,
-                m=gate.m,
-            )
-            top_pos, _ = stare_selection(surprisal, advantages, action_mask, top_ratio=config.top_ratio)
+            top_pos, top_neg = stare.selection(-stats["logprob"], advantages, action_mask)
+            weights = stare.weights_from_selection(top_pos, top_neg)
             result.lplus_negative_phi.append(
                 negative_sensitivity_fraction(top_pos, sensitivity_from_statistics(stats))
             )

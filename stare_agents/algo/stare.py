@@ -1,8 +1,14 @@
-"""STARE: surprisal-guided token-level advantage reweighting with a closed-loop entropy gate."""
+"""STARE: surprisal-guided token-level advantage reweighting with a closed-loop entropy gate.
+
+stare = Stare(StareConfig())                                  # config + gate in one object
+stare.update(entropy)                                         # once per step: the pre-update entropy
+weights = stare.weights(surprisal, advantages, action_mask)   # all ones while the gate is off
+"""
 
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import asdict, dataclass
 from typing import Literal
 
@@ -10,6 +16,44 @@ import torch
 from torch import Tensor
 
 Variant = Literal["O1", "C2"]
+STARE_VARIANTS = ("O1", "C2")
+STARE_SCOPES = ("micro-batch", "batch")
+
+
+@dataclass
+class StareConfig:
+    """STARE token reweighting. Defaults are the official release's (O1, P = 10%, W = 1.1, M = 0.9, H_tgt = 0.3)."""
+
+    variant: str = "O1"  # "O1": w on L+; "C2": also m on L-
+    top_ratio: float = 0.1  # P: share of T+ (T-) taken into L+ (L-)
+    w: float = 1.1
+    m: float = 0.9
+    target_entropy: float = 0.3
+    gated: bool = True  # False: reweight every step (open loop)
+    adaptive: bool = False  # adapt w / m by alpha * sign(H_tgt - H) each step
+    alpha: float = 0.01
+    w_max: float = 1.5
+    m_min: float = 0.5
+    # where L+/L- are taken: each optimiser micro-batch (the official code) or the whole step batch
+    scope: str = "micro-batch"
+
+    def __post_init__(self) -> None:
+        if self.variant not in STARE_VARIANTS:
+            raise ValueError(f"stare.variant must be one of {STARE_VARIANTS}, got {self.variant!r}")
+        if self.scope not in STARE_SCOPES:
+            raise ValueError(f"stare.scope must be one of {STARE_SCOPES}, got {self.scope!r}")
+        if not 0 < self.top_ratio <= 1:
+            raise ValueError(f"stare.top_ratio must be in (0, 1], got {self.top_ratio}")
+        if not (self.w > 0 and self.m > 0 and self.w_max >= 1.0 and 0 < self.m_min <= 1.0):
+            raise ValueError(
+                f"need stare.w > 0, stare.m > 0, stare.w_max >= 1 and 0 < stare.m_min <= 1; got "
+                f"w={self.w}, m={self.m}, w_max={self.w_max}, m_min={self.m_min}"
+            )
+        if not (math.isfinite(self.target_entropy) and self.alpha >= 0):
+            raise ValueError(
+                f"stare.target_entropy must be finite and stare.alpha >= 0; got "
+                f"{self.target_entropy=}, {self.alpha=}"
+            )
 
 
 def num_selected(num_candidates: int, top_ratio: float) -> int:
@@ -34,59 +78,14 @@ def broadcast_advantages(advantages: Tensor, like: Tensor) -> Tensor:
 
 
 def _top_surprisal(surprisal: Tensor, candidates: Tensor, top_ratio: float) -> Tensor:
-    """Boolean mask of the k = max(1, ceil(P |candidates|)) highest-surprisal candidates."""
-    k = num_selected(int(candidates.sum()), top_ratio)
-    if k == 0:
-        return torch.zeros_like(candidates)
-    # non-candidates score -inf, so with k <= |candidates| the top k are all candidates
-    scores = torch.where(candidates, surprisal, float("-inf")).reshape(-1)
-    return _top_k_mask(scores, k).view_as(candidates)
-
-
-def _top_k_mask(scores: Tensor, k: int) -> Tensor:
-    """Mask of exactly k largest scores (ties at the k-th value broken by position)."""
-    threshold, at_or_above = _kth_largest(scores, k)
-    selected = scores >= threshold
-    if at_or_above > k:
-        tied = torch.nonzero(scores == threshold).squeeze(1)
-        selected[tied[: at_or_above - k]] = False
+    """Boolean mask of the k = max(1, ceil(P |candidates|)) candidates with the highest surprisal."""
+    index = torch.nonzero(candidates.reshape(-1)).squeeze(1)
+    selected = torch.zeros_like(candidates)
+    k = num_selected(index.numel(), top_ratio)
+    if k:
+        top = torch.topk(surprisal.reshape(-1)[index], k).indices  # ranks the candidates only
+        selected.view(-1)[index[top]] = True
     return selected
-
-
-def _kth_largest(scores: Tensor, k: int, stride: int = 16) -> tuple[Tensor, int]:
-    """The k-th largest value and how many scores are >= it, without a full top-k on large inputs.
-
-    A strided sample gives a rough threshold that about 2k scores exceed; when at least k really do,
-    the k-th largest lies in that short list and top-k runs on it alone. Otherwise, on everything.
-    """
-    n = scores.numel()
-    if n >= 64 * stride and 4 * k <= n:
-        sample = scores[::stride]
-        rough = torch.topk(sample, min(sample.numel(), 2 * k // stride + 1), sorted=False).values.min()
-        shortlist = scores[scores >= rough]
-        if shortlist.numel() >= k:
-            kth = torch.topk(shortlist, k, sorted=False).values.min()
-            return kth, int((shortlist >= kth).sum())
-    kth = torch.topk(scores, k, sorted=False).values.min()
-    return kth, int((scores >= kth).sum())
-
-
-def _validated(
-    surprisal: Tensor, advantages: Tensor, action_mask: Tensor, top_ratio: float
-) -> tuple[Tensor, Tensor, Tensor]:
-    if not 0.0 < top_ratio <= 1.0:
-        raise ValueError(f"top_ratio must be in (0, 1], got {top_ratio}")
-    if surprisal.shape != action_mask.shape:
-        raise ValueError(
-            f"surprisal {tuple(surprisal.shape)} and action_mask {tuple(action_mask.shape)} differ"
-        )
-    surprisal = surprisal.detach().float()
-    advantages = advantages.detach()
-    if advantages.dim() == 1 and surprisal.dim() == 2 and advantages.shape[0] == surprisal.shape[0]:
-        advantages = advantages[:, None]  # per-sequence: compare [B] once, broadcast the comparison
-    else:
-        advantages = broadcast_advantages(advantages, surprisal)
-    return surprisal, advantages, action_mask.bool()
 
 
 def stare_selection(
@@ -97,10 +96,32 @@ def stare_selection(
     T+ / T- are the action tokens with advantage > 0 / < 0. The sets are taken over exactly the
     tensor passed in. Zero-advantage, prompt, padding and observation tokens are never selected.
     """
-    surprisal, advantages, is_action = _validated(surprisal, advantages, action_mask, top_ratio)
+    if not 0.0 < top_ratio <= 1.0:
+        raise ValueError(f"top_ratio must be in (0, 1], got {top_ratio}")
+    if surprisal.shape != action_mask.shape:
+        raise ValueError(
+            f"surprisal {tuple(surprisal.shape)} and action_mask {tuple(action_mask.shape)} differ"
+        )
+    surprisal = surprisal.detach()
+    advantages = broadcast_advantages(advantages.detach(), surprisal)
+    is_action = action_mask.bool()
     top_pos = _top_surprisal(surprisal, is_action & (advantages > 0), top_ratio)
     top_neg = _top_surprisal(surprisal, is_action & (advantages < 0), top_ratio)
     return top_pos, top_neg
+
+
+def weights_from_selection(
+    top_pos: Tensor, top_neg: Tensor, *, variant: Variant = "O1", w: float = 1.1, m: float = 0.9
+) -> Tensor:
+    """Paper Eq. 7: 1 everywhere, `w` on L+, and (variant C2) `m` on L-; float32, shaped like the masks."""
+    if variant not in STARE_VARIANTS:
+        raise ValueError(
+            f"unknown STARE variant {variant!r}; use 'O1' (amplify L+) or 'C2' (also attenuate L-)"
+        )
+    weights = torch.where(top_pos, w, 1.0).float()
+    if variant == "C2":
+        weights = torch.where(top_neg, m, weights)
+    return weights
 
 
 def stare_weights(
@@ -118,28 +139,8 @@ def stare_weights(
     See `stare_selection` for L+ / L-. The weights multiply the clipped per-token surrogate and are
     not renormalised.
     """
-    if variant not in ("O1", "C2"):
-        raise ValueError(
-            f"unknown STARE variant {variant!r}; use 'O1' (amplify L+) or 'C2' (also attenuate L-)"
-        )
-    surprisal, advantages, is_action = _validated(surprisal, advantages, action_mask, top_ratio)
-    signs = ((1, w), (-1, m)) if variant == "C2" else ((1, w),)
-    weights = torch.ones_like(surprisal)
-    if advantages.shape[-1] == 1 and surprisal.dim() == 2:
-        # per-sequence advantages: T+ (T-) lies in the rows with A > 0 (< 0); rank only those rows
-        for sign, value in signs:
-            rows = torch.nonzero(advantages[:, 0] * sign > 0).squeeze(1)
-            if rows.numel():
-                top = _top_surprisal(
-                    surprisal.index_select(0, rows), is_action.index_select(0, rows), top_ratio
-                )
-                weights.index_copy_(0, rows, torch.where(top, value, 1.0))
-        return weights
-    for sign, value in signs:
-        weights = torch.where(
-            _top_surprisal(surprisal, is_action & (advantages * sign > 0), top_ratio), value, weights
-        )
-    return weights
+    top_pos, top_neg = stare_selection(surprisal, advantages, action_mask, top_ratio=top_ratio)
+    return weights_from_selection(top_pos, top_neg, variant=variant, w=w, m=m)
 
 
 @dataclass
@@ -149,6 +150,7 @@ class EntropyGate:
     Evaluated once per training step from the pre-update policy's token-mean entropy over action
     tokens. With `adaptive=True` the weights also follow the entropy error each step:
     w += alpha * sign(H_tgt - H) clipped to [1, w_max], m -= alpha * sign(H_tgt - H) clipped to [m_min, 1].
+    A non-finite entropy changes nothing (the gate keeps its state), warns and counts in `skipped_updates`.
     """
 
     target_entropy: float = 0.3
@@ -159,16 +161,24 @@ class EntropyGate:
     w_max: float = 1.5
     m_min: float = 0.5
     active: bool = False
+    skipped_updates: int = 0
 
     def update(self, batch_mean_entropy: float) -> bool:
         entropy = float(batch_mean_entropy)
         if not math.isfinite(entropy):
-            raise ValueError(f"batch mean entropy must be finite, got {entropy}")
-        self.active = entropy < self.target_entropy
-        if self.adaptive:
-            direction = (
-                math.copysign(1.0, self.target_entropy - entropy) if entropy != self.target_entropy else 0.0
+            self.skipped_updates += 1
+            warnings.warn(
+                f"entropy gate: batch mean entropy is {entropy}; the gate keeps its state "
+                f"(active={self.active}, w={self.w}, m={self.m}); {self.skipped_updates} update(s) skipped "
+                "so far. A non-finite entropy means the policy's logits are non-finite: check the learning "
+                "rate and the loss",
+                RuntimeWarning,
+                stacklevel=2,
             )
+            return self.active
+        self.active = entropy < self.target_entropy
+        if self.adaptive and entropy != self.target_entropy:
+            direction = math.copysign(1.0, self.target_entropy - entropy)
             self.w = min(max(self.w + self.alpha * direction, 1.0), self.w_max)
             self.m = min(max(self.m - self.alpha * direction, self.m_min), 1.0)
         return self.active
@@ -177,5 +187,66 @@ class EntropyGate:
         return asdict(self)
 
     def load_state_dict(self, state: dict) -> None:
+        known = set(asdict(self))
+        if set(state) - known:
+            raise ValueError(
+                f"unknown entropy gate state keys {sorted(set(state) - known)}; known: {sorted(known)}"
+            )
         for key, value in state.items():
             setattr(self, key, value)
+
+
+class Stare:
+    """STARE as one object: its config and its entropy gate.
+
+    `update(H)` once per training step with the pre-update entropy of the step's action tokens: it moves
+    the gate (and, with `adaptive`, w and m) and returns whether this step is reweighted (the gate is on,
+    or `gated=False`). `weights(s, A, mask)` then gives the step's token weights with the current w and m,
+    all ones while the step is not reweighted.
+    """
+
+    def __init__(self, config: StareConfig | None = None) -> None:
+        self.config = config or StareConfig()
+        c = self.config
+        self.gate = EntropyGate(
+            target_entropy=c.target_entropy,
+            w=c.w,
+            m=c.m,
+            adaptive=c.adaptive,
+            alpha=c.alpha,
+            w_max=c.w_max,
+            m_min=c.m_min,
+        )
+        self.reweighting = not c.gated  # this step's decision; open loop reweights from the first step
+
+    @property
+    def w(self) -> float:
+        return self.gate.w
+
+    @property
+    def m(self) -> float:
+        return self.gate.m
+
+    def update(self, entropy: float) -> bool:
+        gate_on = self.gate.update(entropy)
+        self.reweighting = gate_on or not self.config.gated
+        return self.reweighting
+
+    def selection(self, surprisal: Tensor, advantages: Tensor, action_mask: Tensor) -> tuple[Tensor, Tensor]:
+        """(L+, L-) over exactly the tensors passed in (see `stare_selection`)."""
+        return stare_selection(surprisal, advantages, action_mask, top_ratio=self.config.top_ratio)
+
+    def weights_from_selection(self, top_pos: Tensor, top_neg: Tensor) -> Tensor:
+        if not self.reweighting:
+            return torch.ones_like(top_pos, dtype=torch.float32)
+        return weights_from_selection(top_pos, top_neg, variant=self.config.variant, w=self.w, m=self.m)
+
+    def weights(self, surprisal: Tensor, advantages: Tensor, action_mask: Tensor) -> Tensor:
+        return self.weights_from_selection(*self.selection(surprisal, advantages, action_mask))
+
+    def state_dict(self) -> dict:
+        return {"gate": self.gate.state_dict(), "reweighting": self.reweighting}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.gate.load_state_dict(state["gate"])
+        self.reweighting = bool(state["reweighting"])

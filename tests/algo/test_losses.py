@@ -1,7 +1,15 @@
 import pytest
 import torch
 
-from stare_agents.algo import AlgorithmConfig, PolicyLossConfig, aggregate, policy_loss, stare_weights
+from stare_agents.algo import (
+    AlgorithmConfig,
+    PolicyLossConfig,
+    aggregate,
+    clipped_surrogate,
+    loss_normalizer,
+    policy_loss,
+    stare_weights,
+)
 
 
 def _batch(seed=0, b=4, t=12):
@@ -157,3 +165,102 @@ def test_presets_are_complete_and_validated():
         AlgorithmConfig.preset("ppo-magic")
     with pytest.raises(ValueError, match="cov_mode"):
         PolicyLossConfig(cov_mode="cov")
+
+
+@pytest.mark.parametrize("sentinel", [-1e9, float("-inf")])
+def test_sentinel_old_logprobs_give_finite_loss_and_gradient(sentinel):
+    # old log-prob -1e9 / -inf on action tokens: the log-ratio is clamped to 20 before exp, so the ratio
+    # is e^20 and the clip stops the gradient instead of producing inf * 0 = NaN
+    new = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)
+    old = torch.tensor([[sentinel, sentinel, -0.5]])
+    adv = torch.tensor([[1.0, -1.0, 2.0]])
+    loss, metrics = policy_loss(new, old, adv, torch.ones(1, 3))
+    (grad,) = torch.autograd.grad(loss, new)
+    # token 0: A > 0, ratio clipped at 1.28 -> -1.28; token 1: A < 0, dual clip -> c * |A| = 10; token 2: -2
+    assert loss.item() == pytest.approx((-1.28 + 10.0 - 2.0) / 3, rel=1e-6)
+    assert torch.equal(grad, torch.tensor([[0.0, 0.0, -2.0 / 3]]))
+    assert all(torch.isfinite(v) for v in metrics.values())
+
+
+@pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"])
+@pytest.mark.parametrize("cov_mode", ["none", "clip-cov", "kl-cov"])
+def test_all_masked_input_contributes_exactly_nothing(aggregation, cov_mode):
+    new = torch.tensor([[float("nan"), -1.0], [-2.0, float("-inf")]], requires_grad=True)
+    old = torch.tensor([[-1e9, float("nan")], [float("inf"), -3.0]])
+    adv = torch.tensor([[float("inf"), 1.0], [-1.0, float("nan")]])
+    entropy = torch.tensor([[float("nan"), 1.0], [2.0, 3.0]], requires_grad=True)
+    config = PolicyLossConfig(aggregation=aggregation, cov_mode=cov_mode, entropy_coef=0.01)
+    loss, metrics = policy_loss(
+        new,
+        old,
+        adv,
+        torch.zeros(2, 2),
+        config,
+        token_weights=torch.full((2, 2), 1.1),
+        entropy=entropy,
+        normalizer=7.0,
+    )
+    grad_new, grad_entropy = torch.autograd.grad(loss, (new, entropy))
+    assert loss.item() == 0.0
+    assert torch.equal(grad_new, torch.zeros(2, 2)) and torch.equal(grad_entropy, torch.zeros(2, 2))
+    assert all(torch.isfinite(v) for v in metrics.values())
+
+
+def test_non_finite_values_at_masked_positions_never_reach_the_loss():
+    new, old, adv, mask = _batch(seed=7)
+    adv_tok = adv[:, None].expand_as(old).clone()
+    entropy = torch.rand_like(old).requires_grad_(True)
+    config = PolicyLossConfig(entropy_coef=0.1)
+    loss_a, _ = policy_loss(new, old, adv_tok, mask, config, entropy=entropy)
+    hidden = mask == 0
+    new2, old2, adv2, ent2 = new.detach().clone(), old.clone(), adv_tok.clone(), entropy.detach().clone()
+    new2[hidden], old2[hidden], adv2[hidden], ent2[hidden] = (
+        float("nan"),
+        float("-inf"),
+        float("inf"),
+        float("nan"),
+    )
+    new2.requires_grad_(True)
+    ent2.requires_grad_(True)
+    loss_b, _ = policy_loss(new2, old2, adv2, mask, config, entropy=ent2)
+    assert loss_a.item() == pytest.approx(loss_b.item(), rel=1e-6)
+    grad_b = torch.autograd.grad(loss_b, (new2, ent2))
+    assert all(bool(torch.isfinite(g).all()) and bool((g[hidden] == 0).all()) for g in grad_b)
+
+
+def test_importance_weights_multiply_the_clipped_surrogate_and_are_detached():
+    ratios = torch.tensor([[2.0, 1.0]])
+    new = ratios.log().requires_grad_(True)
+    is_weights = torch.tensor([[0.5, 2.0]], requires_grad=True)
+    loss, _ = policy_loss(
+        new, torch.zeros(1, 2), torch.ones(1, 2), torch.ones(1, 2), importance_weights=is_weights
+    )
+    assert loss.item() == pytest.approx((-1.28 * 0.5 - 1.0 * 2.0) / 2, rel=1e-6)
+    assert torch.autograd.grad(loss, is_weights, allow_unused=True)[0] is None
+
+
+def test_loss_normalizer_counts_tokens_or_sequences_with_tokens():
+    mask = torch.tensor([[1, 1, 0], [0, 0, 0], [1, 0, 0]])
+    assert loss_normalizer(mask, "token-mean") == 3.0
+    assert loss_normalizer(mask, "seq-mean-token-sum") == 2.0
+    assert loss_normalizer(mask, "seq-mean-token-mean") == 2.0
+    assert loss_normalizer(torch.zeros(2, 2), "token-mean") == 1.0
+    # micro-batches normalised by the step's count sum to the whole batch's loss
+    per_token = torch.tensor([[1.0, 2.0, 9.0], [5.0, 5.0, 5.0], [4.0, 9.0, 9.0]])
+    for agg in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"):
+        whole = aggregate(per_token, mask, agg)
+        total = loss_normalizer(mask, agg)
+        parts = aggregate(per_token[:2], mask[:2], agg, total) + aggregate(
+            per_token[2:], mask[2:], agg, total
+        )
+        assert parts.item() == pytest.approx(whole.item())
+
+
+def test_clipped_surrogate_alone_hand_computed():
+    config = PolicyLossConfig()
+    ratio = torch.tensor([1.5, 0.5, 20.0, 1.1, 0.7])
+    adv = torch.tensor([1.0, -1.0, -1.0, 2.0, 1.0])
+    per_token, stopped = clipped_surrogate(ratio, adv, config)
+    # ratio 0.7 with A > 0: max(-0.7, -0.8) = -0.7 (the clip never raises a lower objective): not stopped
+    assert per_token.tolist() == pytest.approx([-1.28, 0.8, 10.0, -2.2, -0.7])
+    assert stopped.tolist() == [True, True, True, False, False]

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from stare_agents.algo import EntropyGate, num_selected, stare_selection, stare_weights
+from stare_agents.algo import EntropyGate, Stare, StareConfig, num_selected, stare_selection, stare_weights
 
 
 def test_hand_computed_o1_and_c2():
@@ -122,8 +122,23 @@ def test_entropy_gate_is_strict_and_per_step():
     assert gate.update(0.3) is False  # strict <
     assert gate.update(0.31) is False
     assert gate.update(0.0) is True
-    with pytest.raises(ValueError):
-        gate.update(float("nan"))
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_entropy_skips_the_gate_update_with_a_warning_and_a_count(bad):
+    gate = EntropyGate(target_entropy=0.3, adaptive=True, w=1.1, m=0.9)
+    assert gate.update(0.1) is True  # on; w 1.11, m 0.89
+    with pytest.warns(RuntimeWarning, match="keeps its state"):
+        assert gate.update(bad) is True  # state kept: still on, w and m unchanged
+    assert (gate.active, gate.w, gate.m, gate.skipped_updates) == (
+        True,
+        pytest.approx(1.11),
+        pytest.approx(0.89),
+        1,
+    )
+    with pytest.warns(RuntimeWarning, match="2 update"):
+        gate.update(bad)
+    assert gate.update(0.5) is False and gate.skipped_updates == 2
 
 
 def test_adaptive_schedule_moves_and_clips():
@@ -140,23 +155,68 @@ def test_adaptive_schedule_moves_and_clips():
     assert restored == gate
 
 
-@pytest.mark.parametrize("n", [100, 5_000, 131_072])
 @pytest.mark.parametrize("ties", [False, True])
-def test_fast_top_k_mask_selects_exactly_the_top_k(n, ties):
-    from stare_agents.algo.stare import _top_k_mask
-
-    gen = torch.Generator().manual_seed(n)
-    scores = torch.rand(n, generator=gen)
+def test_selection_takes_exactly_k_even_with_ties(ties):
+    gen = torch.Generator().manual_seed(4)
+    surprisal = torch.rand(16, 300, generator=gen)
     if ties:
-        scores = (scores * 20).floor()  # heavy ties
-    scores[torch.rand(n, generator=gen) < 0.5] = float("-inf")
-    for k in (1, 7, n // 50, n // 10):
-        if k == 0:
-            continue
-        chosen = _top_k_mask(scores, k)
-        assert int(chosen.sum()) == k
-        if not ties:
-            expected = torch.zeros(n, dtype=torch.bool)
-            expected[torch.topk(scores, k).indices] = True
-            assert torch.equal(chosen, expected)
-        assert scores[chosen].min() >= scores[~chosen].max()
+        surprisal = (surprisal * 5).floor()  # five distinct values: heavy ties at the k-th
+    advantages = torch.randn(16, generator=gen)
+    mask = (torch.rand(16, 300, generator=gen) > 0.3).long()
+    top_pos, top_neg = stare_selection(surprisal, advantages, mask, top_ratio=0.1)
+    cand_pos = (advantages[:, None] > 0) & mask.bool()
+    assert int(top_pos.sum()) == num_selected(int(cand_pos.sum()), 0.1)
+    assert surprisal[top_pos].min() >= surprisal[cand_pos & ~top_pos].max()
+    assert not bool((top_pos & ~cand_pos).any()) and not bool((top_neg & top_pos).any())
+
+
+def test_stare_object_holds_config_and_gate():
+    # row 0 (A > 0): surprisal 0.1, 2.0, 0.5 -> top 1 of 3 at P = 0.34 is k = ceil(1.02) = 2: 2.0 and 0.5
+    surprisal = torch.tensor([[0.1, 2.0, 0.5], [1.0, 0.2, 4.0]])
+    advantages = torch.tensor([1.0, -1.0])
+    mask = torch.ones(2, 3)
+    stare = Stare(StareConfig(variant="C2", top_ratio=0.34, w=1.2, m=0.8, target_entropy=0.3))
+    assert torch.equal(stare.weights(surprisal, advantages, mask), torch.ones(2, 3))  # gate closed at start
+    assert stare.update(0.5) is False
+    assert torch.equal(stare.weights(surprisal, advantages, mask), torch.ones(2, 3))
+    assert stare.update(0.2) is True
+    expected = torch.tensor([[1.0, 1.2, 1.2], [0.8, 1.0, 0.8]])
+    assert torch.equal(stare.weights(surprisal, advantages, mask), expected)
+    top_pos, top_neg = stare.selection(surprisal, advantages, mask)
+    assert torch.equal(stare.weights_from_selection(top_pos, top_neg), expected)
+
+
+def test_open_loop_reweights_every_step():
+    stare = Stare(StareConfig(gated=False, top_ratio=1.0, w=1.5))
+    weights = stare.weights(torch.rand(1, 2), torch.ones(1), torch.ones(1, 2))
+    assert torch.equal(weights, torch.full((1, 2), 1.5))  # before any update too
+    assert stare.update(5.0) is True and stare.gate.active is False  # entropy above target: still reweights
+
+
+def test_adaptive_w_and_m_are_fed_back_into_the_weights():
+    config = StareConfig(variant="C2", top_ratio=1.0, w=1.1, m=0.9, adaptive=True, alpha=0.05)
+    stare = Stare(config)
+    surprisal, advantages, mask = torch.rand(2, 1), torch.tensor([1.0, -1.0]), torch.ones(2, 1)
+    stare.update(0.1)  # below target: w 1.15, m 0.85
+    assert stare.weights(surprisal, advantages, mask).flatten().tolist() == pytest.approx([1.15, 0.85])
+    stare.update(0.2)  # w 1.2, m 0.8
+    assert stare.weights(surprisal, advantages, mask).flatten().tolist() == pytest.approx([1.2, 0.8])
+    restored = Stare(config)
+    restored.load_state_dict(stare.state_dict())
+    assert restored.state_dict() == stare.state_dict()
+    assert torch.equal(
+        restored.weights(surprisal, advantages, mask), stare.weights(surprisal, advantages, mask)
+    )
+    with pytest.raises(ValueError, match="unknown entropy gate state"):
+        restored.gate.load_state_dict({"bogus": 1})
+
+
+def test_stare_config_rejects_bad_values():
+    with pytest.raises(ValueError, match="scope"):
+        StareConfig(scope="global")
+    with pytest.raises(ValueError, match="top_ratio"):
+        StareConfig(top_ratio=1.5)
+    with pytest.raises(ValueError, match="w > 0"):
+        StareConfig(w=0.0)
+    with pytest.raises(ValueError, match="target_entropy"):
+        StareConfig(target_entropy=float("nan"))
