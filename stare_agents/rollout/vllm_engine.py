@@ -102,7 +102,9 @@ class VLLMEngine:
             kwargs.update(enforce_eager=True, distributed_executor_backend="uni")
         kwargs.update(engine_kwargs or {})
         started = time.perf_counter()
+        threads = torch.get_num_threads()
         self.llm = LLM(**kwargs)
+        torch.set_num_threads(threads)  # vLLM drops this process to 1 thread; a learner beside it needs them
         self.start_seconds = time.perf_counter() - started
         self.model = str(model)
         self.tokenizer = self.llm.get_tokenizer()

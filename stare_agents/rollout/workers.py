@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
+import math
 import os
 import threading
 import time
@@ -100,8 +101,11 @@ class RolloutWorker:
 
             return collect(self.engine, tasks, config, sandbox=self.sandbox, on_done=finished)
 
-    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> tuple[int, float]:
+    def update_weights(
+        self, weights: Mapping[str, torch.Tensor] | PackedWeights, version: int
+    ) -> tuple[int, float]:
         started = time.perf_counter()
+        state_dict = weights.unpack() if isinstance(weights, PackedWeights) else weights
         version = self.engine.update_weights(state_dict, version)
         return version, time.perf_counter() - started
 
@@ -110,6 +114,43 @@ class RolloutWorker:
             self.sandbox.close()
             self.sandbox = None
         self.engine.close()
+
+
+@dataclass(frozen=True)
+class PackedWeights:
+    """A state dict as one flat array (Ray hands large numpy arrays to actors without copying them) plus
+    the names, shapes and dtype to cut it back into tensors. bfloat16 travels as int16 bits."""
+
+    flat: Any  # numpy array
+    names: list[str]
+    shapes: list[tuple[int, ...]]
+    dtype: str  # "float32" | "bfloat16" | "float16"
+
+    @classmethod
+    def pack(
+        cls, state_dict: Mapping[str, torch.Tensor], dtype: torch.dtype = torch.float32
+    ) -> PackedWeights:
+        names = list(state_dict)
+        tensors = [state_dict[name].detach().to("cpu", dtype).reshape(-1) for name in names]
+        flat = torch.cat(tensors) if tensors else torch.zeros(0, dtype=dtype)
+        bits = flat.view(torch.int16) if dtype == torch.bfloat16 else flat
+        shapes = [tuple(state_dict[name].shape) for name in names]
+        return cls(bits.numpy(), names, shapes, str(dtype).removeprefix("torch."))
+
+    def unpack(self) -> dict[str, torch.Tensor]:
+        import warnings
+
+        with warnings.catch_warnings():  # Ray's zero-copy arrays are read-only; the tensors are only read
+            warnings.simplefilter("ignore", UserWarning)
+            flat = torch.from_numpy(self.flat)
+        if self.dtype == "bfloat16":
+            flat = flat.view(torch.bfloat16)
+        out, offset = {}, 0
+        for name, shape in zip(self.names, self.shapes, strict=True):
+            count = math.prod(shape)
+            out[name] = flat[offset : offset + count].view(shape)
+            offset += count
+        return out
 
 
 def _shards(tasks: Sequence[RolloutTask], count: int) -> list[list[int]]:
@@ -122,6 +163,15 @@ def _shards(tasks: Sequence[RolloutTask], count: int) -> list[list[int]]:
         shards.append(list(range(start, end)))
         start = end
     return shards
+
+
+def _untied(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Drop `lm_head.weight` when it shares storage with the input embedding (the engine re-ties it)."""
+    out = dict(state_dict)
+    head, embed = out.get("lm_head.weight"), out.get("model.embed_tokens.weight")
+    if head is not None and embed is not None and head.data_ptr() == embed.data_ptr():
+        del out["lm_head.weight"]
+    return out
 
 
 class RolloutWorkerGroup:
@@ -167,7 +217,11 @@ class RolloutWorkerGroup:
         ray.get([actor.ping.remote() for actor in self._actors], timeout=start_timeout_s)
 
     def _start(self, index: int) -> Any:
-        env_vars = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false"}
+        env_vars = {
+            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+            "TOKENIZERS_PARALLELISM": "false",
+            "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"),
+        }
         if self.spec.num_gpus == 0:
             env_vars["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(self.spec.kv_cache_gib)))
             env_vars["OMP_NUM_THREADS"] = str(max(1, int(self.spec.num_cpus)))

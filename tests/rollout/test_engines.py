@@ -1,0 +1,104 @@
+"""Engines: log-probs against a transformers forward pass, stop conditions, weight updates, cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+from conftest import CODE_TURN, load_weights, reference_logprobs
+
+from stare_agents.rollout import SamplingParams, StopOnToolCall, make_engine
+
+
+def chat_prompt(tokenizer, question: str) -> list[int]:
+    text = tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def test_sampling_params_are_validated():
+    for bad in ({"temperature": -1}, {"temperature": float("nan")}, {"top_p": 0}, {"top_p": 1.5}, {"max_tokens": 0}):
+        with pytest.raises(ValueError):
+            SamplingParams(**bad)
+    with pytest.raises(ValueError, match="tool_format"):
+        StopOnToolCall("xml")
+
+
+def test_stop_on_tool_call_fires_only_on_a_closed_python_block():
+    stop = StopOnToolCall("python_fence")
+    text = ""
+    fired = []
+    for piece in ["Let me compute.\n", "```", "python\nprint(", "1)\n", "``", "`", "\nmore"]:
+        text += piece
+        fired.append(stop(text))
+    assert fired == [False, False, False, False, False, True, True]
+    assert not StopOnToolCall()("```\nnot python\n```")  # a closed block in another language is not a call
+    assert StopOnToolCall("hermes")('<tool_call>{"name": "python"}</tool_call>')
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_hf_engine_logprobs_equal_a_forward_pass(tiny_model, temperature):
+    engine = make_engine("hf", str(tiny_model), seed=3)
+    prompt = chat_prompt(engine.tokenizer, "Compute 2 + 2.")
+    generation = engine.generate_sync(prompt, SamplingParams(temperature=temperature, max_tokens=24), seed=11)
+    assert generation.finish_reason in ("length", "eos") and len(generation.token_ids) == len(generation.logprobs)
+    expected = reference_logprobs(tiny_model, prompt + generation.token_ids, len(prompt), temperature)
+    assert torch.allclose(torch.tensor(generation.logprobs), expected, atol=1e-4)
+    again = engine.generate_sync(prompt, SamplingParams(temperature=temperature, max_tokens=24), seed=11)
+    assert again.token_ids == generation.token_ids  # a per-request seed makes the HF engine reproducible
+    engine.close()
+
+
+def test_vllm_logprobs_equal_a_transformers_forward_and_ids_are_kept(vllm_engine, tiny_model):
+    load_weights(vllm_engine, tiny_model)
+    prompts = [chat_prompt(vllm_engine.tokenizer, q) for q in ("a", "What is 6 * 7?", "Compute 123 * 456.")]
+
+    async def run():
+        params = SamplingParams(temperature=1.0, max_tokens=32)
+        return await asyncio.gather(*(vllm_engine.generate(p, params) for p in prompts))
+
+    for prompt, generation in zip(prompts, asyncio.run(run()), strict=True):
+        assert 0 < len(generation.token_ids) == len(generation.logprobs) <= 32
+        expected = reference_logprobs(tiny_model, prompt + generation.token_ids, len(prompt))
+        assert torch.allclose(torch.tensor(generation.logprobs), expected, atol=2e-3), (generation.logprobs, expected)
+
+
+def test_vllm_stops_right_after_the_closing_fence_and_syncs_weights(vllm_engine, tiny_model, toolcaller_model):
+    version = load_weights(vllm_engine, toolcaller_model)
+    tokenizer = vllm_engine.tokenizer
+    prompt = chat_prompt(tokenizer, "What is 6 times 7?")
+    greedy = SamplingParams(temperature=0.0, max_tokens=64)
+    free = asyncio.run(vllm_engine.generate(prompt, greedy))
+    assert free.finish_reason == "eos" and free.token_ids[-1] == tokenizer.eos_token_id
+    assert tokenizer.decode(free.token_ids, skip_special_tokens=True) == CODE_TURN
+    stopped = asyncio.run(vllm_engine.generate(prompt, greedy, StopOnToolCall("python_fence")))
+    assert stopped.finish_reason == "stop"
+    assert stopped.token_ids == free.token_ids[:-1]  # everything up to the closing fence; nothing after it
+    # after the update, the engine's log-probs are those of the new weights, not the old
+    sampled = asyncio.run(vllm_engine.generate(prompt, SamplingParams(temperature=1.0, max_tokens=16)))
+    ids = prompt + sampled.token_ids
+    new = reference_logprobs(toolcaller_model, ids, len(prompt))
+    old = reference_logprobs(tiny_model, ids, len(prompt))
+    assert torch.allclose(torch.tensor(sampled.logprobs), new, atol=2e-3)
+    assert not torch.allclose(torch.tensor(sampled.logprobs), old, atol=1e-1)
+    assert load_weights(vllm_engine, tiny_model) == version + 1 == vllm_engine.weight_version
+
+
+def test_vllm_cancellation_aborts_the_request_and_the_engine_goes_on(vllm_engine, tiny_model):
+    load_weights(vllm_engine, tiny_model)
+    prompt = chat_prompt(vllm_engine.tokenizer, "Write a long story.")
+
+    async def run():
+        long = asyncio.ensure_future(vllm_engine.generate(prompt, SamplingParams(max_tokens=900)))
+        await asyncio.sleep(0.3)
+        long.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await long
+        return await vllm_engine.generate(prompt, SamplingParams(max_tokens=8))
+
+    assert len(asyncio.run(run()).token_ids) >= 1
+    assert not vllm_engine._active  # the cancelled request was aborted, not left running
+    with pytest.raises(ValueError, match="max_model_len"):
+        vllm_engine.submit(prompt, SamplingParams(max_tokens=5000))
+    with pytest.raises(ValueError, match="empty"):
+        vllm_engine.submit([], SamplingParams(max_tokens=5))
