@@ -77,7 +77,8 @@ def make_env(task: RolloutTask, sandbox: Any = None) -> Any:
 
     kwargs = dict(task.env_kwargs)
     if sandbox is not None and "sandbox" not in kwargs:
-        creator = gym.envs.registration.load_env_creator(gym.spec(task.env_id).entry_point)
+        entry_point = gym.spec(task.env_id).entry_point
+        creator = entry_point if callable(entry_point) else gym.envs.registration.load_env_creator(entry_point)
         if isinstance(creator, type) and issubclass(creator, ToolEnv):
             kwargs["sandbox"] = sandbox
     return gym.make(task.env_id, **kwargs)
@@ -203,8 +204,12 @@ async def run_episode(
                 inserted_ids, inserted_text = renderer.observation(generation.token_ids, observation)
             except TemplateError as error:
                 return _failed(record, "env_error", error)
+            # an observation that does not fit ends the episode before it is inserted
             if len(record.prompt_ids) + len(record.response_ids) + len(inserted_ids) >= engine.max_model_len:
                 record.stop_reason = "context_overflow"
+                break
+            if len(record.response_ids) + len(inserted_ids) >= config.max_total_tokens:
+                record.stop_reason = "token_budget"
                 break
             record.response_ids.extend(inserted_ids)
             record.action_mask.extend([0] * len(inserted_ids))

@@ -108,3 +108,18 @@ def vllm_engine(tiny_model: Path):
     engine = make_engine("vllm", str(tiny_model), dtype="float32", max_model_len=1024, kv_cache_gib=1)
     yield engine
     engine.close()
+
+
+@pytest.fixture(scope="session")
+def docker_sandbox():
+    """A DockerSandbox for the rollout tests; skips locally (fails in CI) without an engine and image."""
+    from support import require
+
+    from stare_agents.sandbox import DockerSandbox, docker_status
+
+    available, reason = docker_status()
+    require(available, "Docker sandbox", reason)
+    sandbox = DockerSandbox(4)
+    sandbox.start()
+    yield sandbox
+    sandbox.close()
