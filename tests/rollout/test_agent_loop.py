@@ -66,7 +66,7 @@ def test_tool_episode_is_the_chat_template_of_its_conversation(vllm_engine, tool
     assert t.prompt_ids + t.response_ids + encode(tokenizer, "\n") == encode(tokenizer, rendered)
     # the mask is 1 exactly on the sampled ids: the code, then (after <|im_end|>, the tool turn and the next
     # assistant header, all inserted) the answer including the <|im_end|> the policy sampled itself
-    code_ids, answer_ids = encode(tokenizer, CODE_TURN), encode(tokenizer, ANSWER_TURN) + [tokenizer.eos_token_id]
+    code_ids, answer_ids = encode(tokenizer, CODE_TURN), [*encode(tokenizer, ANSWER_TURN), tokenizer.eos_token_id]
     inserted = encode(tokenizer, "<|im_end|>\n<|im_start|>tool\n42<|im_end|>\n<|im_start|>assistant\n")
     assert t.response_ids == code_ids + inserted + answer_ids
     assert t.action_mask == [1] * len(code_ids) + [0] * len(inserted) + [1] * len(answer_ids)

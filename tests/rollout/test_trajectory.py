@@ -20,7 +20,7 @@ def test_validation_rejects_inconsistent_records():
         make([1], [2, 3], [1])
     with pytest.raises(ValueError, match="only 0 and 1"):
         make([1], [2], [2])
-    with pytest.raises(ValueError, match="0.0 where action_mask is 0"):
+    with pytest.raises(ValueError, match=r"0\.0 where action_mask is 0"):
         make([1], [2], [0], [-1.0])
     with pytest.raises(ValueError, match="stop_reason"):
         make([1], [2], [1], stop_reason="done")
