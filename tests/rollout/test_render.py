@@ -30,7 +30,7 @@ def test_chat_turns_equal_the_template_of_the_whole_conversation(tokenizer):
     assert text == "<|im_end|>\n<|im_start|>tool\n42<|im_end|>\n<|im_start|>assistant\n"
     ids += sampled + inserted
     conversation += [{"role": "assistant", "content": code}, {"role": "tool", "content": "42"}]
-    answer = encode(tokenizer, "So \\boxed{42}.") + [tokenizer.eos_token_id]  # this turn sampled <|im_end|>
+    answer = [*encode(tokenizer, "So \\boxed{42}."), tokenizer.eos_token_id]  # this turn sampled <|im_end|>
     feedback = [message("user", "Are you sure?")]
     inserted, text = renderer.observation(answer, feedback)
     assert text == "\n<|im_start|>user\nAre you sure?<|im_end|>\n<|im_start|>assistant\n"  # <|im_end|> was sampled
