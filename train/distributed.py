@@ -1,0 +1,277 @@
+"""Data-parallel learner workers: one torch.distributed process group across Ray actors.
+
+    ray.init(num_cpus=2, include_dashboard=False)
+    group = LearnerGroup(model_dir, AlgorithmConfig.preset("stare"), LearnerConfig(), DistributedConfig(2))
+    metrics = group.step(batch, advantages)      # the same update as one Learner on the whole batch
+    rollout_workers.update_weights(group.model_state_dict())
+    group.close()
+
+The driver splits the step batch into updates and token-budget micro-batches exactly as a single learner
+would (`split_step`) and deals each update's micro-batches out to the workers round-robin. The workers
+sum their loss normalisers, entropy and metric sums with all-reduce, gather the surprisal when STARE's
+scope is "batch", and sum their gradients before clipping and AdamW, so every replica takes the same
+update as one learner on the whole batch (to float summation order). gloo on CPU (tested here), NCCL on
+GPU; `fsdp=True` shards the model with FSDP2 (`fully_shard`) for models that do not fit one GPU. The NCCL
+and FSDP paths have not been run: this project's CI machine has no GPU.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from stare_agents.algo import AlgorithmConfig
+from stare_agents.train.learner import Collective, Learner, LearnerConfig
+from stare_agents.train.policy import MicroBatch, PolicyModel, load_causal_lm, split_step
+from stare_agents.trajectory import Batch
+
+BACKENDS = ("auto", "gloo", "nccl")
+GRADIENT_BUCKET_ELEMENTS = 1 << 24  # gradients are summed in flat buckets of at most this many floats
+
+
+class ProcessGroupCollective(Collective):
+    """`Collective` over the default torch.distributed process group."""
+
+    def __init__(self, *, shards_gradients: bool = False) -> None:
+        if not dist.is_initialized():
+            raise RuntimeError("torch.distributed is not initialised: call dist.init_process_group first")
+        self.world_size = dist.get_world_size()
+        self.rank = dist.get_rank()
+        self.shards_gradients = shards_gradients
+        # NCCL reduces CUDA tensors only; gloo, CPU tensors
+        self.device = (
+            torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+        )
+
+    def _on_device(self, tensor: Tensor) -> Tensor:
+        return tensor.to(self.device) if self.device is not None else tensor.cpu()
+
+    def all_reduce_sum(self, tensor: Tensor) -> Tensor:
+        out = self._on_device(tensor.clone())
+        dist.all_reduce(out, op=dist.ReduceOp.SUM)
+        return out.to(tensor.device)
+
+    def all_gather(self, tensor: Tensor) -> list[Tensor]:
+        local = self._on_device(tensor.reshape(-1))
+        sizes = [torch.zeros(1, dtype=torch.long, device=local.device) for _ in range(self.world_size)]
+        dist.all_gather(sizes, torch.tensor([local.numel()], device=local.device))
+        longest = max(int(s) for s in sizes)
+        padded = torch.zeros(longest, dtype=local.dtype, device=local.device)
+        padded[: local.numel()] = local
+        parts = [torch.empty_like(padded) for _ in range(self.world_size)]
+        dist.all_gather(parts, padded)
+        return [part[: int(size)].to(tensor.device) for part, size in zip(parts, sizes, strict=True)]
+
+    def reduce_gradients(self, params: list[nn.Parameter]) -> None:
+        bucket: list[nn.Parameter] = []
+        size = 0
+        for p in [*params, None]:
+            if p is not None and size + p.numel() <= GRADIENT_BUCKET_ELEMENTS:
+                bucket.append(p)
+                size += p.numel()
+                continue
+            if bucket:
+                flat = self._on_device(torch.cat([q.grad.reshape(-1) for q in bucket]))
+                dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+                offset = 0
+                for q in bucket:
+                    q.grad.copy_(flat[offset : offset + q.numel()].view_as(q.grad))
+                    offset += q.numel()
+            bucket, size = ([p], p.numel()) if p is not None else ([], 0)
+
+
+@dataclass
+class DistributedConfig:
+    num_workers: int = 2
+    backend: str = "auto"  # "auto": NCCL when the workers have GPUs, else gloo
+    fsdp: bool = False  # shard the model with FSDP2 (GPU, NCCL); untested here
+    num_cpus_per_worker: float = 1.0
+    num_gpus_per_worker: float = 0.0
+    threads_per_worker: int = 1  # torch intra-op threads in each worker
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.num_workers < 1 or self.threads_per_worker < 1:
+            raise ValueError(
+                f"need num_workers >= 1 and threads_per_worker >= 1, got {self.num_workers}, {self.threads_per_worker}"
+            )
+        if self.fsdp and self.num_gpus_per_worker <= 0:
+            raise ValueError(
+                "fsdp=True shards over GPUs: set num_gpus_per_worker (e.g. 1) and run on GPU workers"
+            )
+
+    @property
+    def resolved_backend(self) -> str:
+        if self.backend != "auto":
+            return self.backend
+        return "nccl" if self.num_gpus_per_worker > 0 else "gloo"
+
+
+def deal_micro_batches(
+    plan: list[list[MicroBatch]], num_workers: int, *, equal_counts: bool
+) -> list[list[list[MicroBatch]]]:
+    """Each update's micro-batches dealt round-robin: worker k gets micro-batches k, k + n, ... With
+    `equal_counts` (FSDP, whose forward and backward are collective) a worker short of one gets an
+    all-masked copy of a micro-batch, which contributes nothing to the update."""
+    parts: list[list[list[MicroBatch]]] = [[] for _ in range(num_workers)]
+    for update in plan:
+        for k in range(num_workers):
+            mine = update[k::num_workers]
+            if equal_counts:
+                longest = -(-len(update) // num_workers)
+                mine = mine + [_masked_copy(update[0]) for _ in range(longest - len(mine))]
+            parts[k].append(mine)
+    return parts
+
+
+def _masked_copy(mb: MicroBatch) -> MicroBatch:
+    batch = Batch(**{**mb.batch.__dict__, "action_mask": torch.zeros_like(mb.batch.action_mask)})
+    return MicroBatch(batch, mb.advantages, [])
+
+
+class LearnerWorker:
+    """One data-parallel rank: a `Learner` whose `Collective` is the process group (a Ray actor's body)."""
+
+    def __init__(self, rank: int, world_size: int, threads: int) -> None:
+        torch.set_num_threads(threads)
+        self.rank, self.world_size = rank, world_size
+        self.learner: Learner | None = None
+
+    def address(self) -> str:
+        """A free TCP address on this worker's node for the process group's rendezvous (rank 0's)."""
+        import ray
+
+        with socket.socket() as probe:
+            probe.bind(("", 0))
+            port = probe.getsockname()[1]
+        return f"tcp://{ray.util.get_node_ip_address()}:{port}"
+
+    def setup(
+        self,
+        address: str,
+        backend: str,
+        model_dir: str,
+        algorithm: AlgorithmConfig,
+        config: LearnerConfig,
+        fsdp: bool,
+    ) -> None:
+        dist.init_process_group(backend, init_method=address, rank=self.rank, world_size=self.world_size)
+        if backend == "nccl":
+            torch.cuda.set_device(0)  # Ray gives each worker its own GPU as device 0
+        model = load_causal_lm(model_dir, config.device)
+        with torch.no_grad():  # every replica starts from rank 0's weights
+            for tensor in model.state_dict().values():
+                dist.broadcast(tensor, src=0)
+        shard = _fully_shard if fsdp else None
+        self.learner = Learner(
+            model, algorithm, config, collective=ProcessGroupCollective(shards_gradients=fsdp), shard=shard
+        )
+
+    def step(self, plan: list[list[MicroBatch]]) -> dict[str, float]:
+        return self.learner.step_micro_batches(plan)
+
+    def state_dict(self) -> dict | None:
+        state = self.learner.state_dict()
+        return state if self.rank == 0 else None
+
+    def load_state_dict(self, state: dict) -> None:
+        self.learner.load_state_dict(state)
+
+    def model_state_dict(self) -> dict[str, Tensor] | None:
+        state = self.learner.model_state_dict()
+        return state if self.rank == 0 else None
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _fully_shard(policy: PolicyModel) -> None:
+    """FSDP2: each decoder layer, then the whole policy (embeddings, final norm, LM head) as the root."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cuda", (dist.get_world_size(),))
+    layers = getattr(policy.decoder, "layers", None)
+    if layers is None:
+        raise ValueError(f"FSDP: {type(policy.decoder).__name__} has no `layers` to shard one by one")
+    for layer in layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(policy, mesh=mesh)
+    # the loss is already normalised over the whole step on every rank: sum the gradients, do not average
+    policy.set_gradient_divide_factor(1.0)
+
+
+class LearnerGroup:
+    """`num_workers` data-parallel learner workers as Ray actors (see the module docstring)."""
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        algorithm: AlgorithmConfig,
+        config: LearnerConfig | None = None,
+        distributed: DistributedConfig | None = None,
+    ) -> None:
+        import ray
+
+        if not ray.is_initialized():
+            raise RuntimeError(
+                "LearnerGroup runs its workers as Ray actors: call ray.init(...) first "
+                "(e.g. ray.init(num_cpus=2, include_dashboard=False))"
+            )
+        self.config = config or LearnerConfig()
+        self.distributed = distributed or DistributedConfig()
+        d = self.distributed
+        actor = ray.remote(num_cpus=d.num_cpus_per_worker, num_gpus=d.num_gpus_per_worker)(LearnerWorker)
+        self.workers = [
+            actor.remote(rank, d.num_workers, d.threads_per_worker) for rank in range(d.num_workers)
+        ]
+        address = ray.get(self.workers[0].address.remote())
+        ray.get(
+            [
+                w.setup.remote(address, d.resolved_backend, str(model_dir), algorithm, self.config, d.fsdp)
+                for w in self.workers
+            ]
+        )
+
+    def step(self, batch: Batch, advantages: Tensor) -> dict[str, float]:
+        """One training step on the whole step batch; returns rank 0's LEARNER_METRICS."""
+        import ray
+
+        plan = split_step(
+            batch,
+            advantages,
+            mini_batches=self.config.mini_batches,
+            micro_batch_tokens=self.config.micro_batch_tokens,
+        )
+        parts = deal_micro_batches(plan, len(self.workers), equal_counts=self.distributed.fsdp)
+        return ray.get([w.step.remote(part) for w, part in zip(self.workers, parts, strict=True)])[0]
+
+    def state_dict(self) -> dict:
+        import ray
+
+        return ray.get([w.state_dict.remote() for w in self.workers])[0]
+
+    def load_state_dict(self, state: dict) -> None:
+        import ray
+
+        ray.get([w.load_state_dict.remote(state) for w in self.workers])
+
+    def model_state_dict(self) -> dict[str, Tensor]:
+        import ray
+
+        return ray.get([w.model_state_dict.remote() for w in self.workers])[0]
+
+    def close(self) -> None:
+        import ray
+
+        ray.get([w.close.remote() for w in self.workers])
+        for w in self.workers:
+            ray.kill(w)
+        self.workers = []

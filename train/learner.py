@@ -1,0 +1,518 @@
+"""The RL learner: one training step of STARE (or a baseline) on a Hugging Face causal LM.
+
+    learner = Learner.from_pretrained(model_dir, AlgorithmConfig.preset("stare"), LearnerConfig())
+    metrics = learner.step(collate(trajectories, pad_token_id), advantages)   # LEARNER_METRICS
+
+One step, as the official STARE code does it:
+  1. pre-update pass (no grad) over the step batch: log pi_old(a), entropy H, and Phi's collision term;
+  2. entropy of the step's action tokens (aggregated like the loss) -> the gate, once per step
+     (Entrocraft, when configured, switches the advantages on the same entropy);
+  3. for each optimiser update (`mini_batches`, 1 by default) and each token-budget micro-batch: forward
+     with grad, surprisal = -log pi(a) of the current policy (detached), L+/L- and the STARE weights over
+     the micro-batch (scope "micro-batch") or over the step batch (scope "batch", from pass 1), the clipped
+     surrogate normalised over the whole update, backward (gradient accumulation);
+  4. gradients summed over data-parallel workers, clipped, AdamW; then the LR schedule.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from stare_agents.algo import (
+    LOG_RATIO_LIMIT,
+    AlgorithmConfig,
+    Stare,
+    StareConfig,
+    policy_loss,
+    quadrant_counts,
+    sensitivity_from_statistics,
+)
+from stare_agents.train.policy import (
+    MicroBatch,
+    OptimizerConfig,
+    PolicyModel,
+    TokenStats,
+    build_optimizer,
+    clip_and_step,
+    load_causal_lm,
+    split_step,
+)
+from stare_agents.trajectory import Batch
+
+OLD_LOGPROB_SOURCES = ("recompute", "rollout")
+QUADRANTS = ("pos_high", "pos_low", "neg_high", "neg_low")
+# what the update loop sums over micro-batches (and workers)
+SUMMED = (
+    "loss",
+    "clipfrac",
+    "approx_kl",
+    "ratio_mean",
+    "lplus",
+    "lminus",
+    "lplus_neg",
+    "tis_capped",
+    *QUADRANTS,
+)
+
+# The metrics `Learner.step` returns, always all of them (NaN where a value is undefined that step).
+LEARNER_METRICS = (
+    "learner/entropy",  # pre-update entropy of the step's action tokens, aggregated like the loss (gate input)
+    "learner/loss",  # the policy loss, mean over the step's optimiser updates
+    "learner/grad_norm",  # total gradient norm before clipping, mean over the step's updates
+    "learner/lr",  # learning rate used this step
+    "learner/tokens",  # non-padding tokens in the step batch (all workers)
+    "learner/action_tokens",  # policy-sampled tokens in the step batch (all workers)
+    "learner/micro_batches",  # micro-batches in the step (all workers)
+    "learner/tokens_per_s",  # learner/tokens / learner/step_s
+    "learner/step_s",  # wall time of the step
+    "learner/pre_update_s",  # wall time of the pre-update pass
+    "learner/skipped_updates",  # cumulative optimiser updates skipped for a non-finite gradient norm
+    "policy/clipfrac",  # share of action tokens whose gradient a clip stopped
+    "policy/approx_kl",  # k3 estimate of KL(old || new) over action tokens
+    "policy/ratio_mean",
+    "stare/gate_on",  # 1 if this step was reweighted (gate on, or open loop), else 0
+    "stare/w",  # the w and m in force (adaptive: after this step's update); 1 for non-STARE algorithms
+    "stare/m",
+    "stare/gate_skipped",  # cumulative gate updates skipped for a non-finite entropy
+    "stare/lplus_share",  # share of action tokens in L+ (non-STARE algorithms: the L+ STARE would take)
+    "stare/lminus_share",
+    "stare/lplus_negative_phi",  # share of L+ tokens with Phi < 0 (NaN when L+ is empty)
+    "quadrant/pos_high",  # action tokens by advantage sign and Phi sign (high surprisal = Phi < 0)
+    "quadrant/pos_low",
+    "quadrant/neg_high",
+    "quadrant/neg_low",
+    "mismatch/logprob_abs_diff",  # mean |log pi_learner - log pi_rollout| over action tokens (each <= 20)
+    "mismatch/ratio_outside",  # share of action tokens with pi_learner / pi_rollout outside [0.9, 1.1]
+    "tis/capped_share",  # share of action tokens whose TIS weight hit the cap (0 without TIS)
+)
+
+
+@dataclass
+class LearnerConfig:
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    micro_batch_tokens: int = 8192  # padded tokens per micro-batch (rows x longest prompt + response)
+    mini_batches: int = 1  # optimiser updates per training step (contiguous row ranges of the step batch)
+    precision: str = "fp32"  # "fp32" or "bf16" (autocast)
+    gradient_checkpointing: bool = False
+    head_chunk_rows: int = 1024  # action tokens per chunk of the LM head (memory: rows x vocab floats)
+    old_logprobs: str = "recompute"  # PPO's pi_old: the pre-update pass ("recompute") or the rollout's
+    tis_cap: float | None = None  # truncated importance sampling min(pi_old / pi_rollout, C); needs recompute
+    diagnostics: bool = True  # Phi quadrants and L+/L- shares (also for non-STARE algorithms)
+    device: str = "cpu"
+    seed: int = 0  # Clip-Cov's random token choice
+
+    def __post_init__(self) -> None:
+        if isinstance(self.optimizer, dict):
+            self.optimizer = OptimizerConfig(**self.optimizer)
+        if self.old_logprobs not in OLD_LOGPROB_SOURCES:
+            raise ValueError(f"old_logprobs must be one of {OLD_LOGPROB_SOURCES}, got {self.old_logprobs!r}")
+        if self.tis_cap is not None and (self.old_logprobs != "recompute" or not self.tis_cap > 0):
+            raise ValueError(
+                f"tis_cap={self.tis_cap} needs a positive cap and old_logprobs='recompute' (the TIS weight is "
+                "pi_old / pi_rollout, which is 1 when pi_old is the rollout's)"
+            )
+        if self.micro_batch_tokens < 1 or self.mini_batches < 1:
+            raise ValueError(
+                f"need micro_batch_tokens >= 1 and mini_batches >= 1, got {self.micro_batch_tokens}, "
+                f"{self.mini_batches}"
+            )
+
+
+class Collective:
+    """How the learner combines numbers across data-parallel workers. This one is a single worker;
+    `stare_agents.train.distributed` has the torch.distributed one."""
+
+    world_size = 1
+    rank = 0
+    shards_gradients = False  # True under FSDP: the wrapper reduces gradients itself
+
+    def all_reduce_sum(self, tensor: Tensor) -> Tensor:
+        return tensor
+
+    def all_gather(self, tensor: Tensor) -> list[Tensor]:
+        """1-D tensors of any length from every worker, in rank order."""
+        return [tensor]
+
+    def reduce_gradients(self, params: list[nn.Parameter]) -> None:
+        return None
+
+
+class Learner:
+    """See the module docstring. The trainer calls `step(batch, advantages)` once per training step."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        algorithm: AlgorithmConfig,
+        config: LearnerConfig | None = None,
+        *,
+        collective: Collective | None = None,
+        shard: Callable[[PolicyModel], None] | None = None,
+    ) -> None:
+        """`shard`, when given, wraps the policy in place before the optimiser is built (FSDP)."""
+        self.config = config or LearnerConfig()
+        self.algorithm = algorithm
+        self.collective = collective or Collective()
+        self.device = torch.device(self.config.device)
+        model.to(self.device)
+        if self.config.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.policy = PolicyModel(
+            model, precision=self.config.precision, head_chunk_rows=self.config.head_chunk_rows
+        )
+        if shard is not None:
+            shard(self.policy)
+        self.optimizer, self.scheduler = build_optimizer(model, self.config.optimizer)
+        self.stare = Stare(algorithm.stare) if algorithm.stare is not None else None
+        # L+/L- for the diagnostics of algorithms without STARE: what STARE's default would select
+        self.selector = self.stare or Stare(StareConfig())
+        self.generator = torch.Generator().manual_seed(self.config.seed)
+        self.step_count = 0
+        self.skipped_updates = 0
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        algorithm: AlgorithmConfig,
+        config: LearnerConfig | None = None,
+        *,
+        collective: Collective | None = None,
+    ) -> Learner:
+        return cls(load_causal_lm(path), algorithm, config, collective=collective)
+
+    @property
+    def model(self) -> nn.Module:
+        """The Hugging Face model being trained (its state_dict is what the rollout workers load)."""
+        return self.policy.model
+
+    @property
+    def scope(self) -> str:
+        return self.stare.config.scope if self.stare is not None else "micro-batch"
+
+    # ---- the step -------------------------------------------------------------------------------------
+
+    def step(self, batch: Batch, advantages: Tensor) -> dict[str, float]:
+        """One training step on a step batch (`collate(...)` of the kept trajectories) with per-sequence
+        [B] (or per-token [B, R]) advantages. Returns every name in LEARNER_METRICS."""
+        plan = split_step(
+            batch,
+            advantages,
+            mini_batches=self.config.mini_batches,
+            micro_batch_tokens=self.config.micro_batch_tokens,
+        )
+        return self.step_micro_batches(plan)
+
+    def step_micro_batches(self, plan: list[list[MicroBatch]]) -> dict[str, float]:
+        """The step on this worker's micro-batches, grouped by optimiser update (see `split_step`). With
+        several workers each holds some micro-batches of every update, and all call this together."""
+        start = time.perf_counter()
+        plan = [[mb.to(self.device) for mb in update] for update in plan]
+        micro_batches = [mb for update in plan for mb in update]
+
+        # 1. pre-update pass: pi_old, entropy and Phi of the policy before this step's updates
+        self.policy.eval()
+        with torch.no_grad():
+            pre = [self._score(mb, want_collision=self.config.diagnostics) for mb in micro_batches]
+        self.policy.train()
+        pre_update_s = time.perf_counter() - start
+        totals = self._step_totals(micro_batches, pre, plan)
+        entropy = totals["entropy_sum"] / totals["entropy_count"] if totals["entropy_count"] else float("nan")
+
+        # 2. the gate, once per step, on the pre-update entropy; Entrocraft's switch on the same entropy
+        reweighting = False
+        if self.stare is not None:  # a step without action tokens has no entropy: the gate keeps its state
+            reweighting = self.stare.update(entropy) if totals["entropy_count"] else self.stare.reweighting
+        advantages = [self._switched_advantages(mb.advantages, entropy) for mb in micro_batches]
+        step_selection = (
+            self._step_selection(micro_batches, pre, advantages) if self.scope == "batch" else None
+        )
+
+        # 3. the updates: gradient accumulation over micro-batches, normalised over the whole update
+        sums = dict.fromkeys(SUMMED, 0.0)
+        grad_norms = []
+        lr = self.optimizer.param_groups[0]["lr"]
+        index = 0
+        for update, normalizer in zip(plan, totals["normalizers"], strict=True):
+            self.optimizer.zero_grad(set_to_none=True)
+            for mb in update:
+                self._accumulate(
+                    mb, pre[index], advantages[index], step_selection, index, normalizer, reweighting, sums
+                )
+                index += 1
+            grad_norms.append(self._apply_gradients())
+        self.scheduler.step()
+        self.step_count += 1
+        return self._metrics(totals, sums, grad_norms, lr, entropy, reweighting, start, pre_update_s)
+
+    def _score(self, mb: MicroBatch, *, want_collision: bool = False) -> TokenStats:
+        return self.policy(mb.batch, want_collision=want_collision)
+
+    def _switched_advantages(self, advantages: Tensor, entropy: float) -> Tensor:
+        switch = self.algorithm.entrocraft
+        if switch is None or not math.isfinite(entropy):
+            return advantages
+        return switch.apply(advantages, entropy, self.step_count)
+
+    def _step_totals(self, micro_batches: list[MicroBatch], pre: list[TokenStats], plan) -> dict:
+        """Step-level sums over all workers, in one all-reduce: entropy for the gate, token counts, the
+        loss normaliser of each update, the rollout/learner mismatch and the Phi quadrant counts."""
+        aggregation = self.algorithm.loss.aggregation
+        names = ["entropy_sum", "entropy_count", "tokens", "action_tokens", "micro_batches"]
+        names += ["abs_diff", "outside"]
+        local = dict.fromkeys(names, 0.0)
+        for mb, stats in zip(micro_batches, pre, strict=True):
+            mask = mb.batch.action_mask > 0
+            if aggregation == "seq-mean-token-mean":  # mean of per-sequence means
+                counts = mask.sum(-1)
+                seq_means = stats.entropy.sum(-1) / counts.clamp(min=1)
+                local["entropy_sum"] += float(seq_means[counts > 0].sum())
+                local["entropy_count"] += float((counts > 0).sum())
+            else:  # token-mean (a per-sequence sum of entropies is no entropy level: token-mean too)
+                local["entropy_sum"] += float(stats.entropy[mask].sum())
+                local["entropy_count"] += float(mask.sum())
+            local["tokens"] += float(mb.batch.attention_mask.sum())
+            local["action_tokens"] += float(mask.sum())
+            local["micro_batches"] += 1
+            diff = (stats.logprob - mb.batch.rollout_logprobs)[mask].clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
+            local["abs_diff"] += float(diff.abs().sum())
+            local["outside"] += float(((diff.exp() < 0.9) | (diff.exp() > 1.1)).sum())
+        normalizers = []
+        for update in plan:
+            count = 0.0
+            for mb in update:
+                mask = mb.batch.action_mask > 0
+                count += float(mask.sum() if aggregation == "token-mean" else mask.any(-1).sum())
+            normalizers.append(count)
+        vector = torch.tensor([local[k] for k in names] + normalizers, dtype=torch.float64)
+        vector = self.collective.all_reduce_sum(vector).tolist()
+        totals = dict(zip(names, vector[: len(names)], strict=True))
+        totals["normalizers"] = [max(c, 1.0) for c in vector[len(names) :]]
+        return totals
+
+    def _step_selection(
+        self, micro_batches: list[MicroBatch], pre: list[TokenStats], advantages: list[Tensor]
+    ) -> list[tuple[Tensor, Tensor]]:
+        """scope="batch": L+/L- over the whole step batch (all workers), from the pre-update surprisal."""
+        masks = [mb.batch.action_mask > 0 for mb in micro_batches]
+        surprisal = [(-stats.logprob)[m] for stats, m in zip(pre, masks, strict=True)]
+        adv = [
+            (a[:, None].expand_as(m) if a.dim() == 1 else a)[m]
+            for a, m in zip(advantages, masks, strict=True)
+        ]
+        local_s = torch.cat(surprisal) if surprisal else torch.zeros(0, device=self.device)
+        local_a = torch.cat(adv) if adv else torch.zeros(0, device=self.device)
+        all_s, all_a = self.collective.all_gather(local_s), self.collective.all_gather(local_a)
+        offset = sum(t.numel() for t in all_s[: self.collective.rank])
+        everything = torch.cat(all_s)[None]
+        top_pos, top_neg = self.selector.selection(
+            everything, torch.cat(all_a)[None], torch.ones_like(everything)
+        )
+        out = []
+        for m in masks:
+            n = int(m.sum())
+            pos, neg = torch.zeros_like(m), torch.zeros_like(m)
+            pos[m], neg[m] = top_pos[0, offset : offset + n], top_neg[0, offset : offset + n]
+            out.append((pos, neg))
+            offset += n
+        return out
+
+    def _accumulate(
+        self,
+        mb: MicroBatch,
+        pre: TokenStats,
+        advantages: Tensor,
+        step_selection,
+        index: int,
+        normalizer: float,
+        reweighting: bool,
+        sums: dict,
+    ) -> None:
+        """Forward + backward of one micro-batch; adds its metric sums (weighted by action tokens)."""
+        mask = mb.batch.action_mask
+        num_actions = int((mask > 0).sum())
+        if num_actions == 0 and not self.collective.shards_gradients:
+            return  # an all-masked micro-batch contributes exactly nothing (under FSDP: a zero backward)
+        stats = self._score(mb)
+        need_selection = reweighting or self.config.diagnostics
+        if step_selection is not None:
+            top_pos, top_neg = step_selection[index]
+        elif need_selection:  # the current policy's surprisal, over this micro-batch
+            top_pos, top_neg = self.selector.selection(-stats.logprob.detach(), advantages, mask)
+        weights = self.stare.weights_from_selection(top_pos, top_neg) if reweighting else None
+        old = pre.logprob if self.config.old_logprobs == "recompute" else mb.batch.rollout_logprobs
+        tis = None
+        if self.config.tis_cap is not None:
+            log_w = (pre.logprob - mb.batch.rollout_logprobs).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
+            tis = log_w.exp().clamp(max=self.config.tis_cap)
+            sums["tis_capped"] += float(((log_w.exp() >= self.config.tis_cap) & (mask > 0)).sum())
+        loss, metrics = policy_loss(
+            stats.logprob,
+            old,
+            advantages,
+            mask,
+            self.algorithm.loss,
+            token_weights=weights,
+            importance_weights=tis,
+            entropy=stats.entropy,
+            normalizer=normalizer,
+            generator=self.generator,
+        )
+        loss.backward()
+        sums["loss"] += float(loss.detach())
+        for name in ("clipfrac", "approx_kl", "ratio_mean"):
+            sums[name] += float(metrics[f"policy/{name}"]) * num_actions
+        if self.config.diagnostics:  # Phi of the pre-update policy
+            phi = sensitivity_from_statistics(
+                {"logprob": pre.logprob, "entropy": pre.entropy, "collision": pre.collision}
+            )
+            for key, count in quadrant_counts(advantages, phi, mask).items():
+                sums[key] += count
+            sums["lplus_neg"] += float((top_pos & (phi < 0)).sum())
+        if need_selection:
+            sums["lplus"] += float(top_pos.sum())
+            sums["lminus"] += float(top_neg.sum())
+
+    def _apply_gradients(self) -> float:
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if not self.collective.shards_gradients:
+            for p in params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+            self.collective.reduce_gradients(params)
+        grad_norm = clip_and_step(self.optimizer, params, self.config.optimizer.max_grad_norm)
+        if not math.isfinite(grad_norm):
+            self.skipped_updates += 1
+            warnings.warn(
+                f"learner step {self.step_count}: gradient norm is {grad_norm}; the optimiser update is skipped "
+                f"({self.skipped_updates} so far). Lower the learning rate or check the rewards",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        return grad_norm
+
+    def _metrics(self, totals, sums, grad_norms, lr, entropy, reweighting, start, pre_update_s) -> dict:
+        names = list(sums)
+        reduced = self.collective.all_reduce_sum(torch.tensor([sums[k] for k in names], dtype=torch.float64))
+        s = dict(zip(names, reduced.tolist(), strict=True))
+        actions = totals["action_tokens"]
+        per_action = (lambda x: x / actions) if actions else (lambda x: float("nan"))
+        step_s = time.perf_counter() - start
+        diagnostics = self.config.diagnostics or reweighting
+        metrics = {
+            "learner/entropy": entropy,
+            "learner/loss": s["loss"] / len(grad_norms),
+            "learner/grad_norm": sum(grad_norms) / len(grad_norms),
+            "learner/lr": lr,
+            "learner/tokens": totals["tokens"],
+            "learner/action_tokens": actions,
+            "learner/micro_batches": totals["micro_batches"],
+            "learner/tokens_per_s": totals["tokens"] / step_s,
+            "learner/step_s": step_s,
+            "learner/pre_update_s": pre_update_s,
+            "learner/skipped_updates": float(self.skipped_updates),
+            "policy/clipfrac": per_action(s["clipfrac"]),
+            "policy/approx_kl": per_action(s["approx_kl"]),
+            "policy/ratio_mean": per_action(s["ratio_mean"]),
+            "stare/gate_on": float(reweighting),
+            "stare/w": self.stare.w if self.stare is not None else 1.0,
+            "stare/m": self.stare.m if self.stare is not None else 1.0,
+            "stare/gate_skipped": float(self.stare.gate.skipped_updates) if self.stare is not None else 0.0,
+            "stare/lplus_share": per_action(s["lplus"]) if diagnostics else float("nan"),
+            "stare/lminus_share": per_action(s["lminus"]) if diagnostics else float("nan"),
+            "stare/lplus_negative_phi": s["lplus_neg"] / s["lplus"] if s["lplus"] else float("nan"),
+            "mismatch/logprob_abs_diff": per_action(totals["abs_diff"]),
+            "mismatch/ratio_outside": per_action(totals["outside"]),
+            "tis/capped_share": per_action(s["tis_capped"]) if actions else 0.0,
+        }
+        for key in QUADRANTS:
+            metrics[f"quadrant/{key}"] = s[key] if self.config.diagnostics else float("nan")
+        if not self.config.diagnostics:
+            metrics["stare/lplus_negative_phi"] = float("nan")
+        return {name: float(metrics[name]) for name in LEARNER_METRICS}
+
+    # ---- other passes -------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def token_stats(self, batch: Batch) -> TokenStats:
+        """log pi(a), entropy and Phi's collision term of the current policy over a whole batch (no update)."""
+        self.policy.eval()
+        stats = self.policy(batch.to(self.device), want_collision=True)
+        self.policy.train()
+        return stats
+
+    # ---- checkpoints --------------------------------------------------------------------------------
+
+    def model_state_dict(self) -> dict[str, Tensor]:
+        """The model's full weights (gathered from the shards under FSDP): what rollout workers load."""
+        if not self.collective.shards_gradients:
+            return self.model.state_dict()
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        full = get_model_state_dict(
+            self.policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+        )
+        return {key.removeprefix("model."): value for key, value in full.items()}
+
+    def _optimizer_state_dict(self) -> dict:
+        if not self.collective.shards_gradients:
+            return self.optimizer.state_dict()
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_optimizer_state_dict(self.policy, self.optimizer, options=options)
+
+    def state_dict(self) -> dict:
+        """Everything the next step depends on: model, optimiser, LR schedule, gate, RNG states, counters."""
+        state = {
+            "model": self.model_state_dict(),
+            "optimizer": self._optimizer_state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "stare": self.stare.state_dict() if self.stare is not None else None,
+            "step_count": self.step_count,
+            "skipped_updates": self.skipped_updates,
+            "generator": self.generator.get_state(),
+            "torch_rng": torch.get_rng_state(),
+        }
+        if torch.cuda.is_available():
+            state["cuda_rng"] = torch.cuda.get_rng_state_all()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.collective.shards_gradients:
+            from torch.distributed.checkpoint.state_dict import (
+                StateDictOptions,
+                set_model_state_dict,
+                set_optimizer_state_dict,
+            )
+
+            options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=False)
+            model_state = {f"model.{key}": value for key, value in state["model"].items()}
+            set_model_state_dict(self.policy, model_state, options=options)
+            set_optimizer_state_dict(self.policy, self.optimizer, state["optimizer"], options=options)
+        else:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if (state["stare"] is None) != (self.stare is None):
+            raise ValueError(
+                f"checkpoint {'has no' if state['stare'] is None else 'has a'} STARE gate state but the "
+                f"algorithm {self.algorithm.name!r} {'uses' if self.stare is not None else 'does not use'} STARE: "
+                "resume with the algorithm the checkpoint was trained with"
+            )
+        if self.stare is not None:
+            self.stare.load_state_dict(state["stare"])
+        self.step_count = int(state["step_count"])
+        self.skipped_updates = int(state["skipped_updates"])
+        self.generator.set_state(state["generator"])
+        torch.set_rng_state(state["torch_rng"])
+        if "cuda_rng" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda_rng"])

@@ -1,0 +1,378 @@
+"""The model side shared by the RL learner and SFT: a Hugging Face causal LM scoring response tokens,
+token-budget micro-batches, and the optimiser with its learning-rate schedule.
+
+    policy = PolicyModel(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32))
+    stats = policy(micro_batch)        # TokenStats: log pi(a), entropy H (and Phi's collision term) [b, R]
+
+Only the action tokens (action_mask 1) are scored: the LM head runs on their hidden states alone, in
+chunks of rows, so neither a [B, T, V] logit tensor nor its log-softmax is ever held; backward recomputes
+each chunk's logits. Observation, prompt and padding positions get 0 and carry no gradient.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from stare_agents.trajectory import Batch
+
+PRECISIONS = ("fp32", "bf16")  # bf16: autocast around the model, fp32 master weights and optimiser state
+LR_SCHEDULES = ("constant", "cosine")
+
+
+@dataclass
+class OptimizerConfig:
+    """AdamW with gradient-norm clipping and a linear warm-up, then a constant or cosine learning rate."""
+
+    lr: float = 1e-6
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    max_grad_norm: float = 1.0  # <= 0: no clipping (the norm is still measured)
+    warmup_steps: int = 0  # the LR rises linearly over this many steps: lr * (step + 1) / warmup_steps
+    schedule: str = "constant"  # after warm-up: "constant" or "cosine" (to min_lr_ratio * lr at total_steps)
+    total_steps: int = 0  # cosine: the step at which the decay ends
+    min_lr_ratio: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.betas = tuple(self.betas)
+        if self.schedule not in LR_SCHEDULES:
+            raise ValueError(f"optimizer.schedule must be one of {LR_SCHEDULES}, got {self.schedule!r}")
+        if not (self.lr > 0 and self.warmup_steps >= 0 and 0 <= self.min_lr_ratio <= 1 and self.eps > 0):
+            raise ValueError(
+                f"need lr > 0, warmup_steps >= 0, 0 <= min_lr_ratio <= 1, eps > 0; got {self.lr=}, "
+                f"{self.warmup_steps=}, {self.min_lr_ratio=}, {self.eps=}"
+            )
+        if self.schedule == "cosine" and self.total_steps <= self.warmup_steps:
+            raise ValueError(
+                f"a cosine schedule needs total_steps > warmup_steps, got total_steps={self.total_steps}, "
+                f"warmup_steps={self.warmup_steps}: set optimizer.total_steps to the run's step count"
+            )
+
+    def lr_factor(self, step: int) -> float:
+        """Multiplier of `lr` at 0-based `step`."""
+        if step < self.warmup_steps:
+            return (step + 1) / self.warmup_steps
+        if self.schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - self.warmup_steps) / (self.total_steps - self.warmup_steps))
+        return self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def build_optimizer(
+    model: nn.Module, config: OptimizerConfig
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW over the trainable parameters (no weight decay on biases and norm weights) and its schedule."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=config.lr,
+        betas=config.betas,
+        eps=config.eps,
+    )
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, config.lr_factor)
+
+
+def clip_and_step(
+    optimizer: torch.optim.Optimizer, params: list[nn.Parameter], max_grad_norm: float
+) -> float:
+    """Clip the gradients to `max_grad_norm` (<= 0: measure only) and take the optimiser step; returns the
+    norm before clipping. A non-finite norm skips the step (and clears the gradients): the caller counts it."""
+    norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm > 0 else float("inf"))
+    grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP: a DTensor
+    if math.isfinite(grad_norm):
+        optimizer.step()
+    else:
+        optimizer.zero_grad(set_to_none=True)
+    return grad_norm
+
+
+def autocast(device: torch.device, precision: str):
+    """bf16 autocast around the model's forward, or nothing for fp32."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if precision == "fp32":
+        return nullcontext()
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+
+
+@dataclass
+class TokenStats:
+    """Per response position [b, R]: log pi(a) and the entropy H (with grad when computed with grad), and
+    the collision term C = sum_k p_k^2 (log p_k + H) of the entropy sensitivity Phi (detached; zeros
+    unless asked for). 0 wherever action_mask is 0."""
+
+    logprob: Tensor
+    entropy: Tensor
+    collision: Tensor
+
+
+class _ActionTokenHead(torch.autograd.Function):
+    """log p(a), H and C of softmax(hidden @ W^T + b) for N rows, in chunks of rows.
+
+    Forward keeps only per-row results (and the logsumexp); backward recomputes each chunk's logits and uses
+    d log p_a / dz = onehot(a) - p and dH / dz = -p (log p + H).
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, tokens, chunk_rows, compute_dtype, want_collision):
+        ctx.set_materialize_grads(False)
+        n = hidden.shape[0]
+        out = {
+            k: hidden.new_zeros(n, dtype=torch.float32) for k in ("logprob", "entropy", "collision", "lse")
+        }
+        with torch.autocast(hidden.device.type, enabled=False):
+            w = weight.to(compute_dtype)
+            for start in range(0, n, chunk_rows):
+                rows = slice(start, start + chunk_rows)
+                logits = _logits(hidden[rows], w, bias, compute_dtype)
+                lse = torch.logsumexp(logits, dim=-1)
+                logp = logits.sub_(lse[:, None])
+                p = logp.exp()
+                h = -(p * logp).sum(-1)
+                out["lse"][rows], out["entropy"][rows] = lse, h
+                out["logprob"][rows] = logp.gather(1, tokens[rows, None]).squeeze(1)
+                if want_collision:
+                    out["collision"][rows] = (p * p * (logp + h[:, None])).sum(-1)
+        ctx.save_for_backward(hidden, weight, bias, tokens, out["lse"], out["entropy"])
+        ctx.chunk_rows, ctx.compute_dtype = chunk_rows, compute_dtype
+        ctx.mark_non_differentiable(out["collision"])
+        return out["logprob"], out["entropy"], out["collision"]
+
+    @staticmethod
+    def backward(ctx, grad_logprob, grad_entropy, _grad_collision):
+        hidden, weight, bias, tokens, lse, entropy = ctx.saved_tensors
+        if grad_logprob is None and grad_entropy is None:
+            return (None,) * 7
+        cd = ctx.compute_dtype
+        grad_hidden = torch.empty_like(hidden)
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32)
+        grad_bias = torch.zeros_like(bias, dtype=torch.float32) if bias is not None else None
+        with torch.autocast(hidden.device.type, enabled=False):
+            w = weight.to(cd)
+            for start in range(0, hidden.shape[0], ctx.chunk_rows):
+                rows = slice(start, start + ctx.chunk_rows)
+                logp = _logits(hidden[rows], w, bias, cd).sub_(lse[rows, None])
+                p = logp.exp()
+                grad_z = torch.zeros_like(p)
+                if grad_logprob is not None:  # d log p_a / dz = onehot(a) - p
+                    g = grad_logprob[rows, None]
+                    grad_z.sub_(p * g).scatter_add_(1, tokens[rows, None], g)
+                if grad_entropy is not None:  # dH / dz = -p (log p + H)
+                    grad_z.sub_(p * (logp + entropy[rows, None]) * grad_entropy[rows, None])
+                grad_z = grad_z.to(cd)
+                grad_hidden[rows] = (grad_z @ w).to(hidden.dtype)
+                grad_weight += (grad_z.t() @ hidden[rows].to(cd)).float()
+                if grad_bias is not None:
+                    grad_bias += grad_z.float().sum(0)
+        grad_bias = grad_bias.to(bias.dtype) if grad_bias is not None else None
+        return grad_hidden, grad_weight.to(weight.dtype), grad_bias, None, None, None, None
+
+
+def _logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, compute_dtype: torch.dtype) -> Tensor:
+    logits = (hidden.to(compute_dtype) @ weight.t()).float()
+    return logits + bias.float() if bias is not None else logits
+
+
+class PolicyModel(nn.Module):
+    """A Hugging Face causal LM that scores the response tokens of a `Batch` (see the module docstring).
+
+    The model must end in a plain linear LM head (Llama, Qwen2/2.5/3, Mistral, SmolLM, GPT-2 style);
+    models that rescale or soft-cap their logits are refused rather than scored wrongly.
+    """
+
+    def __init__(self, model: nn.Module, *, precision: str = "fp32", head_chunk_rows: int = 1024) -> None:
+        super().__init__()
+        if head_chunk_rows < 1:
+            raise ValueError(f"head_chunk_rows must be >= 1, got {head_chunk_rows}")
+        dtype = next(model.parameters()).dtype
+        if dtype != torch.float32:
+            raise ValueError(
+                f"the learner keeps float32 master weights; got a {dtype} model: load it with "
+                "dtype=torch.float32 and use precision='bf16' for bf16 compute"
+            )
+        self.model = model
+        self.precision = precision
+        self.head_chunk_rows = head_chunk_rows
+        autocast(torch.device("cpu"), precision)  # validates the word
+        config = getattr(model, "config", None)
+        for name, neutral in (
+            ("final_logit_softcapping", None),
+            ("logit_scale", None),
+            ("logits_scaling", 1.0),
+        ):
+            value = getattr(config, name, neutral)
+            if value is not None and value != neutral:
+                raise ValueError(
+                    f"{type(model).__name__} has {name}={value}: its logits are not a plain linear head, "
+                    "which the learner's chunked head assumes; use a model without logit scaling or capping"
+                )
+        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        if not isinstance(head, nn.Linear):
+            raise ValueError(
+                f"{type(model).__name__}'s output embeddings are {type(head).__name__}, not nn.Linear: the "
+                "learner needs a Hugging Face causal LM with a linear LM head"
+            )
+        if config is not None:
+            config.use_cache = False
+
+    @property
+    def head(self) -> nn.Linear:
+        return self.model.get_output_embeddings()
+
+    @property
+    def decoder(self) -> nn.Module:
+        return self.model.get_decoder()
+
+    def forward(self, batch: Batch, *, want_collision: bool = False) -> TokenStats:
+        device = batch.input_ids.device
+        with autocast(device, self.precision):
+            hidden = self.decoder(
+                input_ids=batch.input_ids,
+                attention_mask=batch.attention_mask,
+                position_ids=batch.position_ids,
+                use_cache=False,
+            ).last_hidden_state
+        p, r = batch.prompt_length, batch.response_length
+        is_action = batch.action_mask > 0
+        rows = hidden[:, p - 1 : p - 1 + r][is_action]  # the logits at P - 1 + j score response token j
+        compute_dtype = torch.bfloat16 if self.precision == "bf16" else self.head.weight.dtype
+        logprob, entropy, collision = _ActionTokenHead.apply(
+            rows,
+            self.head.weight,
+            self.head.bias,
+            batch.response_ids[is_action],
+            self.head_chunk_rows,
+            compute_dtype,
+            want_collision,
+        )
+        return TokenStats(*(_scatter(values, is_action) for values in (logprob, entropy, collision)))
+
+
+def _scatter(values: Tensor, where: Tensor) -> Tensor:
+    out = torch.zeros(where.shape, dtype=values.dtype, device=values.device)
+    return out.masked_scatter(where, values)
+
+
+# ---- token-budget micro-batches --------------------------------------------------------------------
+
+
+@dataclass
+class MicroBatch:
+    """Some rows of a step batch, padding trimmed, with their advantages ([b] or [b, R'])."""
+
+    batch: Batch
+    advantages: Tensor
+    rows: list[int] = field(default_factory=list)  # indices into the step batch
+
+    @property
+    def num_action_tokens(self) -> int:
+        return int((self.batch.action_mask > 0).sum())
+
+    def to(self, device: torch.device) -> MicroBatch:
+        return MicroBatch(self.batch.to(device), self.advantages.to(device), self.rows)
+
+
+def row_lengths(batch: Batch) -> tuple[list[int], list[int]]:
+    """(prompt tokens, response tokens) of every row, from the attention mask."""
+    p = batch.prompt_length
+    return batch.attention_mask[:, :p].sum(-1).tolist(), batch.attention_mask[:, p:].sum(-1).tolist()
+
+
+def plan_micro_batches(batch: Batch, max_tokens: int, rows: Sequence[int] | None = None) -> list[list[int]]:
+    """Pack rows into micro-batches of at most `max_tokens` padded tokens (rows x (longest prompt + longest
+    response)), longest rows first so that rows of like length share padding. A row longer than the
+    budget gets a micro-batch of its own. Deterministic: ties keep row order; rows ascend in each group."""
+    if max_tokens < 1:
+        raise ValueError(f"micro_batch_tokens must be >= 1, got {max_tokens}")
+    prompt_lens, response_lens = row_lengths(batch)
+    rows = list(range(len(prompt_lens))) if rows is None else list(rows)
+    order = sorted(rows, key=lambda i: -(prompt_lens[i] + response_lens[i]))
+    groups: list[list[int]] = []
+    current: list[int] = []
+    longest_p = longest_r = 0
+    for i in order:
+        p, r = max(longest_p, prompt_lens[i]), max(longest_r, response_lens[i], 1)
+        if current and (len(current) + 1) * (p + r) > max_tokens:
+            groups.append(sorted(current))
+            current, p, r = [], prompt_lens[i], max(response_lens[i], 1)
+        current.append(i)
+        longest_p, longest_r = p, r
+    if current:
+        groups.append(sorted(current))
+    return groups
+
+
+def slice_batch(batch: Batch, rows: Sequence[int]) -> Batch:
+    """The given rows, with the padding no row of them needs trimmed off both ends."""
+    index = torch.as_tensor(list(rows), dtype=torch.long)
+    prompt_lens, response_lens = row_lengths(batch)
+    p = max(prompt_lens[i] for i in rows)
+    r = max(1, max(response_lens[i] for i in rows))
+    start, stop = batch.prompt_length - p, batch.prompt_length + r
+    return Batch(
+        input_ids=batch.input_ids[index, start:stop],
+        attention_mask=batch.attention_mask[index, start:stop],
+        position_ids=batch.position_ids[index, start:stop],
+        response_ids=batch.response_ids[index, :r],
+        action_mask=batch.action_mask[index, :r],
+        rollout_logprobs=batch.rollout_logprobs[index, :r],
+        rewards=batch.rewards[index],
+        prompt_length=p,
+    )
+
+
+def split_step(
+    batch: Batch, advantages: Tensor | None, *, mini_batches: int, micro_batch_tokens: int
+) -> list[list[MicroBatch]]:
+    """A step batch -> `mini_batches` optimiser updates (contiguous row ranges) -> token-budget micro-batches."""
+    num_rows = batch.input_ids.shape[0]
+    if advantages is None:
+        advantages = torch.zeros(num_rows)
+    if advantages.shape[0] != num_rows or advantages.dim() not in (1, 2):
+        raise ValueError(
+            f"advantages must be [B] or [B, R] for a batch of B={num_rows} rows and R={batch.response_length} "
+            f"response tokens, got {tuple(advantages.shape)}"
+        )
+    if advantages.dim() == 2 and advantages.shape[1] != batch.response_length:
+        raise ValueError(
+            f"per-token advantages {tuple(advantages.shape)} do not match the responses "
+            f"{num_rows} x {batch.response_length}"
+        )
+    if not bool(torch.isfinite(advantages).all()):
+        raise ValueError("advantages must be finite; got NaN or inf (check the rewards)")
+    if not 1 <= mini_batches <= num_rows:
+        raise ValueError(f"mini_batches must be in [1, {num_rows}] for {num_rows} rows, got {mini_batches}")
+    plan = []
+    for part in torch.arange(num_rows).tensor_split(mini_batches):
+        micro = []
+        for rows in plan_micro_batches(batch, micro_batch_tokens, part.tolist()):
+            sliced = slice_batch(batch, rows)
+            adv = advantages[rows]
+            if adv.dim() == 2:
+                adv = adv[:, : sliced.response_length]
+            micro.append(MicroBatch(sliced, adv, rows))
+        plan.append(micro)
+    return plan
+
+
+def load_causal_lm(path: str | Path, device: str | torch.device = "cpu") -> nn.Module:
+    """A Hugging Face causal LM from a local directory, in float32 (the learner's master weights)."""
+    from transformers import AutoModelForCausalLM
+
+    path = Path(path)
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(
+            f"{path} is not a Hugging Face model directory (no config.json); prepare one with "
+            "stare_agents.models.prepare_model(...)"
+        )
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    return model.to(device)
