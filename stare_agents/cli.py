@@ -8,6 +8,7 @@ import typer
 
 from stare_agents import __version__
 from stare_agents.envs.cli import app as envs_app
+from stare_agents.eval.cli import compare_command, eval_command
 from stare_agents.sandbox.cli import app as sandbox_app
 
 app = typer.Typer(
@@ -19,6 +20,8 @@ app = typer.Typer(
 )
 app.add_typer(sandbox_app, name="sandbox", help="Build, check and benchmark the Docker Python sandbox.")
 app.add_typer(envs_app, name="envs", help="List and check the registered Gymnasium environments.")
+app.command("eval")(eval_command)
+app.command("compare")(compare_command)
 
 
 @app.command()
