@@ -64,14 +64,18 @@ def eval_command(
     ),
     split: str = typer.Option("test", help="Split of Hugging Face dataset ids."),
     seed: int = typer.Option(0, help="Run seed (each sample's seed derives from it)."),
-    engine: str | None = typer.Option(
-        None, help="Inference engine: vllm or hf (default: the rollout layer's)."
+    engine: str = typer.Option("vllm", help="Inference engine: vllm or hf."),
+    dtype: str = typer.Option("auto", help="Model dtype: auto, float32 or bfloat16."),
+    rendering: str = typer.Option(
+        "auto", help="auto, chat (chat template, tool turns) or inline (one running assistant turn)."
     ),
-    dtype: str | None = typer.Option(None, help="Model dtype for the engine (default: the rollout layer's)."),
-    rendering: str | None = typer.Option(
-        None, help="chat (chat template, tool turns) or inline (one running assistant turn)."
+    sandbox: str = typer.Option(
+        "auto",
+        help="Sandbox backend: auto (Docker if available, else local with a warning), docker or local.",
     ),
-    sandbox: str | None = typer.Option(None, help="Sandbox backend: docker, local or auto."),
+    max_model_len: int | None = typer.Option(
+        None, "--max-model-len", help="Engine context window (default: 1024 + the response budget)."
+    ),
     chunk_size: int = typer.Option(64, "--chunk-size", help="Samples per chunk written to samples.jsonl."),
     bootstrap: int = typer.Option(1000, help="Bootstrap resamples for the confidence intervals (0: none)."),
 ) -> None:
@@ -103,6 +107,7 @@ def eval_command(
             dtype=dtype,
             rendering=rendering,
             sandbox=sandbox,
+            max_model_len=max_model_len,
             seed=seed,
             chunk_size=chunk_size,
             bootstrap=bootstrap,

@@ -57,6 +57,10 @@ from stare_agents.trajectory import Trajectory
 logger = logging.getLogger("stare_agents.eval")
 
 RUN_FILE = "run.json"
+ENGINES = ("vllm", "hf")
+DTYPES = ("auto", "float32", "bfloat16")
+RENDERINGS = ("auto", "chat", "inline")
+SANDBOXES = ("auto", "docker", "local")
 
 
 @dataclass
@@ -71,8 +75,10 @@ class EvalConfig:
     limit: evaluate only the first `limit` problems of each benchmark.
     data_dir / fields / split: where benchmark names resolve, column mapping, split of dataset ids.
     workers: Ray rollout workers (each one engine and one sandbox); 0 runs in this process without Ray.
-    engine / dtype / rendering / sandbox: passed to the rollout layer's `RolloutConfig` (None: its default).
-    max_concurrency: episodes in flight per worker (None: the rollout layer's default).
+    engine: "vllm" or "hf"; dtype: "auto", "float32" or "bfloat16"; rendering: "auto", "chat" or "inline";
+    sandbox: "auto" (Docker when available, else the local backend, which warns), "docker" or "local".
+    max_concurrency: episodes in flight per worker. max_model_len: the engine's context window (None:
+        1024 prompt tokens + the protocol's response budget, within the model's max_position_embeddings).
     seed: the run seed; each sample's seed is derived from it and the sample's identity.
     chunk_size: tasks per chunk; a killed run loses at most the chunk in flight.
     bootstrap / confidence: bootstrap resamples and level of the intervals.
@@ -91,11 +97,12 @@ class EvalConfig:
     fields: dict[str, str] | None = None
     split: str = "test"
     workers: int = 0
-    engine: str | None = None
-    dtype: str | None = None
-    rendering: str | None = None
-    sandbox: str | None = None
-    max_concurrency: int | None = None
+    engine: str = "vllm"
+    dtype: str = "auto"
+    rendering: str = "auto"
+    sandbox: str = "auto"
+    max_concurrency: int = 64
+    max_model_len: int | None = None
     seed: int = 0
     chunk_size: int = 64
     bootstrap: int = 1000
@@ -112,6 +119,18 @@ class EvalConfig:
             raise ValueError(f"limit must be >= 1 problems, got {self.limit}")
         if self.bootstrap < 0:
             raise ValueError(f"bootstrap must be >= 0 resamples, got {self.bootstrap}")
+        for name, value, allowed in (
+            ("engine", self.engine, ENGINES),
+            ("dtype", self.dtype, DTYPES),
+            ("rendering", self.rendering, RENDERINGS),
+            ("sandbox", self.sandbox, SANDBOXES),
+        ):
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+        if self.max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be >= 1, got {self.max_concurrency}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2 tokens, got {self.max_model_len}")
 
     def resolve_protocol(self) -> Protocol:
         """The protocol with the preset's sampling, then the explicit overrides, applied."""
@@ -166,63 +185,75 @@ class Runner(typing.Protocol):
 
 
 class RolloutRunner:
-    """Samples through the rollout layer: a Ray `RolloutWorkerGroup` (workers >= 1) or in-process `collect`."""
+    """Samples through the rollout layer: a `RolloutWorkerGroup` of Ray actors (`workers >= 1`) or one
+    worker in this process (`workers = 0`). Each worker holds one engine and one sandbox (none for
+    single-turn protocols)."""
 
     def __init__(self, model_dir: str, protocol: Protocol, config: EvalConfig) -> None:
-        from stare_agents import rollout
+        from stare_agents.rollout import RolloutConfig, RolloutTask, RolloutWorkerGroup, WorkerSpec
 
-        self.rollout = rollout
+        self.task_class = RolloutTask
         self.protocol = protocol
-        sampling = rollout.SamplingConfig(
+        self.env_kwargs = protocol.make_env_kwargs()
+        self.rollout_config = RolloutConfig(
             temperature=protocol.temperature,
             top_p=protocol.top_p,
             max_tokens_per_turn=protocol.max_tokens_per_turn,
             max_total_tokens=protocol.max_total_tokens,
+            rendering=config.rendering,
+            max_concurrency=config.max_concurrency,
+            seed=config.seed,
         )
-        extra = {
-            name: value
-            for name, value in (
-                ("engine", config.engine),
-                ("dtype", config.dtype),
-                ("rendering", config.rendering),
-                ("sandbox", config.sandbox),
-                ("max_concurrency", config.max_concurrency),
-            )
-            if value is not None
-        }
-        self.config = rollout.RolloutConfig(model=model_dir, sampling=sampling, seed=config.seed, **extra)
-        self.env_kwargs = protocol.make_env_kwargs()
-        if config.workers >= 1:
-            self.group = rollout.RolloutWorkerGroup(self.config, num_workers=config.workers)
-            self.local = None
-        else:
-            self.group = None
-            self.local = rollout.LocalRollout(self.config)
+        self.spec = WorkerSpec(
+            model=model_dir,
+            engine=config.engine,
+            dtype=config.dtype,
+            seed=config.seed,
+            max_model_len=config.max_model_len or default_max_model_len(model_dir, protocol),
+            sandbox="none" if protocol.single_turn else config.sandbox,
+        )
+        self.group = RolloutWorkerGroup(self.spec, max(1, config.workers), use_ray=config.workers > 0)
 
-    def tasks(self, specs: Sequence[SampleSpec]) -> list[Any]:
-        return [
-            self.rollout.RolloutTask(
+    def describe(self) -> dict[str, Any]:
+        """What actually ran (e.g. which sandbox backend "auto" chose), for the results."""
+        workers = self.group.ping()
+        return {
+            "workers": len(workers),
+            "use_ray": self.group.use_ray,
+            "sandbox_backend": workers[0]["sandbox"] if workers else None,
+            "max_model_len": self.spec.max_model_len,
+        }
+
+    def collect(self, specs: Sequence[SampleSpec]) -> list[Trajectory]:
+        tasks = [
+            self.task_class(
                 env_id=self.protocol.env_id,
-                env_kwargs=self.env_kwargs,
                 options={"problem": s.task.problem, "answer": s.task.answer, "id": s.task.id},
                 seed=s.seed,
+                env_kwargs=self.env_kwargs,
                 group_id=s.group_id,
                 sample_index=s.sample_index,
             )
             for s in specs
         ]
-
-    def collect(self, specs: Sequence[SampleSpec]) -> list[Trajectory]:
-        tasks = self.tasks(specs)
-        if self.group is not None:
-            return self.group.collect(tasks, progress=False)
-        return self.local.collect(tasks)
+        return self.group.collect(tasks, self.rollout_config, progress=False)
 
     def close(self) -> None:
-        if self.group is not None:
-            self.group.close()
-        if self.local is not None:
-            self.local.close()
+        self.group.close()
+
+
+PROMPT_ROOM_TOKENS = 1024
+
+
+def default_max_model_len(model_dir: str, protocol: Protocol) -> int:
+    """Room for the prompt plus the protocol's response budget, within the model's own context length."""
+    wanted = PROMPT_ROOM_TOKENS + protocol.max_total_tokens
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+        limit = int(config.get("max_position_embeddings") or wanted)
+    except (OSError, ValueError, TypeError):
+        return wanted
+    return min(wanted, limit)
 
 
 def run_settings(
@@ -242,6 +273,7 @@ def run_settings(
         "dtype": config.dtype,
         "rendering": config.rendering,
         "sandbox": config.sandbox,
+        "max_model_len": config.max_model_len,
         # the model's content when it is a folder (moving it does not matter), else its name
         "model": model.get("fingerprint") or model.get("path"),
     }
@@ -354,10 +386,13 @@ def evaluate(
 
     start = time.perf_counter()
     generation_s = 0.0
+    runtime: dict[str, Any] = {}
     if pending:
         own_runner = runner is None
         runner = runner or RolloutRunner(str(model_dir), protocol, config)
         try:
+            if hasattr(runner, "describe"):
+                runtime = runner.describe()
             generation_s = _run_chunks(
                 runner, pending, samples_path, config, len(planned), len(done), on_chunk, progress
             )
@@ -386,6 +421,7 @@ def evaluate(
             "samples_resumed": len(done),
             "rollout_s_this_run": round(generation_s, 3),
             "wall_s_this_run": round(time.perf_counter() - start, 3),
+            "runtime": runtime,
         },
     )
     write_results(out, results)
