@@ -95,8 +95,31 @@ def docker_client(timeout_s: float = 30.0):
     return client
 
 
-def docker_status(image: str = DEFAULT_IMAGE) -> tuple[bool, str]:
-    """(True, "") when an engine answers and `image` exists, else (False, what is missing)."""
+RUNTIMES_HINT = (
+    "for gVisor, run `bash scripts/provision_docker.sh` as root: it installs Debian's `runsc` package and "
+    'registers it in /etc/docker/daemon.json as {"runtimes": {"runsc": {"path": "/usr/bin/runsc", '
+    '"runtimeArgs": ["--platform=ptrace", "--network=none"]}}} (then SIGHUP to dockerd)'
+)
+
+
+def engine_runtimes(client: Any) -> list[str]:
+    """The OCI runtimes the engine has registered (e.g. ["runc", "runsc"])."""
+    return sorted((client.info().get("Runtimes") or {}).keys())
+
+
+def missing_runtime(client: Any, runtime: str | None) -> str:
+    """"" when the engine can run containers with `runtime` (None: its default), else what is wrong."""
+    if runtime is None:
+        return ""
+    runtimes = engine_runtimes(client)
+    if runtime in runtimes:
+        return ""
+    return f"the Docker engine has no runtime {runtime!r} (it has {', '.join(runtimes) or 'none'}); {RUNTIMES_HINT}"
+
+
+def docker_status(image: str = DEFAULT_IMAGE, runtime: str | None = None) -> tuple[bool, str]:
+    """(True, "") when an engine answers, `image` exists and so does `runtime` (None: the engine's
+    default), else (False, what is missing)."""
     try:
         client = docker_client(timeout_s=10)
     except SandboxError as exc:
@@ -111,7 +134,8 @@ def docker_status(image: str = DEFAULT_IMAGE) -> tuple[bool, str]:
                 False,
                 f"the image {image} is missing: build it with `stare-agents sandbox build [--offline]`",
             )
-        return True, ""
+        problem = missing_runtime(client, runtime)
+        return not problem, problem
     finally:
         client.close()
 
@@ -250,6 +274,7 @@ class DockerSandbox(PooledSandbox):
         grace_s: float = 1.0,
         host_slack_s: float = HOST_SLACK_S,
         preimport: tuple[str, ...] = PREIMPORT,
+        runtime: str | None = None,
     ) -> None:
         super().__init__(
             pool_size=pool_size,
@@ -262,6 +287,9 @@ class DockerSandbox(PooledSandbox):
         self.grace_s = grace_s
         self.host_slack_s = host_slack_s  # past limit + this, a silent container is replaced
         self.preimport = tuple(preimport)
+        if runtime is not None and (not isinstance(runtime, str) or not runtime):
+            raise ValueError(f"runtime must be a runtime name such as 'runc' or 'runsc', or None, got {runtime!r}")
+        self.runtime = runtime
         self.client: Any = None
         self.owner = owner_tag()
         self.instance = uuid.uuid4().hex[:12]
@@ -277,6 +305,9 @@ class DockerSandbox(PooledSandbox):
                 f"the sandbox image {self.image} is missing: build it with `stare-agents sandbox build` "
                 f"(or `--offline` without a registry)"
             ) from exc
+        problem = missing_runtime(self.client, self.runtime)
+        if problem:
+            raise SandboxError(problem)
         sweep_stale_containers(self.client)
 
     def container_config(self) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -335,6 +366,8 @@ class DockerSandbox(PooledSandbox):
             ],
             "log_config": LogConfig(type="none"),  # the protocol goes through attach, never to disk
         }
+        if self.runtime is not None:
+            host["runtime"] = self.runtime
         return create, host
 
     def _start_runner(self) -> Runner:

@@ -710,7 +710,11 @@ class Supervisor:
         self.spawn_worker()
 
     def _pids(self, select_process) -> list[int]:
-        """Live processes (not this one) for which select_process(pid, /proc/pid/stat fields) holds."""
+        """Live processes (not this one) for which select_process(pid, /proc/pid/stat fields) holds.
+
+        A process whose main thread ended while other threads run on (the raw `exit` syscall) shows as a
+        zombie ("Z") in /proc/<pid>/stat; it is alive as long as its status counts more than one thread.
+        Only true zombies are left out (their parents, or this process, collect them)."""
         pids = []
         try:
             names = os.listdir("/proc")
@@ -725,7 +729,9 @@ class Supervisor:
                     fields = f.read().rsplit(")", 1)[1].split()  # state, ppid, pgrp, session, ...
             except OSError:
                 continue
-            if fields[0] != "Z" and select_process(pid, fields):  # zombies: their parents collect them
+            if fields[0] in ("Z", "X") and not _has_live_threads(pid):
+                continue
+            if select_process(pid, fields):
                 pids.append(pid)
         return pids
 
@@ -756,13 +762,15 @@ class Supervisor:
                 if handle is not None and pid == handle.pid:
                     handle.returncode = os.waitstatus_to_exitcode(status)
 
-    def kill_strays(self, keep_worker: bool = True) -> list[int]:
-        """SIGKILL every process the code started (all but this one and, if kept, the worker)."""
+    def kill_strays(self, keep_worker: bool = True, budget_s: float = 2.0) -> list[int]:
+        """SIGKILL every process the code started (all but this one and, if kept, the worker), again and
+        again until none is left or `budget_s` has passed (a fork bomb keeps making new ones)."""
         killed: set[int] = set()
-        for _ in range(200):
+        until = time.monotonic() + budget_s
+        while True:
             self._reap()
             pids = self._stray_pids(keep_worker)
-            if not pids:
+            if not pids or time.monotonic() > until:
                 break
             for pid in pids:
                 with contextlib.suppress(OSError):
@@ -960,6 +968,20 @@ class Supervisor:
 
 def _ignore_signal(signum, frame) -> None:
     pass
+
+
+def _has_live_threads(pid: int) -> bool:
+    """Whether a process that /proc shows as a zombie still has running threads (its main thread ended
+    with the raw exit syscall). Read from the status file's thread count: /proc/<pid>/task cannot be
+    listed for such a process under gVisor."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Threads:"):
+                    return int(line.split()[1]) > 1
+    except (OSError, ValueError, IndexError):
+        return False
+    return False
 
 
 def _self_command(python: str) -> list[str]:
