@@ -48,6 +48,97 @@ def demo(
 
 
 @app.command()
+def model(
+    name: str = typer.Argument(..., help="'tiny' (random, for plumbing) or 'smollm2-135m' (real, offline)."),
+    out: Path | None = typer.Option(None, help="Where to write the HF folder (default: the cache)."),
+    force: bool = typer.Option(False, help="Rebuild even if a prepared copy is there."),
+) -> None:
+    """Prepare a model as a local Hugging Face folder that vLLM and transformers load. Idempotent."""
+    from stare_agents.models import MODEL_NAMES, prepare_model
+
+    if name not in MODEL_NAMES:
+        raise typer.BadParameter(f"choose one of {MODEL_NAMES}", param_hint="NAME")
+    try:
+        path = prepare_model(name, out, force=force)
+    except (RuntimeError, FileNotFoundError) as error:
+        typer.secho(str(error), fg="red", err=True)
+        raise typer.Exit(1) from error
+    typer.echo(str(path))
+
+
+@app.command()
+def rollout(
+    env: str = typer.Option(..., "--env", help="Environment id, e.g. stare_agents/ArithmeticTIR-v0."),
+    model: str = typer.Option(..., help="A local HF folder, 'tiny' or 'smollm2-135m'."),
+    out: Path = typer.Option(..., help="JSONL file: one trajectory per line."),
+    engine: str = typer.Option("vllm", help="vllm or hf."),
+    dtype: str = typer.Option("auto", help="auto, float32 or bfloat16."),
+    num_tasks: int = typer.Option(8, "--num-tasks", help="Distinct tasks (prompts)."),
+    n: int = typer.Option(1, "--n", help="Samples per task (a GRPO group)."),
+    seed: int = typer.Option(0, help="Task i is reset with seed + i."),
+    workers: int = typer.Option(1, help="Ray rollout workers; 0 runs in this process without Ray."),
+    temperature: float = typer.Option(1.0),
+    top_p: float = typer.Option(1.0, "--top-p"),
+    max_tokens_per_turn: int = typer.Option(512, "--max-tokens-per-turn"),
+    max_total_tokens: int = typer.Option(2048, "--max-total-tokens", help="Response budget per episode."),
+    max_model_len: int = typer.Option(4096, "--max-model-len"),
+    rendering: str = typer.Option("auto", help="auto, chat (template tool turns) or inline."),
+    sandbox: str = typer.Option("auto", help="auto, docker, local or none."),
+    env_kwargs: str = typer.Option(
+        "{}", "--env-kwargs", help="JSON object of keyword arguments for the env."
+    ),
+) -> None:
+    """Run episodes of an environment with a model and write their trajectories (token-in-token-out)."""
+    import json
+    import time
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from stare_agents.models import prepare_model
+    from stare_agents.rollout import RolloutConfig, RolloutTask, RolloutWorkerGroup, WorkerSpec
+    from stare_agents.rollout.summary import summarize
+    from stare_agents.trajectory import write_jsonl
+
+    try:
+        kwargs = json.loads(env_kwargs)
+        if not isinstance(kwargs, dict):
+            raise ValueError("not an object")
+    except ValueError as error:
+        raise typer.BadParameter(f"--env-kwargs must be a JSON object: {error}") from error
+    model_dir = str(prepare_model(model))
+    config = RolloutConfig(
+        temperature=temperature,
+        top_p=top_p,
+        max_tokens_per_turn=max_tokens_per_turn,
+        max_total_tokens=max_total_tokens,
+        rendering=rendering,
+        seed=seed,
+    )
+    tasks = [
+        RolloutTask(env, seed=seed + i, env_kwargs=kwargs, group_id=str(seed + i), sample_index=j)
+        for i in range(num_tasks)
+        for j in range(n)
+    ]
+    spec = WorkerSpec(
+        model=model_dir, engine=engine, dtype=dtype, seed=seed, max_model_len=max_model_len, sandbox=sandbox
+    )
+    with RolloutWorkerGroup(spec, max(1, workers), use_ray=workers > 0) as group:
+        started = time.perf_counter()
+        trajectories = group.collect(tasks, config, progress=True)
+        seconds = time.perf_counter() - started
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_jsonl(trajectories, out)
+    summary = summarize(trajectories, seconds)
+    table = Table(title=f"{len(trajectories)} episodes of {env} -> {out}")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    for key, value in summary.items():
+        table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
+    Console().print(table)
+
+
+@app.command()
 def version() -> None:
     """Print the installed version."""
     typer.echo(__version__)

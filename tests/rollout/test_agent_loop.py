@@ -66,7 +66,10 @@ def test_tool_episode_is_the_chat_template_of_its_conversation(vllm_engine, tool
     assert t.prompt_ids + t.response_ids + encode(tokenizer, "\n") == encode(tokenizer, rendered)
     # the mask is 1 exactly on the sampled ids: the code, then (after <|im_end|>, the tool turn and the next
     # assistant header, all inserted) the answer including the <|im_end|> the policy sampled itself
-    code_ids, answer_ids = encode(tokenizer, CODE_TURN), [*encode(tokenizer, ANSWER_TURN), tokenizer.eos_token_id]
+    code_ids, answer_ids = (
+        encode(tokenizer, CODE_TURN),
+        [*encode(tokenizer, ANSWER_TURN), tokenizer.eos_token_id],
+    )
     inserted = encode(tokenizer, "<|im_end|>\n<|im_start|>tool\n42<|im_end|>\n<|im_start|>assistant\n")
     assert t.response_ids == code_ids + inserted + answer_ids
     assert t.action_mask == [1] * len(code_ids) + [0] * len(inserted) + [1] * len(answer_ids)
@@ -96,16 +99,24 @@ def test_budgets_end_episodes_with_their_own_stop_reasons(vllm_engine, tiny_mode
     # an observation that does not fit the context window ends the episode before it is inserted
     huge = RolloutTask("tests/Scripted-v0", env_kwargs={"feedback": "word " * 2000})
     t = collect(vllm_engine, [huge], RolloutConfig(max_tokens_per_turn=16, max_total_tokens=10_000))[0]
-    assert t.stop_reason == "context_overflow" and t.num_turns == 1 and t.action_mask == [1] * len(t.response_ids)
+    assert (
+        t.stop_reason == "context_overflow"
+        and t.num_turns == 1
+        and t.action_mask == [1] * len(t.response_ids)
+    )
     # a prompt that fills the window leaves no room for a first turn
     long_prompt = RolloutTask(
-        "stare_agents/ArithmeticTIR-v0", options={"problem": "x " * 3000, "answer": "1"}, env_kwargs={"sandbox": None}
+        "stare_agents/ArithmeticTIR-v0",
+        options={"problem": "x " * 3000, "answer": "1"},
+        env_kwargs={"sandbox": None},
     )
     t = collect(vllm_engine, [long_prompt], budget)[0]
     assert t.stop_reason == "context_overflow" and t.num_turns == 0 and t.response_ids == []
 
 
-def test_failing_environments_are_recorded_and_never_fail_the_batch(vllm_engine, toolcaller_model, docker_sandbox):
+def test_failing_environments_are_recorded_and_never_fail_the_batch(
+    vllm_engine, toolcaller_model, docker_sandbox
+):
     load_weights(vllm_engine, toolcaller_model)
     tasks = [
         RolloutTask("tests/Scripted-v0", env_kwargs={"fail_on": "reset"}),
@@ -136,7 +147,9 @@ def test_a_killed_container_is_contained(vllm_engine, toolcaller_model, docker_s
     assert len(results) == 4
     for t in results:
         assert t.stop_reason in ("answered", "tool_failure"), t
-        if t.stop_reason == "answered":  # the sandbox replaced the container (and said so, or re-ran the call)
+        if (
+            t.stop_reason == "answered"
+        ):  # the sandbox replaced the container (and said so, or re-ran the call)
             assert t.turns[0].tool_statuses in (["ok"], ["killed"])
     assert INSTANCE_LABEL  # the label the leak checks use
     # and the sandbox keeps serving afterwards
@@ -149,7 +162,9 @@ def test_many_episodes_in_flight_keep_their_own_tokens(vllm_engine, toolcaller_m
     finished = []
     tasks = [SIX_TIMES_SEVEN] * 12
     results = asyncio.run(
-        collect_async(vllm_engine, tasks, GREEDY, sandbox=docker_sandbox, on_done=lambda i, t: finished.append(i))
+        collect_async(
+            vllm_engine, tasks, GREEDY, sandbox=docker_sandbox, on_done=lambda i, t: finished.append(i)
+        )
     )
     assert sorted(finished) == list(range(12))
     assert all(t.reward == 1.0 and t.response_ids == results[0].response_ids for t in results)

@@ -12,12 +12,20 @@ from stare_agents.rollout import SamplingParams, StopOnToolCall, make_engine
 
 
 def chat_prompt(tokenizer, question: str) -> list[int]:
-    text = tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
+    )
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 def test_sampling_params_are_validated():
-    for bad in ({"temperature": -1}, {"temperature": float("nan")}, {"top_p": 0}, {"top_p": 1.5}, {"max_tokens": 0}):
+    for bad in (
+        {"temperature": -1},
+        {"temperature": float("nan")},
+        {"top_p": 0},
+        {"top_p": 1.5},
+        {"max_tokens": 0},
+    ):
         with pytest.raises(ValueError):
             SamplingParams(**bad)
     with pytest.raises(ValueError, match="tool_format"):
@@ -41,7 +49,9 @@ def test_hf_engine_logprobs_equal_a_forward_pass(tiny_model, temperature):
     engine = make_engine("hf", str(tiny_model), seed=3)
     prompt = chat_prompt(engine.tokenizer, "Compute 2 + 2.")
     generation = engine.generate_sync(prompt, SamplingParams(temperature=temperature, max_tokens=24), seed=11)
-    assert generation.finish_reason in ("length", "eos") and len(generation.token_ids) == len(generation.logprobs)
+    assert generation.finish_reason in ("length", "eos") and len(generation.token_ids) == len(
+        generation.logprobs
+    )
     expected = reference_logprobs(tiny_model, prompt + generation.token_ids, len(prompt), temperature)
     assert torch.allclose(torch.tensor(generation.logprobs), expected, atol=1e-4)
     again = engine.generate_sync(prompt, SamplingParams(temperature=temperature, max_tokens=24), seed=11)
@@ -60,10 +70,15 @@ def test_vllm_logprobs_equal_a_transformers_forward_and_ids_are_kept(vllm_engine
     for prompt, generation in zip(prompts, asyncio.run(run()), strict=True):
         assert 0 < len(generation.token_ids) == len(generation.logprobs) <= 32
         expected = reference_logprobs(tiny_model, prompt + generation.token_ids, len(prompt))
-        assert torch.allclose(torch.tensor(generation.logprobs), expected, atol=2e-3), (generation.logprobs, expected)
+        assert torch.allclose(torch.tensor(generation.logprobs), expected, atol=2e-3), (
+            generation.logprobs,
+            expected,
+        )
 
 
-def test_vllm_stops_right_after_the_closing_fence_and_syncs_weights(vllm_engine, tiny_model, toolcaller_model):
+def test_vllm_stops_right_after_the_closing_fence_and_syncs_weights(
+    vllm_engine, tiny_model, toolcaller_model
+):
     version = load_weights(vllm_engine, toolcaller_model)
     tokenizer = vllm_engine.tokenizer
     prompt = chat_prompt(tokenizer, "What is 6 times 7?")

@@ -33,9 +33,14 @@ def test_chat_turns_equal_the_template_of_the_whole_conversation(tokenizer):
     answer = [*encode(tokenizer, "So \\boxed{42}."), tokenizer.eos_token_id]  # this turn sampled <|im_end|>
     feedback = [message("user", "Are you sure?")]
     inserted, text = renderer.observation(answer, feedback)
-    assert text == "\n<|im_start|>user\nAre you sure?<|im_end|>\n<|im_start|>assistant\n"  # <|im_end|> was sampled
+    assert (
+        text == "\n<|im_start|>user\nAre you sure?<|im_end|>\n<|im_start|>assistant\n"
+    )  # <|im_end|> was sampled
     ids += answer + inserted
-    conversation += [{"role": "assistant", "content": "So \\boxed{42}."}, {"role": "user", "content": "Are you sure?"}]
+    conversation += [
+        {"role": "assistant", "content": "So \\boxed{42}."},
+        {"role": "user", "content": "Are you sure?"},
+    ]
     expected = tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
     assert ids == encode(tokenizer, expected)
     assert renderer.turn_text(answer) == "So \\boxed{42}."
@@ -57,7 +62,10 @@ def test_inline_appends_the_observations_inline_text(tokenizer):
     renderer = InlineRenderer(tokenizer, {tokenizer.eos_token_id})
     prompt_ids = renderer.prompt([message("user", "q")])
     assert prompt_ids == encode(
-        tokenizer, tokenizer.apply_chat_template([{"role": "user", "content": "q"}], tokenize=False, add_generation_prompt=True)
+        tokenizer,
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": "q"}], tokenize=False, add_generation_prompt=True
+        ),
     )
     inserted, text = renderer.observation(encode(tokenizer, "x"), [tool_message("42", "output_block")])
     assert text == "\n```output\n42\n```\n" and inserted == encode(tokenizer, text)

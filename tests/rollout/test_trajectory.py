@@ -12,7 +12,9 @@ from stare_agents.trajectory import STOP_REASONS, Trajectory, TurnRecord, collat
 
 def make(prompt, response, mask, logprobs=None, **kwargs) -> Trajectory:
     logprobs = logprobs if logprobs is not None else [-0.5 if bit else 0.0 for bit in mask]
-    return Trajectory(prompt_ids=prompt, response_ids=response, action_mask=mask, rollout_logprobs=logprobs, **kwargs)
+    return Trajectory(
+        prompt_ids=prompt, response_ids=response, action_mask=mask, rollout_logprobs=logprobs, **kwargs
+    )
 
 
 def test_validation_rejects_inconsistent_records():
@@ -34,7 +36,9 @@ def test_validation_rejects_inconsistent_records():
 
 
 def test_jsonl_round_trip_and_torn_last_line(tmp_path):
-    first = make([1, 2], [3, 4, 5], [1, 0, 1], reward=1.0, turns=[TurnRecord("a", 1, "stop", 1, ["ok"], "x", 1)])
+    first = make(
+        [1, 2], [3, 4, 5], [1, 0, 1], reward=1.0, turns=[TurnRecord("a", 1, "stop", 1, ["ok"], "x", 1)]
+    )
     second = make([7], [8], [1], info={"task_id": "t", "nested": {"k": [1, 2]}}, group_id="g", sample_index=3)
     path = tmp_path / "t.jsonl"
     assert write_jsonl([first, second], path) == 2
