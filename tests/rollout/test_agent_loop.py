@@ -170,3 +170,24 @@ def test_many_episodes_in_flight_keep_their_own_tokens(vllm_engine, toolcaller_m
     assert all(t.reward == 1.0 and t.response_ids == results[0].response_ids for t in results)
     with pytest.raises(ValueError, match="max_concurrency"):
         RolloutConfig(max_concurrency=0)
+
+
+@pytest.mark.slow
+def test_smollm2_multi_turn_ids_equal_the_chat_template(smollm2_model):
+    """A real pretrained model, greedy, three turns: the trajectory's ids are the template's tokens."""
+    from stare_agents.rollout import make_engine
+
+    engine = make_engine("hf", str(smollm2_model))
+    tokenizer = engine.tokenizer
+    task = RolloutTask("tests/Scripted-v0", env_kwargs={"feedback": "Tell me more."})
+    config = RolloutConfig(temperature=0.0, max_tokens_per_turn=24, max_total_tokens=100)
+    [t] = collect(engine, [task], config)
+    engine.close()
+    assert t.stop_reason == "token_budget" and t.num_turns >= 2
+    conversation = [{"role": "user", "content": "Say anything."}]
+    for turn in t.turns[:-1]:
+        conversation += [{"role": "assistant", "content": turn.text}, {"role": "user", "content": "Tell me more."}]
+    rendered = tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+    last = t.turns[-1].num_tokens
+    assert t.prompt_ids + t.response_ids[:-last] == encode(tokenizer, rendered)
+    assert t.action_mask[-last:] == [1] * last and sum(t.action_mask) == sum(turn.num_tokens for turn in t.turns)
