@@ -47,6 +47,77 @@ def demo(
     )
 
 
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
+def train(
+    ctx: typer.Context,
+    recipe: str | None = typer.Option(None, help="A recipe in train/recipes (e.g. smollm2-arith, tiny)."),
+    config: Path | None = typer.Option(None, help="A YAML config file (same schema as the recipes)."),
+    out: Path | None = typer.Option(None, help="The run folder (default: the recipe's out_dir)."),
+    max_steps: int | None = typer.Option(None, "--max-steps", help="RL steps (overrides rl.steps)."),
+    resume: bool = typer.Option(False, help="Continue the run in --out from its last checkpoint."),
+    compare: str | None = typer.Option(
+        None, help="Also train this algorithm (e.g. grpo-ds) from the same SFT model and plot both."
+    ),
+) -> None:
+    """Train: base accuracy -> SFT cold start -> accuracy -> RL (STARE by default) -> accuracy.
+
+    Extra arguments are key=value overrides, e.g. `rl.steps=4 rl.algorithm=grpo-ds sft.enabled=false`.
+    """
+    import logging
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from stare_agents.train.config import load_config, recipe_names
+    from stare_agents.train.trainer import train as run_training
+
+    if recipe is None and config is None:
+        recipe = "smollm2-arith"
+    overrides = list(ctx.args)
+    if out is not None:
+        overrides.append(f"out_dir={out}")
+    if max_steps is not None:
+        overrides.append(f"rl.steps={max_steps}")
+    try:
+        train_config = load_config(recipe=recipe, path=config, overrides=overrides)
+    except (ValueError, FileNotFoundError) as error:
+        typer.secho(f"{error}\nrecipes: {recipe_names()}", fg="red", err=True)
+        raise typer.Exit(2) from error
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    for noisy in ("vllm", "ray", "httpx", "filelock"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    try:
+        summary = run_training(train_config, resume=resume, compare=compare)
+    except FileExistsError as error:
+        typer.secho(str(error), fg="red", err=True)
+        raise typer.Exit(2) from error
+    table = Table(
+        title=f"{summary['name']}: {summary['model']} on {summary['environment']} ({summary['algorithm']})"
+    )
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    for point, value in summary["accuracy"].items():
+        table.add_row(f"accuracy ({point}, {summary['eval_tasks']} held-out tasks)", f"{value:.3f}")
+    for key in (
+        "entropy_first",
+        "entropy_final",
+        "entropy_target",
+        "gate_on_fraction",
+        "rl_steps",
+        "wall_time_s",
+    ):
+        value = summary.get(key)
+        table.add_row(
+            key, "-" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
+        )
+    for key, value in summary["tool_use"].items():
+        table.add_row(f"tool use: {key}", f"{value:.3f}" if isinstance(value, float) else str(value))
+    Console().print(table)
+    typer.echo(
+        f"run folder: {train_config.out_dir} (summary.json, metrics.jsonl, training.png, tensorboard/)"
+    )
+
+
 @app.command()
 def model(
     name: str = typer.Argument(..., help="'tiny' (random, for plumbing) or 'smollm2-135m' (real, offline)."),

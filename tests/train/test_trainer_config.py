@@ -1,0 +1,111 @@
+"""Training config: recipes, overrides, unknown keys, and fields read where they take effect."""
+
+from __future__ import annotations
+
+import pytest
+
+from stare_agents.train.config import TrainConfig, load_config, recipe_names
+from stare_agents.train.trainer import Trainer
+
+
+def test_every_recipe_loads_and_builds_its_algorithm():
+    names = recipe_names()
+    assert {
+        "tiny",
+        "smollm2-arith",
+        "qwen2.5-7b-tir-stare-c2",
+        "qwen2.5-7b-tir-grpo-ds",
+        "simpletir-qwen2.5-7b",
+    } <= set(names)
+    assert {"short-cot-qwen2.5-7b", "long-cot-qwen2.5-7b"} <= set(names)
+    for name in names:
+        config = load_config(recipe=name)
+        algorithm = config.algorithm()
+        assert algorithm.name == config.rl.algorithm
+
+
+def test_the_paper_tool_use_recipes_hold_the_paper_settings():
+    c2 = load_config(recipe="qwen2.5-7b-tir-stare-c2")
+    algo = c2.algorithm()
+    assert (
+        algo.stare.variant,
+        algo.stare.top_ratio,
+        algo.stare.w,
+        algo.stare.m,
+        algo.stare.target_entropy,
+    ) == ("C2", 0.1, 1.1, 0.9, 0.3)
+    assert (c2.rl.learner.optimizer.lr, c2.rl.prompts_per_step, c2.rl.samples_per_prompt) == (1e-6, 64, 8)
+    assert (c2.rollout.temperature, c2.rollout.max_total_tokens, c2.sft.enabled) == (1.0, 3072, True)
+    twin = load_config(recipe="qwen2.5-7b-tir-grpo-ds")
+    assert twin.algorithm().stare is None and twin.algorithm().name == "grpo-ds"
+    simple = load_config(recipe="simpletir-qwen2.5-7b")
+    assert simple.rl.drop_void_turns and simple.env.kwargs["stateless"] is True
+    assert (
+        simple.env.kwargs["observation_format"] == "code_execution_result"
+        and simple.env.kwargs["max_obs_chars"] == 512
+    )
+
+
+def test_overrides_are_typed_and_unknown_keys_are_refused():
+    config = load_config(
+        recipe="tiny",
+        overrides=[
+            "rl.steps=7",
+            "rl.algorithm=stare-c2",
+            "rl.algorithm_overrides.stare.w=1.3",
+            "rollout.top_p=0.7",
+        ],
+    )
+    assert config.rl.steps == 7 and config.rollout.top_p == 0.7
+    algo = config.algorithm()
+    assert algo.stare.variant == "C2" and algo.stare.w == 1.3
+    assert (
+        load_config(recipe="tiny", overrides=["rl.learner.optimizer.lr=3e-6"]).rl.learner.optimizer.lr == 3e-6
+    )
+    with pytest.raises(ValueError, match="unknown key"):
+        load_config(recipe="tiny", overrides=["rl.stepz=3"])
+    with pytest.raises(ValueError, match="expected int"):
+        load_config(recipe="tiny", overrides=["rl.steps=many"])
+    with pytest.raises(ValueError, match="key=value"):
+        load_config(recipe="tiny", overrides=["rl.steps"])
+    with pytest.raises(ValueError, match="has no field"):
+        load_config(recipe="tiny", overrides=["rl.algorithm_overrides.stare.wq=1"]).algorithm()
+    with pytest.raises(ValueError, match="None in this preset"):
+        load_config(
+            recipe="tiny", overrides=["rl.algorithm=grpo", "rl.algorithm_overrides.stare.w=1.2"]
+        ).algorithm()
+    with pytest.raises(FileNotFoundError, match="recipes"):
+        load_config(recipe="no-such-recipe")
+
+
+def test_trainer_reads_the_task_and_sampling_fields(tmp_path):
+    config = load_config(
+        recipe="tiny",
+        overrides=[
+            f"out_dir={tmp_path / 'run'}",
+            "env.train_seed=100",
+            "rl.prompts_per_step=3",
+            "rl.samples_per_prompt=2",
+            "rollout.temperature=0.8",
+            "rollout.top_p=0.9",
+            "eval.temperature=0.0",
+        ],
+    )
+    trainer = Trainer(config)
+    tasks = trainer.training_tasks(step=2)  # data position: prompts 106, 107, 108
+    assert [(t.seed, t.sample_index) for t in tasks] == [
+        (106, 0),
+        (106, 1),
+        (107, 0),
+        (107, 1),
+        (108, 0),
+        (108, 1),
+    ]
+    assert all(t.env_id == config.env.id and t.env_kwargs == config.env.kwargs for t in tasks)
+    sampling = trainer.rollout_config()
+    assert (sampling.temperature, sampling.top_p, sampling.max_tokens_per_turn) == (0.8, 0.9, 32)
+    assert trainer.rollout_config(evaluation=True).temperature == 0.0
+    with pytest.raises(FileExistsError, match="--resume"):
+        (tmp_path / "run" / "x").write_text("")
+        Trainer(config)
+    assert isinstance(TrainConfig().rl.learner.optimizer.lr, float)

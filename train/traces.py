@@ -1,0 +1,165 @@
+"""SFT data: tool-interleaved traces as `Trajectory` objects, laid out exactly as rollouts are.
+
+Two sources:
+
+* `solver_traces`: an environment's solver writes the code, the real sandbox runs it through the real
+  environment, and the solver answers with the tool's output; only traces the environment scores correct
+  are kept. Solvers are registered per environment id in `SOLVERS` (ArithmeticTIR ships one).
+* `conversation_traces`: a JSONL file, one `{"messages": [{"role", "content"}, ...]}` per line; assistant
+  messages are what the model learns (action tokens), everything else is prompt or observation.
+
+Both render with the rollout layer's renderers, so an SFT trace and an RL trajectory of the same episode have
+the same tokens and the same mask.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from stare_agents.envs import Task
+from stare_agents.rollout import RolloutTask, make_env, make_renderer
+from stare_agents.trajectory import Trajectory, TurnRecord
+
+_INT = re.compile(r"\d+")
+
+
+def arithmetic_solution(task: Task) -> str:
+    """Python that solves an ArithmeticTIR task, with the numbers copied from the problem text."""
+    kind = task.data.get("kind")
+    n = [int(x) for x in _INT.findall(task.problem)]
+    if kind == "multiply":
+        return f"print({n[0]} * {n[1]})"
+    if kind == "modpow":
+        return f"print(pow({n[0]}, {n[1]}, {n[2]}))"
+    if kind == "range_sum":
+        k, lo, hi, r, d = n[:5]
+        return f"print(sum(i**{k} for i in range({lo}, {hi} + 1) if i % {d} == {r}))"
+    if kind == "digit_sum_factorial":
+        return f"import math\nprint(sum(int(c) for c in str(math.factorial({n[0]}))))"
+    if kind == "count_primes":
+        return f"from sympy import primepi\nprint(primepi({n[1]}) - primepi({n[0]} - 1))"
+    raise ValueError(f"no ArithmeticTIR solver for task kind {kind!r}")
+
+
+SOLVERS: dict[str, Callable[[Task], str]] = {"stare_agents/ArithmeticTIR-v0": arithmetic_solution}
+
+
+def _encode(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def solver_traces(
+    env_id: str,
+    seeds: Sequence[int],
+    tokenizer: Any,
+    eos_ids: set[int],
+    *,
+    env_kwargs: dict[str, Any] | None = None,
+    sandbox: Any = None,
+    rendering: str = "auto",
+) -> list[Trajectory]:
+    """One verified two-turn trace per seed: ```python <solution>```, the tool's output, then
+    `\\boxed{<output>}`. Seeds whose trace the environment does not score correct are skipped."""
+    if env_id not in SOLVERS:
+        raise ValueError(
+            f"no solver for {env_id!r}; solvers exist for {sorted(SOLVERS)}. Use sft.data=<file.jsonl>"
+        )
+    solve = SOLVERS[env_id]
+    eos = min(eos_ids)
+    traces = []
+    for seed in seeds:
+        env = make_env(RolloutTask(env_id, env_kwargs=dict(env_kwargs or {})), sandbox)
+        try:
+            observation, info = env.reset(seed=int(seed))
+            task = env.unwrapped.task
+            renderer = make_renderer(rendering, tokenizer, eos_ids)
+            prompt_ids = renderer.prompt(observation, info.get("tools"))
+            code = f"```python\n{solve(task)}\n```"
+            code_ids = _encode(tokenizer, code)
+            observation, _, terminated, truncated, info = env.step(code)
+            if terminated or truncated or not observation:
+                continue
+            inserted, inserted_text = renderer.observation(code_ids, observation)
+            result = observation[0]["content"].strip()
+            answer = f"The result is \\boxed{{{result}}}."
+            answer_ids = [*_encode(tokenizer, answer), eos]
+            _, reward, terminated, _, info = env.step(answer)
+            if not (terminated and info.get("correct")):
+                continue
+        finally:
+            env.close()
+        response = code_ids + inserted + answer_ids
+        mask = [1] * len(code_ids) + [0] * len(inserted) + [1] * len(answer_ids)
+        traces.append(
+            Trajectory(
+                prompt_ids=prompt_ids,
+                response_ids=response,
+                action_mask=mask,
+                rollout_logprobs=[0.0] * len(response),
+                reward=float(reward),
+                num_turns=2,
+                correct=True,
+                task_id=task.id,
+                env_id=env_id,
+                turns=[
+                    TurnRecord(code, len(code_ids), "stop", 1, ["ok"], inserted_text, len(inserted)),
+                    TurnRecord(answer, len(answer_ids), "eos"),
+                ],
+            )
+        )
+    return traces
+
+
+def conversation_traces(path: str | Path, tokenizer: Any, eos_ids: set[int]) -> list[Trajectory]:
+    """Traces from a JSONL of chat conversations (see the module docstring), rendered with the chat template.
+
+    Each assistant message is learned and ends with the end-of-turn token when it is the last message or
+    when a user message follows; before a tool message it ends where the model would stop for the tool."""
+    eos = min(eos_ids)
+    traces = []
+    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            messages = json.loads(line)["messages"]
+            first = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
+        except (ValueError, KeyError, TypeError, StopIteration) as error:
+            raise ValueError(
+                f'{path}:{number}: expected {{"messages": [{{"role", "content"}}, ...]}} with an assistant '
+                f"message ({type(error).__name__}: {error})"
+            ) from None
+        renderer = make_renderer("chat", tokenizer, eos_ids)
+        as_messages = [{"role": m["role"], "content": m["content"], "inline": m["content"]} for m in messages]
+        prompt_ids = renderer.prompt(as_messages[:first])
+        response: list[int] = []
+        mask: list[int] = []
+        i = first
+        while i < len(as_messages):
+            if as_messages[i]["role"] != "assistant":
+                raise ValueError(
+                    f"{path}:{number}: message {i} is {as_messages[i]['role']!r}, expected assistant"
+                )
+            j = i + 1
+            while j < len(as_messages) and as_messages[j]["role"] != "assistant":
+                j += 1
+            ids = _encode(tokenizer, as_messages[i]["content"])
+            following = as_messages[i + 1 : j]
+            if not following or following[0]["role"] != "tool":
+                ids.append(eos)
+            response += ids
+            mask += [1] * len(ids)
+            if following:
+                inserted, _ = renderer.observation(ids, following)
+                response += inserted
+                mask += [0] * len(inserted)
+            i = j
+        traces.append(
+            Trajectory(
+                prompt_ids, response, mask, [0.0] * len(response), task_id=f"{Path(path).name}:{number}"
+            )
+        )
+    return traces

@@ -1,0 +1,609 @@
+"""The training loop: base accuracy -> SFT cold start -> accuracy -> RL with STARE -> accuracy.
+
+    summary = train(load_config(recipe="smollm2-arith"))        # = stare-agents train --recipe smollm2-arith
+
+One RL step, as in the paper's algorithm box:
+
+    tasks        = training_tasks(step)                   # prompts x samples, from the data position
+    trajectories = workers.collect(tasks)                 # rollout: vLLM/HF engines + sandboxed tools
+    advantages   = compute_advantages(rewards, groups)    # GRPO, overlong shaping, dynamic sampling
+    metrics      = learner.step(batch, advantages)        # entropy gate, STARE weights, clipped update
+    workers.update_weights(learner weights)               # weight sync, version + 1
+
+Everything a run writes lives in its folder: `config.yaml`, `metrics.jsonl` (one record per RL step and per
+evaluation), TensorBoard events, `checkpoints/`, the SFT model, `summary.json` and `training.png`. A run
+killed at any point (SIGKILL included) continues from its last checkpoint with `resume=True`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from stare_agents.algo import AlgorithmConfig, compute_advantages
+from stare_agents.rollout import RolloutConfig, RolloutTask, RolloutWorkerGroup, WorkerSpec
+from stare_agents.rollout.summary import summarize
+from stare_agents.train.checkpoint import checkpoint_path as checkpoint_file
+from stare_agents.train.checkpoint import (
+    latest_checkpoint,
+    load_checkpoint,
+    prune_checkpoints,
+    save_checkpoint,
+)
+from stare_agents.train.config import TrainConfig, save_config
+from stare_agents.train.learner import LEARNER_METRICS, Learner
+from stare_agents.trajectory import Trajectory, collate
+
+logger = logging.getLogger("stare_agents.train")
+
+PROGRESS_FILE = "progress.json"
+SFT_MODEL = "sft_model"
+
+
+# -- the run folder -----------------------------------------------------------------------------------------------
+class RunLog:
+    """metrics.jsonl + TensorBoard (+ W&B when configured). Records carry `kind` ("rl", "eval", "sft")."""
+
+    def __init__(self, folder: Path, config: TrainConfig, *, purge_from: int | None = None) -> None:
+        self.folder = folder
+        self.path = folder / "metrics.jsonl"
+        if (
+            purge_from is not None and self.path.exists()
+        ):  # drop what a killed run logged after its checkpoint
+            kept = [line for line in self.path.read_text().splitlines() if _keep(line, purge_from)]
+            self.path.write_text("".join(line + "\n" for line in kept))
+        self.writer = None
+        if config.logging.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(str(folder / "tensorboard"), purge_step=purge_from)
+        self.wandb = None
+        if config.logging.wandb_project:
+            try:
+                import wandb
+            except ImportError as error:
+                raise RuntimeError(
+                    "logging.wandb_project is set but wandb is not installed: pip install wandb"
+                ) from error
+            self.wandb = wandb.init(
+                project=config.logging.wandb_project, name=config.name, config=config.to_dict()
+            )
+
+    def log(self, record: dict[str, Any]) -> None:
+        with open(self.path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record, default=_jsonable) + "\n")
+        step = int(record.get("step", 0))
+        prefix = record.get("kind", "rl")
+        numbers = {k: v for k, v in record.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+        if self.writer is not None:
+            for key, value in numbers.items():
+                if key != "step" and math.isfinite(value):
+                    self.writer.add_scalar(key if "/" in key else f"{prefix}/{key}", value, step)
+            self.writer.flush()
+        if self.wandb is not None:
+            self.wandb.log({f"{prefix}/{k}" if "/" not in k else k: v for k, v in numbers.items()}, step=step)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+
+def read_records(path: Path, kind: str | None = None) -> list[dict[str, Any]]:
+    """The records of a metrics.jsonl (of one `kind`), skipping a line torn by a kill."""
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if kind is None or record.get("kind") == kind:
+            out.append(record)
+    return out
+
+
+def _keep(line: str, purge_from: int) -> bool:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return False
+    return not (record.get("kind") in ("rl", "eval-rl") and int(record.get("step", 0)) >= purge_from)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, torch.Tensor | np.generic):
+        return value.item() if value.numel() == 1 else value.tolist()
+    return str(value)
+
+
+# -- stages ---------------------------------------------------------------------------------------------------
+class Trainer:
+    """One run (see the module docstring). `run()` does every stage that is not done yet."""
+
+    def __init__(self, config: TrainConfig, *, resume: bool = False) -> None:
+        self.config = config
+        self.folder = Path(config.out_dir)
+        if self.folder.exists() and any(self.folder.iterdir()) and not resume:
+            raise FileExistsError(
+                f"{self.folder} already holds a run: pass --resume to continue it, or choose another --out"
+            )
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.resume = resume
+        self.progress: dict[str, Any] = self._load_progress()
+        save_config(config, self.folder / "config.yaml")
+        self.workers: RolloutWorkerGroup | None = None
+        self.started = time.perf_counter()
+        self.previous_wall_s = float(self.progress.get("wall_time_s", 0.0))
+        self.stage_seconds: dict[str, float] = dict(self.progress.get("stage_seconds", {}))
+
+    # ---- bookkeeping ----
+    def _load_progress(self) -> dict[str, Any]:
+        path = self.folder / PROGRESS_FILE
+        return json.loads(path.read_text()) if self.resume and path.exists() else {}
+
+    def _save_progress(self) -> None:
+        self.progress["stage_seconds"] = self.stage_seconds
+        # wall time of this run so far, earlier (killed) attempts included up to their last save
+        self.progress["wall_time_s"] = self.previous_wall_s + time.perf_counter() - self.started
+        tmp = self.folder / (PROGRESS_FILE + ".tmp")
+        tmp.write_text(json.dumps(self.progress, indent=2))
+        tmp.replace(self.folder / PROGRESS_FILE)
+
+    def _timed(self, stage: str, seconds: float) -> None:
+        self.stage_seconds[stage] = self.stage_seconds.get(stage, 0.0) + seconds
+
+    # ---- the run ----
+    def run(self, *, compare: str | None = None) -> dict[str, Any]:
+        """All stages. `compare`: also train this algorithm preset (e.g. "grpo-ds") from the same SFT model."""
+        from stare_agents.models import prepare_model
+
+        config = self.config
+        started = time.perf_counter()
+        base_dir = prepare_model(config.model.name)
+        self._timed("prepare_model", time.perf_counter() - started)
+        self.workers = self._start_workers(base_dir)
+        try:
+            if "base" not in self.progress.get("accuracy", {}):
+                self._record_accuracy("base")
+            rl_start = base_dir
+            if config.sft.enabled:
+                rl_start = self.folder / SFT_MODEL
+                if not self.progress.get("sft_done"):
+                    self.supervised_fine_tuning(base_dir, rl_start)
+                if "sft" not in self.progress.get("accuracy", {}):
+                    self._sync_from_dir(rl_start)
+                    self._record_accuracy("sft")
+            runs = {config.rl.algorithm: self.folder}
+            if compare:
+                runs[compare] = self.folder / compare
+            for name, folder in runs.items():
+                algorithm = (
+                    config.algorithm() if name == config.rl.algorithm else AlgorithmConfig.preset(name)
+                )
+                key = "rl" if folder == self.folder else f"rl-{name}"
+                if not self.progress.get(f"{key}_done"):
+                    self.reinforce(rl_start, algorithm, folder, key)
+                if key not in self.progress.get("accuracy", {}):
+                    self._record_accuracy(key)
+            return self.write_summary(compare)
+        finally:
+            self.workers.close()
+            self.workers = None
+
+    def _start_workers(self, model_dir: Path) -> RolloutWorkerGroup:
+        c = self.config
+        spec = WorkerSpec(
+            model=str(model_dir),
+            engine=c.rollout.engine,
+            dtype=c.model.rollout_dtype,
+            seed=c.seed,
+            max_model_len=c.model.max_model_len,
+            kv_cache_gib=c.rollout.kv_cache_gib,
+            sandbox=c.rollout.sandbox,
+            sandbox_pool_size=c.rollout.sandbox_pool_size,
+            sandbox_kwargs=dict(c.rollout.sandbox_kwargs),
+            num_cpus=c.rollout.num_cpus_per_worker,
+            num_gpus=c.rollout.num_gpus_per_worker,
+            imports=list(c.env.imports),
+        )
+        started = time.perf_counter()
+        workers = RolloutWorkerGroup(spec, c.rollout.workers, use_ray=c.rollout.use_ray)
+        self._timed("start_workers", time.perf_counter() - started)
+        return workers
+
+    def _sync_from_dir(self, model_dir: Path) -> None:
+        from stare_agents.train.policy import load_causal_lm
+
+        assert self.workers is not None
+        self.workers.update_weights(load_causal_lm(model_dir).state_dict())
+
+    def rollout_config(self, *, evaluation: bool = False) -> RolloutConfig:
+        r = self.config.rollout
+        return RolloutConfig(
+            temperature=self.config.eval.temperature if evaluation else r.temperature,
+            top_p=1.0 if evaluation else r.top_p,
+            max_tokens_per_turn=r.max_tokens_per_turn,
+            max_total_tokens=r.max_total_tokens,
+            rendering=r.rendering,
+            max_concurrency=r.max_concurrency,
+            seed=self.config.seed,
+        )
+
+    # ---- evaluation ----
+    def evaluate(self) -> dict[str, Any]:
+        """Accuracy (and tool use) of the workers' current weights on the held-out tasks."""
+        c = self.config
+        assert self.workers is not None
+        tasks = [
+            RolloutTask(
+                c.env.id,
+                seed=c.env.eval_seed + i,
+                env_kwargs=dict(c.env.kwargs),
+                group_id=f"eval-{i}",
+                sample_index=j,
+            )
+            for i in range(c.eval.num_tasks)
+            for j in range(c.eval.samples)
+        ]
+        started = time.perf_counter()
+        trajectories = self.workers.collect(
+            tasks, self.rollout_config(evaluation=True), progress=c.logging.progress
+        )
+        seconds = time.perf_counter() - started
+        self._timed("eval", seconds)
+        return summarize(trajectories, seconds)
+
+    def _record_accuracy(self, point: str, step: int | None = None) -> dict[str, Any]:
+        result = self.evaluate()
+        logger.info("accuracy (%s): %.3f", point, result["accuracy"])
+        self.progress.setdefault("accuracy", {})[point] = result["accuracy"]
+        self.progress.setdefault("evaluations", {})[point] = result
+        self._save_progress()
+        with open(self.folder / "metrics.jsonl", "a", encoding="utf-8") as handle:
+            handle.write(json.dumps({"kind": "eval", "point": point, "step": step or 0, **result}) + "\n")
+        return result
+
+    # ---- SFT cold start ----
+    def supervised_fine_tuning(self, base_dir: Path, out: Path) -> None:
+        from transformers import AutoTokenizer
+
+        from stare_agents.rollout.engine import eos_token_ids
+        from stare_agents.train.policy import OptimizerConfig, load_causal_lm
+        from stare_agents.train.sft import SFTConfig, SFTTrainer
+        from stare_agents.train.traces import conversation_traces, solver_traces
+
+        c = self.config
+        started = time.perf_counter()
+        tokenizer = AutoTokenizer.from_pretrained(base_dir)
+        model = load_causal_lm(base_dir)
+        eos_ids = eos_token_ids(tokenizer, model.generation_config)
+        if c.sft.data == "solver":
+            from stare_agents.sandbox import make_sandbox
+
+            seeds = [c.env.train_seed + 10_000_000 + i for i in range(c.sft.num_examples)]  # apart from RL's
+            with make_sandbox(
+                c.rollout.sandbox if c.rollout.sandbox != "none" else "auto", pool_size=2
+            ) as sandbox:
+                traces = solver_traces(
+                    c.env.id,
+                    seeds,
+                    tokenizer,
+                    eos_ids,
+                    env_kwargs=dict(c.env.kwargs),
+                    sandbox=sandbox,
+                    rendering=c.rollout.rendering,
+                )
+        else:
+            traces = conversation_traces(c.sft.data, tokenizer, eos_ids)[: c.sft.num_examples]
+        if not traces:
+            raise RuntimeError(f"SFT: no usable traces from {c.sft.data!r} for {c.env.id}")
+        self._timed("sft_data", time.perf_counter() - started)
+        started = time.perf_counter()
+        sft_config = SFTConfig(
+            optimizer=OptimizerConfig(lr=c.sft.lr, warmup_steps=c.sft.warmup_steps),
+            epochs=c.sft.epochs,
+            batch_size=c.sft.batch_size,
+            micro_batch_tokens=c.sft.micro_batch_tokens,
+            precision=c.sft.precision,
+            seed=c.seed,
+            device="cuda" if torch.cuda.is_available() else "cpu",
+        )
+        sft = SFTTrainer(model, sft_config, pad_token_id=tokenizer.pad_token_id or 0)
+        for record in sft.fit(traces):
+            record = {"kind": "sft", "step": int(record["epoch"]), "traces": len(traces), **record}
+            with open(self.folder / "metrics.jsonl", "a", encoding="utf-8") as handle:
+                handle.write(json.dumps(record) + "\n")
+            logger.info("SFT epoch %d: loss %.4f", record["epoch"], record["loss"])
+        tmp = out.with_name(out.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        sft.model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        shutil.rmtree(out, ignore_errors=True)
+        tmp.rename(out)
+        self._timed("sft", time.perf_counter() - started)
+        self.progress["sft_done"] = True
+        self.progress["sft_traces"] = len(traces)
+        self._save_progress()
+
+    # ---- RL ----
+    def training_tasks(self, step: int) -> list[RolloutTask]:
+        """The step's prompts x samples; task i of the run is reset with env.train_seed + i (data position)."""
+        c = self.config
+        first = c.env.train_seed + step * c.rl.prompts_per_step
+        return [
+            RolloutTask(
+                c.env.id,
+                seed=first + i,
+                env_kwargs=dict(c.env.kwargs),
+                group_id=f"{first + i}",
+                sample_index=j,
+            )
+            for i in range(c.rl.prompts_per_step)
+            for j in range(c.rl.samples_per_prompt)
+        ]
+
+    def make_learner(self, model_dir: Path, algorithm: AlgorithmConfig) -> Any:
+        c = self.config
+        learner_config = c.rl.learner
+        if torch.cuda.is_available() and learner_config.device == "cpu":
+            learner_config.device = "cuda"
+        if c.rl.learner_workers > 1:
+            from stare_agents.train.distributed import DistributedConfig, LearnerGroup
+
+            distributed = DistributedConfig(
+                num_workers=c.rl.learner_workers,
+                num_gpus_per_worker=c.rl.learner_gpus_per_worker,
+                fsdp=c.rl.fsdp,
+            )
+            return LearnerGroup(model_dir, algorithm, learner_config, distributed)
+        return Learner.from_pretrained(model_dir, algorithm, learner_config)
+
+    def reinforce(self, start_dir: Path, algorithm: AlgorithmConfig, folder: Path, key: str) -> None:
+        """The RL loop of one algorithm, from `start_dir`, resumable from its checkpoints."""
+        c = self.config
+        assert self.workers is not None
+        folder.mkdir(parents=True, exist_ok=True)
+        learner = self.make_learner(start_dir, algorithm)
+        checkpoints = folder / "checkpoints"
+        start = 0
+        latest = latest_checkpoint(checkpoints) if self.resume else None
+        if latest is not None:
+            state = load_checkpoint(latest)
+            learner.load_state_dict(state["learner"])
+            random.setstate(state["python_random"])
+            np.random.set_state(state["numpy_random"])
+            start = int(state["next_step"])
+            logger.info("resuming %s from %s (step %d)", key, latest, start)
+        self._sync(learner)  # the workers start from the learner's weights (the SFT model, or the checkpoint)
+        log = RunLog(folder, c, purge_from=start)
+        rollout_config = self.rollout_config()
+        bar = None
+        if c.logging.progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=c.rl.steps, initial=start, desc=f"RL ({algorithm.name})", unit="step")
+        try:
+            for step in range(start, c.rl.steps):
+                record = self.rl_step(step, learner, algorithm, rollout_config)
+                if c.eval.every and (step + 1) % c.eval.every == 0 and step + 1 < c.rl.steps:
+                    result = self.evaluate()
+                    record["eval/accuracy"] = result["accuracy"]
+                log.log(record)
+                if bar is not None:
+                    bar.set_postfix(
+                        reward=f"{record['rollout/mean_reward']:.2f}",
+                        H=f"{record['learner/entropy']:.3f}",
+                        gate=int(record["stare/gate_on"]) if math.isfinite(record["stare/gate_on"]) else "-",
+                    )
+                    bar.update(1)
+                if c.checkpoint.every and ((step + 1) % c.checkpoint.every == 0 or step + 1 == c.rl.steps):
+                    started = time.perf_counter()
+                    save_checkpoint(
+                        {
+                            "next_step": step + 1,
+                            "learner": learner.state_dict(),
+                            "python_random": random.getstate(),
+                            "numpy_random": np.random.get_state(),
+                            "weight_version": self.workers.weight_version,
+                        },
+                        checkpoint_file(checkpoints, step + 1),
+                    )
+                    prune_checkpoints(checkpoints, c.checkpoint.keep_last)
+                    self._timed("checkpoint", time.perf_counter() - started)
+            self.progress[f"{key}_done"] = True
+            self.progress.setdefault("rl_logs", {})[key] = str(log.path)
+            self._save_progress()
+        finally:
+            if bar is not None:
+                bar.close()
+            log.close()
+            if hasattr(learner, "close"):
+                learner.close()
+
+    def _sync(self, learner: Any) -> float:
+        assert self.workers is not None
+        started = time.perf_counter()
+        self.workers.update_weights(learner.model_state_dict())
+        seconds = time.perf_counter() - started
+        self._timed("sync", seconds)
+        return seconds
+
+    def rl_step(
+        self, step: int, learner: Any, algorithm: AlgorithmConfig, rollout_config: RolloutConfig
+    ) -> dict:
+        """rollout -> rewards -> advantages (dynamic sampling) -> gate + update -> weight sync -> metrics."""
+        from stare_agents.eval.behavior import reflection_counts
+
+        c = self.config
+        assert self.workers is not None
+        seconds: dict[str, float] = {}
+
+        started = time.perf_counter()
+        trajectories = self.workers.collect(self.training_tasks(step), rollout_config)
+        seconds["rollout"] = time.perf_counter() - started
+
+        started = time.perf_counter()
+        usable = [t for t in trajectories if not t.failed]
+        if c.rl.drop_void_turns:  # SimpleTIR: trajectories with a void turn leave the loss
+            usable = [t for t in usable if t.stop_reason != "void_turn" and not t.info.get("void_turns")]
+        kept: list[Trajectory] = []
+        advantages = torch.zeros(0)
+        dropped_groups = num_groups = 0
+        if usable:
+            result = compute_advantages(
+                torch.tensor([t.reward for t in usable]),
+                [t.group_id for t in usable],
+                algorithm,
+                response_lengths=torch.tensor([float(len(t.response_ids)) for t in usable]),
+                max_response_length=c.rollout.max_total_tokens,
+            )
+            kept = result.kept(usable)
+            advantages = result.advantages[result.keep]
+            dropped_groups, num_groups = result.dropped_groups, result.num_groups
+        seconds["advantages"] = time.perf_counter() - started
+
+        started = time.perf_counter()
+        if kept:
+            batch = collate(kept, pad_token_id=0)  # padding is masked out of attention and loss: any id works
+            metrics = learner.step(batch, advantages)
+            seconds["update"] = time.perf_counter() - started
+            seconds["sync"] = self._sync(learner)
+        else:  # every group had equal rewards (or failed): nothing to learn from this step
+            metrics = dict.fromkeys(LEARNER_METRICS, float("nan"))
+            seconds["update"] = seconds["sync"] = 0.0
+        for stage, value in seconds.items():
+            self._timed(f"rl_{stage}", value)
+
+        summary = summarize(trajectories, seconds["rollout"])
+        action = [t for t in trajectories if t.num_action_tokens]
+        sampler_entropy = -sum(
+            sum(lp for lp, m in zip(t.rollout_logprobs, t.action_mask, strict=True) if m) for t in action
+        ) / max(1, sum(t.num_action_tokens for t in action))
+        reflections: dict[str, int] = {}
+        for t in usable:
+            for category, count in reflection_counts("".join(turn.text for turn in t.turns)).items():
+                reflections[category] = reflections.get(category, 0) + count
+        record: dict[str, Any] = {"kind": "rl", "step": step, "algorithm": algorithm.name, **metrics}
+        record.update(
+            {
+                "rollout/accuracy": summary["accuracy"],
+                "rollout/mean_reward": summary["mean_reward"],
+                "rollout/response_tokens": summary["mean_response_tokens"],
+                "rollout/action_tokens": summary["action_tokens"],
+                "rollout/turns": summary["mean_turns"],
+                "rollout/tool_calls": summary["tool_calls_per_episode"],
+                "rollout/tool_error_rate": summary["tool_error_rate"],
+                "rollout/void_turns": sum(int(t.info.get("void_turns", 0)) for t in trajectories)
+                / len(trajectories),
+                "rollout/failed": summary["failed"],
+                "rollout/sampler_entropy": sampler_entropy,  # mean surprisal of sampled tokens: an estimate of H
+                "rollout/weight_version": trajectories[0].weight_version if trajectories else -1,
+                "rollout/tokens_per_s": summary.get("action_tokens_per_s", 0.0),
+                "rollout/wasted_tokens": summary["wasted_tokens"],
+                "data/kept_trajectories": len(kept),
+                "data/dropped_groups": dropped_groups,
+                "data/groups": num_groups,
+                "stop_reasons": summary["stop_reasons"],
+                "reflection_words": {k: v / max(1, len(usable)) for k, v in reflections.items()},
+            }
+        )
+        record.update({f"time/{stage}_s": value for stage, value in seconds.items()})
+        return record
+
+    # ---- summary and plot ----
+    def write_summary(self, compare: str | None) -> dict[str, Any]:
+        c = self.config
+        records = read_records(self.folder / "metrics.jsonl", "rl")
+        gate = [r["stare/gate_on"] for r in records if math.isfinite(r.get("stare/gate_on", float("nan")))]
+        entropies = [
+            r["learner/entropy"] for r in records if math.isfinite(r.get("learner/entropy", float("nan")))
+        ]
+        algorithm = c.algorithm()
+        final_eval = self.progress.get("evaluations", {}).get("rl", {})
+        summary: dict[str, Any] = {
+            "name": c.name,
+            "model": c.model.name,
+            "environment": c.env.id,
+            "algorithm": algorithm.name,
+            "accuracy": dict(self.progress.get("accuracy", {})),
+            "eval_tasks": c.eval.num_tasks * c.eval.samples,
+            "rl_steps": len(records),
+            "entropy_target": algorithm.stare.target_entropy if algorithm.stare is not None else None,
+            "entropy_first": entropies[0] if entropies else None,
+            "entropy_final": entropies[-1] if entropies else None,
+            "gate_on_fraction": sum(gate) / len(gate) if gate else None,
+            "tool_use": {
+                key: final_eval.get(key)
+                for key in ("tool_calls_per_episode", "tool_error_rate", "mean_turns", "stop_reasons")
+            },
+            "sft_traces": self.progress.get("sft_traces"),
+            "stage_seconds": {k: round(v, 1) for k, v in self.stage_seconds.items()},
+            "wall_time_s": round(self.previous_wall_s + time.perf_counter() - self.started, 1),
+        }
+        if compare:
+            other_entropy = [
+                r["learner/entropy"] for r in read_records(self.folder / compare / "metrics.jsonl", "rl")
+            ]
+            summary["compare"] = {
+                "algorithm": compare,
+                "accuracy": self.progress.get("accuracy", {}).get(f"rl-{compare}"),
+                "entropy_final": other_entropy[-1] if other_entropy else None,
+            }
+        (self.folder / "summary.json").write_text(json.dumps(summary, indent=2))
+        plot_run(self.folder, summary, compare)
+        return summary
+
+
+def plot_run(folder: Path, summary: dict[str, Any], compare: str | None = None) -> Path:
+    """training.png: learner entropy with the target band, reward and response length per RL step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curves = {summary["algorithm"]: read_records(folder / "metrics.jsonl", "rl")}
+    if compare:
+        curves[compare] = read_records(folder / compare / "metrics.jsonl", "rl")
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    target = summary.get("entropy_target")
+    if target is not None:
+        axes[0].axhspan(target * 0.9, target * 1.1, color="tab:green", alpha=0.15, label="target ±10%")
+        axes[0].axhline(target, color="tab:green", linestyle="--", linewidth=1)
+    for name, records in curves.items():
+        steps = [r["step"] for r in records]
+        axes[0].plot(steps, [r.get("learner/entropy") for r in records], marker="o", label=name)
+        axes[1].plot(steps, [r.get("rollout/mean_reward") for r in records], marker="o", label=name)
+        axes[2].plot(steps, [r.get("rollout/response_tokens") for r in records], marker="o", label=name)
+    for ax, title in zip(
+        axes, ("policy entropy (action tokens)", "mean reward", "response tokens"), strict=True
+    ):
+        ax.set_title(title)
+        ax.set_xlabel("RL step")
+        ax.legend()
+    accuracy = summary.get("accuracy", {})
+    fig.suptitle(
+        f"{summary.get('model')} on {summary.get('environment')}: accuracy "
+        + ", ".join(f"{k} {v:.2f}" for k, v in accuracy.items() if isinstance(v, int | float))
+    )
+    fig.tight_layout()
+    path = folder / "training.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def train(config: TrainConfig, *, resume: bool = False, compare: str | None = None) -> dict[str, Any]:
+    """Run (or resume) a training run; returns its summary (also in summary.json)."""
+    return Trainer(config, resume=resume).run(compare=compare)
