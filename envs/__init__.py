@@ -19,9 +19,7 @@ from stare_agents.envs.core import (
     MessagesSpace,
     Score,
     TextEnv,
-    Tool,
     ToolEnv,
-    ToolOutput,
     UnicodeText,
     load_prompt,
 )
@@ -40,6 +38,7 @@ from stare_agents.envs.parsing import (
 from stare_agents.envs.python_unittest import PythonUnitTestEnv
 from stare_agents.envs.registration import ENVIRONMENTS, register_envs
 from stare_agents.envs.tasks import Task, TaskDataset, load_rows
+from stare_agents.envs.tools import PythonTool, Tool, ToolLike, ToolOutput, shared_sandbox
 
 register_envs()
 
@@ -54,6 +53,7 @@ __all__ = [
     "MathTIREnv",
     "Message",
     "MessagesSpace",
+    "PythonTool",
     "PythonUnitTestEnv",
     "Score",
     "Task",
@@ -62,6 +62,7 @@ __all__ = [
     "Tool",
     "ToolCall",
     "ToolEnv",
+    "ToolLike",
     "ToolOutput",
     "UnicodeText",
     "check_env",
@@ -75,5 +76,6 @@ __all__ = [
     "message",
     "python_blocks",
     "register_envs",
+    "shared_sandbox",
     "truncate_middle",
 ]

@@ -101,7 +101,7 @@ class ArithmeticTIREnv(ToolEnv):
     def score(self, task: Task, response: str) -> Score:
         """1.0 when the last `\\boxed{}` holds exactly the reference integer."""
         boxed, unterminated = _last_box(response)
-        if boxed is None and self.accept_tool_answer and self.tool_answers:
+        if boxed is None and self.tool_answers:
             boxed, unterminated = self.tool_answers[-1], False
         if unterminated:
             return Score(0.0, "parse_failure", details={"detail": "the last \\boxed{ is never closed"})

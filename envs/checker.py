@@ -23,7 +23,7 @@ from typing import Any
 import gymnasium as gym
 from gymnasium.utils.env_checker import data_equivalence
 
-from stare_agents.envs.core import INFO_KEYS, ROLES, is_finite_number
+from stare_agents.envs.core import FINAL_INFO_KEYS, INFO_KEYS, ROLES, is_finite_number
 
 PROBE_ACTIONS: tuple[str, ...] = (
     "",
@@ -113,6 +113,11 @@ def _run_episode(env: gym.Env, seed: int, actions: list[str]) -> list[tuple[Any,
         _check_info(info, where)
         transitions.append((observation, float(reward), terminated, truncated, _comparable(info)))
         if terminated or truncated:
+            missing = [key for key in FINAL_INFO_KEYS if key not in info]
+            if missing:
+                _fail(f"{where}: the info of the episode's last step lacks {missing}")
+            if info["reward_violation"] is not None:
+                _fail(f"{where}: {info['reward_violation']} (reward_range is {reward_range})")
             if observation != []:
                 _fail(
                     f"{where}: the observation after the episode's end must be [], got {observation!r:.200}"
@@ -143,7 +148,8 @@ def check_env(
         env: an environment, bare or from `gymnasium.make` (wrappers are fine).
         seed: the seed used for the determinism checks.
         actions: scripted policy texts for the step checks (default: `PROBE_ACTIONS`, each as its own episode).
-        check_pinning: also check that `reset(options={"problem", "answer"})` pins the task.
+        check_pinning: also check that `reset(options=...)` pins the task (with the environment's
+            `example_task_options`, whose problem text the checker replaces with its own).
     """
     if not isinstance(env, gym.Env):
         _fail(f"check_env expects a gymnasium.Env, got {type(env).__name__}")
@@ -163,7 +169,8 @@ def check_env(
 
     if check_pinning:
         problem = "What is 2 + 3? (pinned by check_env)"
-        observation, _ = _check_reset(env, seed, options={"problem": problem, "answer": "5"})
+        pin = dict(getattr(env.unwrapped, "example_task_options", {"answer": "5"}), problem=problem)
+        observation, _ = _check_reset(env, seed, options=pin)
         if not any(problem in item["content"] for item in observation):
             _fail("reset(options={'problem': ...}) did not put the given problem in the prompt")
 

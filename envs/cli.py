@@ -34,7 +34,6 @@ def check(
 
     import stare_agents.envs  # noqa: F401  (registers the ids)
     from stare_agents.envs.checker import EnvCheckError, check_env
-    from stare_agents.envs.core import ToolEnv
 
     try:
         spec = gym.spec(env_id)
@@ -47,7 +46,7 @@ def check(
         env_class = getattr(__import__(module, fromlist=[name]), name)
     sandbox = None
     kwargs = {}
-    if isinstance(env_class, type) and issubclass(env_class, ToolEnv):
+    if getattr(env_class, "uses_sandbox", False):
         from stare_agents.sandbox import make_sandbox
 
         sandbox = make_sandbox(backend, pool_size=2)  # type: ignore[arg-type]

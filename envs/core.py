@@ -22,7 +22,7 @@ A new environment subclasses one of them and overrides a few methods:
     sample_task(self) -> Task             draw a task with self.np_random      (required unless a dataset is given)
     prompt(self, task) -> list[Message]   the first observation                (default: system prompt + template)
     score(self, task, response) -> Score  the episode's reward                 (default: math grading of \\boxed{})
-    tools(self) -> dict[str, Tool]        ToolEnv only: the callable tools     (default: {"python": sandboxed Python})
+    tools(self) -> dict[str, ToolLike]    ToolEnv only: the callable tools     (default: the tools given, PythonTool)
 
 Everything else (turn limits, tool-call parsing, observation formatting and truncation, void turns, grading,
 `info`) is handled here.
@@ -30,15 +30,13 @@ Everything else (turn limits, tool-call parsing, observation formatting and trun
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import logging
 import math
 import string
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import gymnasium as gym
 import numpy as np
@@ -60,9 +58,8 @@ from stare_agents.envs.parsing import (
     truncate_middle,
 )
 from stare_agents.envs.tasks import FieldSpec, Task, TaskDataset
-
-if TYPE_CHECKING:
-    from stare_agents.sandbox import ExecutionResult
+from stare_agents.envs.tools import PythonTool, ToolLike, ToolOutput
+from stare_agents.sandbox import SandboxError
 
 logger = logging.getLogger("stare_agents.envs")
 
@@ -82,6 +79,16 @@ INFO_KEYS: tuple[str, ...] = (
     "tool_calls",
     "tool_errors",
     "tool_timeouts",
+)
+# Keys the info of an episode's last step adds; check_env verifies them. `reward_violation` is None, or says
+# what `score()` returned that was not a finite number in `reward_range` (the reward is then clipped).
+FINAL_INFO_KEYS: tuple[str, ...] = (
+    "reward",
+    "correct",
+    "grade_reason",
+    "extracted",
+    "score_details",
+    "reward_violation",
 )
 
 
@@ -236,6 +243,9 @@ class TextEnv(gym.Env[list[Message], str]):
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"]}
     reward_range: tuple[float, float] = (0.0, 1.0)
+    uses_sandbox: ClassVar[bool] = False  # True where the constructor takes sandbox= (tools, unit tests)
+    # reset(options=...) that pins a valid task of this environment (check_env pins with it)
+    example_task_options: ClassVar[dict[str, Any]] = {"problem": "What is 2 + 3?", "answer": "5"}
     default_system_prompt: ClassVar[str | None] = None
     default_prompt_template: ClassVar[str] = "{problem}"
 
@@ -277,6 +287,7 @@ class TextEnv(gym.Env[list[Message], str]):
         self.responses: list[str] = []
         self.stats = EpisodeStats()
         self.final_score: Score | None = None
+        self.tool_answers: list[str] = []  # final answers tools produced this episode (ToolEnv)
         self._episode_over = False
 
     # -- hooks for subclasses -------------------------------------------------------------------------------
@@ -308,6 +319,13 @@ class TextEnv(gym.Env[list[Message], str]):
             float(result.correct), result.reason, result.correct, result.extracted, {"detail": result.detail}
         )
 
+    def validate_task(self, task: Task) -> None:
+        """Raise ValueError (with the task and the remedy) when `task` lacks what `score` needs.
+
+        Called by `reset` for every task, sampled or pinned, so a bad task fails there and not at the end of
+        its episode.
+        """
+
     def respond(self, action: str) -> Turn:
         """Decide what this turn produced. The text environment ends the episode on the first action."""
         return Turn(done=True)
@@ -323,6 +341,7 @@ class TextEnv(gym.Env[list[Message], str]):
         super().reset(seed=seed)
         self.end_episode()
         self.task = self._task_from_options(options) if options else self.sample_task()
+        self.validate_task(self.task)
         self.turn = 0
         self.responses = []
         self.stats = EpisodeStats()
@@ -331,7 +350,24 @@ class TextEnv(gym.Env[list[Message], str]):
         return self.prompt(self.task), self._info(void_turn=False, finished=False, truncated=False)
 
     def step(self, action: str) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
-        """Apply one turn of policy text. Returns (observation, reward, terminated, truncated, info)."""
+        """Apply one turn of policy text. Returns (observation, reward, terminated, truncated, info).
+
+        Nothing the policy writes makes this raise: parse errors, bad tool calls and tool failures become
+        observations. What does raise: calling it outside an episode (`ResetNeeded`), an action that is not
+        text within the action space (TypeError / ValueError), and failures that are not the policy's doing
+        (the sandbox itself failing, a bug in a subclass); then the environment's state is as it was before
+        the call.
+        """
+        self._check_action(action)
+        saved = (self.turn, list(self.responses), replace(self.stats), list(self.tool_answers))
+        try:
+            return self._step(action)
+        except BaseException:
+            self.turn, self.responses, self.stats, self.tool_answers = saved
+            self._episode_over, self.final_score = False, None
+            raise
+
+    def _check_action(self, action: Any) -> None:
         if self.task is None:
             raise RuntimeError(f"{type(self).__name__}.step() called before reset()")
         if self._episode_over:
@@ -342,6 +378,9 @@ class TextEnv(gym.Env[list[Message], str]):
             raise ValueError(
                 f"action of {len(action)} characters exceeds the action space ({MAX_ACTION_CHARS})"
             )
+
+    def _step(self, action: str) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
+        assert self.task is not None
         self.turn += 1
         self.responses.append(action)
         outcome = self.respond(action)
@@ -353,19 +392,18 @@ class TextEnv(gym.Env[list[Message], str]):
         observation = outcome.observation
         info_extra: dict[str, Any] = {}
         if terminated or truncated:
-            self._episode_over = True
-            try:
-                self.final_score = self.score(self.task, self.response_text())
-            finally:
-                self.end_episode()  # hand per-episode resources (a sandbox session) back right away
-            reward = float(self.final_score.reward)
+            score = self.score(self.task, self.response_text())
+            self._episode_over, self.final_score = True, score
+            self.end_episode()  # hand per-episode resources (a sandbox session) back right away
+            reward, violation = clip_reward(score.reward, self.reward_range)
             observation = []
             info_extra = {
                 "reward": reward,
-                "correct": self.final_score.correct,
-                "grade_reason": self.final_score.reason,
-                "extracted": self.final_score.extracted,
-                "score_details": dict(self.final_score.details),
+                "correct": bool(score.correct),
+                "grade_reason": score.reason,
+                "extracted": score.extracted,
+                "score_details": dict(score.details),
+                "reward_violation": violation,
             }
         info = self._info(void_turn=outcome.void, finished=terminated, truncated=truncated)
         info.update(info_extra)
@@ -445,44 +483,7 @@ def _reference(task: Task) -> str:
 
 
 # -- tools ------------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ToolOutput:
-    """The result of one tool call. status: "ok", "error", "timeout" or "killed" (as the sandbox reports)."""
-
-    text: str
-    status: str = "ok"
-    final_answer: str | None = None  # a final answer the tool printed (`final_answer(x)` / `\\boxed{}`)
-
-
-@dataclass(frozen=True)
-class Tool:
-    """A tool the policy can call: a name, a description and JSON-schema parameters (for chat templates'
-    `tools=`), and a function from the call's arguments to a `ToolOutput`."""
-
-    name: str
-    description: str
-    parameters: Mapping[str, Any]
-    fn: Callable[[dict[str, Any]], ToolOutput]
-
-    def schema(self) -> dict[str, Any]:
-        """The OpenAI/Hermes function schema, as `tokenizer.apply_chat_template(tools=...)` expects."""
-        return {
-            "type": "function",
-            "function": {
-                "name": self.name,
-                "description": self.description,
-                "parameters": dict(self.parameters),
-            },
-        }
-
-
-PYTHON_TOOL_PARAMETERS = {
-    "type": "object",
-    "properties": {"code": {"type": "string", "description": "Python source to run; print() what you need."}},
-    "required": ["code"],
-}
-
-FINAL_ANSWER_PREAMBLE = 'def final_answer(result):\n    print(f"\\\\boxed{{{result}}}")\n\n'
+_UNSET: Any = object()  # "not given": distinguishes a python-tool option the caller set from its default
 
 
 class ToolEnv(TextEnv):
@@ -496,43 +497,51 @@ class ToolEnv(TextEnv):
         `info`); "continue" answers with `void_turn_feedback` and goes on.
     On the last allowed turn tool calls are not run; the episode is truncated and scored.
 
+    The tools are objects the environment is given (`tools=[...]`), by default one `PythonTool` built from
+    the python-tool arguments below. The environment never owns a sandbox: it uses the injected one or, when
+    none is given, the process-wide `shared_sandbox()`; it ends its tools' episodes with its own.
+
     Args (besides `TextEnv`'s):
-        sandbox: a `stare_agents.sandbox` sandbox to run Python in. None: `make_sandbox("auto", pool_size=2)` on first use
-            (Docker when available, otherwise the local backend, which warns). An injected sandbox is shared
-            and never closed by the environment.
+        tools: the tools the policy may call (`PythonTool`, `Tool`, or anything with `name`, `schema()`,
+            `__call__(arguments)` and `end_episode()`). Default: `[PythonTool(sandbox, timeout_s=tool_timeout_s,
+            stateless=stateless, error_lines=error_lines, accept_tool_answer=accept_tool_answer)]`; with
+            `tools=` given, those five arguments belong to the tool and are refused here.
+        sandbox: the sandbox of the default python tool (None: the process-wide shared one).
+        tool_timeout_s: time limit of one python call (default 5 s).
+        stateless: run each python call in a fresh namespace (SimpleTIR) instead of one session per episode.
+        error_lines: show only the last N lines of a traceback (None: all of it).
+        accept_tool_answer: also accept a final answer printed by the tool (`final_answer(x)`, defined in the
+            interpreter, prints `\\boxed{x}`); such output ends the episode.
         tool_format: "python_fence" (```python blocks) or "hermes" (<tool_call> JSON).
         code_block: which complete python block of a turn runs: "first" or "last".
         observation_format: "output_block", "code_execution_result" or "tool_response" (default:
             output_block for fences, tool_response for hermes).
-        max_obs_chars: tool output longer than this keeps its head and tail.
-        tool_timeout_s: time limit of one tool call.
-        stateless: run each call in a fresh interpreter (SimpleTIR) instead of one session per episode.
-        error_lines: show only the last N lines of a traceback (None: all of it).
+        max_obs_chars: a tool result longer than this keeps its head and tail.
         void_turn_policy / void_turn_feedback: see above.
-        accept_tool_answer: also accept a final answer printed by the tool (`final_answer(x)`, defined in the
-            interpreter, prints `\\boxed{x}`); such output ends the episode.
-        max_tool_calls_per_turn: extra calls in one turn are answered with an error.
+        max_tool_calls_per_turn: calls past this many in one turn are not run; one error message says so.
     """
 
     default_max_turns: ClassVar[int] = 4
+    uses_sandbox: ClassVar[bool] = True
 
     def __init__(
         self,
         *,
-        sandbox: Any = None,
+        tools: Sequence[ToolLike] | None = None,
+        sandbox: Any = _UNSET,
+        tool_timeout_s: float = _UNSET,
+        stateless: bool = _UNSET,
+        error_lines: int | None = _UNSET,
+        accept_tool_answer: bool = _UNSET,
         tool_format: ToolFormat = "python_fence",
         code_block: CodeBlock = "first",
         observation_format: ObservationFormat | None = None,
         max_turns: int | None = None,
         max_obs_chars: int = 2048,
-        tool_timeout_s: float = 5.0,
-        stateless: bool = False,
-        error_lines: int | None = None,
         void_turn_policy: VoidTurnPolicy = "end",
         void_turn_feedback: str = (
             "Your message contained neither a complete ```python code block nor a final answer in \\boxed{}."
         ),
-        accept_tool_answer: bool = False,
         max_tool_calls_per_turn: int = 4,
         languages: tuple[str, ...] = PYTHON_LANGUAGES,
         **kwargs: Any,
@@ -544,58 +553,64 @@ class ToolEnv(TextEnv):
             raise ValueError(f"code_block must be 'first' or 'last', got {code_block!r}")
         if void_turn_policy not in ("end", "continue"):
             raise ValueError(f"void_turn_policy must be 'end' or 'continue', got {void_turn_policy!r}")
+        python_options = {
+            "sandbox": sandbox,
+            "tool_timeout_s": tool_timeout_s,
+            "stateless": stateless,
+            "error_lines": error_lines,
+            "accept_tool_answer": accept_tool_answer,
+        }
+        given = {name: value for name, value in python_options.items() if value is not _UNSET}
+        if tools is None:
+            tools = [
+                PythonTool(
+                    given.get("sandbox"),
+                    timeout_s=given.get("tool_timeout_s", 5.0),
+                    stateless=given.get("stateless", False),
+                    error_lines=given.get("error_lines"),
+                    accept_tool_answer=given.get("accept_tool_answer", False),
+                )
+            ]
+        elif given:
+            raise ValueError(
+                f"{sorted(given)} configure the default python tool, but tools= was given: pass them to the "
+                "tool instead, e.g. PythonTool(sandbox, timeout_s=..., stateless=..., error_lines=..., "
+                "accept_tool_answer=...)"
+            )
+        self._tools: list[ToolLike] = list(tools)
+        for tool in self._tools:
+            if not isinstance(tool, ToolLike):
+                raise TypeError(
+                    f"tools must have name, schema(), __call__(arguments) and end_episode(); got {tool!r}"
+                )
+            if isinstance(tool, PythonTool):
+                if tool.bound:
+                    raise ValueError(
+                        f"{tool!r} already serves another environment and holds its episode's session: give "
+                        "each environment its own PythonTool (they can share one sandbox)"
+                    )
+                tool.bound = True
         self.tool_format = tool_format
         self.code_block = code_block
         default_format = "output_block" if tool_format == "python_fence" else "tool_response"
         self.observation_format: ObservationFormat = observation_format or default_format
         self.max_obs_chars = max_obs_chars
-        self.tool_timeout_s = tool_timeout_s
-        self.stateless = stateless
-        self.error_lines = error_lines
         self.void_turn_policy = void_turn_policy
         self.void_turn_feedback = void_turn_feedback
-        self.accept_tool_answer = accept_tool_answer
         self.max_tool_calls_per_turn = max_tool_calls_per_turn
         self.languages = languages
-        self._sandbox = sandbox
-        self._owns_sandbox = sandbox is None
-        self._session: Any = None
-        self._session_stack: contextlib.ExitStack | None = None
-        self.tool_answers: list[str] = []
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> ToolEnv:
-        """A copy shares the sandbox (never closing it) and opens its own session when it needs one."""
-        cls = type(self)
-        clone = cls.__new__(cls)
-        memo[id(self)] = clone
-        for key, value in self.__dict__.items():
-            if key == "_sandbox":
-                clone.__dict__[key] = value
-            elif key in ("_session", "_session_stack"):
-                clone.__dict__[key] = None
-            else:
-                clone.__dict__[key] = copy.deepcopy(value, memo)
-        clone._owns_sandbox = self._sandbox is None
-        return clone
 
     # -- hooks ------------------------------------------------------------------------------------------------
-    def tools(self) -> dict[str, Tool]:
-        """The tools the policy may call, by name. Default: `python`, run in the episode's sandbox session."""
-        return {
-            "python": Tool(
-                name="python",
-                description="Run Python code in a sandboxed interpreter and return what it prints.",
-                parameters=PYTHON_TOOL_PARAMETERS,
-                fn=self.run_python,
-            )
-        }
+    def tools(self) -> dict[str, ToolLike]:
+        """The tools the policy may call, by name. Default: the tools given to the constructor."""
+        return {tool.name: tool for tool in self._tools}
 
     def score(self, task: Task, response: str) -> Score:
-        """Math grading of the policy's last `\\boxed{}`; with `accept_tool_answer`, a final answer the tool
-        printed counts when the policy's own text has none."""
+        """Math grading of the policy's last `\\boxed{}`; a final answer a tool produced counts when the
+        policy's own text has none."""
         grader = self.grader or default_grader()
         result = grader.grade(response, _reference(task))
-        if result.reason == "no_answer" and self.accept_tool_answer and self.tool_answers:
+        if result.reason == "no_answer" and self.tool_answers:
             result = grader.compare(self.tool_answers[-1], _reference(task))
             details = {"detail": result.detail, "answer_source": "tool"}
         else:
@@ -627,14 +642,16 @@ class ToolEnv(TextEnv):
             self.stats.tool_calls += 1
             self.stats.tool_errors += int(output.status in ("error", "killed"))
             self.stats.tool_timeouts += int(output.status == "timeout")
-            observation.append(tool_message(output.text, self.observation_format))
-            if self.accept_tool_answer and output.final_answer is not None:
+            text = truncate_middle(output.text, self.max_obs_chars)
+            observation.append(tool_message(text, self.observation_format))
+            if output.final_answer is not None:
                 self.tool_answers.append(output.final_answer)
                 done = True
         return Turn(observation=observation, done=done)
 
     def call_tool(self, call: ToolCall) -> ToolOutput:
-        """Run one parsed call: unknown tools, bad arguments and tool exceptions become error outputs."""
+        """Run one parsed call: unknown tools, bad arguments and tool exceptions become error outputs
+        (`SandboxError`, the sandbox itself failing, is not the policy's doing and propagates)."""
         if call.error is not None:
             return ToolOutput(f"Error: {call.error}", "error")
         tools = self.tools()
@@ -642,68 +659,21 @@ class ToolEnv(TextEnv):
         if tool is None:
             return ToolOutput(f"Error: unknown tool {call.name!r}; available tools: {sorted(tools)}", "error")
         try:
-            return tool.fn(dict(call.arguments))
+            return tool(dict(call.arguments))
+        except SandboxError:
+            raise
         except Exception as error:  # a tool bug must not crash the rollout; the model sees the error
             logger.exception("tool %r raised", call.name)
             return ToolOutput(f"Error: tool {call.name!r} failed: {type(error).__name__}: {error}", "error")
 
-    # -- the python tool --------------------------------------------------------------------------------------
-    @property
-    def sandbox(self) -> Any:
-        """The sandbox (`make_sandbox("auto", pool_size=2)` on first use when none was injected)."""
-        if self._sandbox is None:
-            from stare_agents.sandbox import make_sandbox
-
-            self._sandbox = make_sandbox("auto", pool_size=2)  # one in use, one being reset for the next
-            self._owns_sandbox = True
-        return self._sandbox
-
-    def session(self) -> Any:
-        """The episode's sandbox session, opened on the first tool call and closed at the episode's end."""
-        if self._session is None:
-            stack = contextlib.ExitStack()
-            self._session = stack.enter_context(self.sandbox.session(stateless=self.stateless))
-            self._session_stack = stack
-        return self._session
-
-    def run_python(self, arguments: dict[str, Any]) -> ToolOutput:
-        """The `python` tool: run `arguments["code"]` in the episode's session and format the result."""
-        code = arguments.get("code")
-        if not isinstance(code, str):
-            return ToolOutput('Error: the python tool needs a string argument "code"', "error")
-        if self.accept_tool_answer:
-            code = FINAL_ANSWER_PREAMBLE + code
-        result = self.session().run(code, timeout_s=self.tool_timeout_s)
-        final_answer = None
-        if self.accept_tool_answer:
-            boxed, _ = _last_box(result.stdout)
-            final_answer = boxed
-        return ToolOutput(self.format_result(result), result.status, final_answer)
-
-    def format_result(self, result: ExecutionResult) -> str:
-        """The observation text for a sandbox result: stdout, then the traceback (or its last
-        `error_lines` lines), a note on timeouts and kills, head+tail truncated to `max_obs_chars`."""
-        parts = [result.stdout.rstrip("\n")] if result.stdout else []
-        stderr = result.stderr.rstrip("\n")
-        if stderr and self.error_lines is not None:
-            stderr = "\n".join(stderr.splitlines()[-self.error_lines :])
-        if stderr:
-            parts.append(stderr)
-        if result.status == "timeout" and not stderr:
-            parts.append(f"TimeoutError: the code ran longer than {self.tool_timeout_s:g} s and was stopped.")
-        elif result.status == "killed" and not stderr:
-            parts.append("Error: the interpreter was killed (out of memory or crashed).")
-        return truncate_middle("\n".join(parts), self.max_obs_chars)
-
     def end_episode(self) -> None:
-        """Close the episode's sandbox session (the sandbox itself stays up for the next episode)."""
-        stack, self._session, self._session_stack = self._session_stack, None, None
+        """End the tools' episodes (the python tool closes its session; the sandbox stays up)."""
         self.tool_answers = []
-        if stack is not None:
+        for tool in self.tools().values():
             try:
-                stack.close()
+                tool.end_episode()
             except Exception:
-                logger.exception("closing the sandbox session failed")
+                logger.exception("ending the episode of tool %r failed", tool.name)
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
@@ -712,12 +682,24 @@ class ToolEnv(TextEnv):
         info["tools"] = [tool.schema() for tool in self.tools().values()]
         return observation, info
 
-    def close(self) -> None:
-        """End the episode and close the sandbox if this environment created it (never an injected one)."""
-        super().close()
-        if self._owns_sandbox and self._sandbox is not None:
-            sandbox, self._sandbox = self._sandbox, None
-            sandbox.close()
+
+def clip_reward(value: Any, reward_range: tuple[float, float]) -> tuple[float, str | None]:
+    """(the reward clipped into `reward_range`, None) or, when it was not a finite number inside the range,
+    (the clipped reward, a sentence saying what `score()` returned). NaN and non-numbers become the low end."""
+    low, high = float(reward_range[0]), float(reward_range[1])
+    try:
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return low, f"score() returned {value!r:.80}, not a number; the reward is {low:g}"
+    if isinstance(value, bool) or math.isnan(number):
+        return low, f"score() returned {value!r}, not a finite number; the reward is {low:g}"
+    if low <= number <= high:
+        return number, None
+    clipped = min(max(number, low), high)
+    return (
+        clipped,
+        f"score() returned {number!r}, outside reward_range {reward_range}; clipped to {clipped:g}",
+    )
 
 
 def is_finite_number(value: Any) -> bool:

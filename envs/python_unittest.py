@@ -1,24 +1,38 @@
 """`PythonUnitTest-v0`: write a function; the reward is the fraction of hidden unit tests that pass.
 
 Single turn. The policy answers with its implementation in a ```python block (the last complete block is
-the submission); the environment runs it in a fresh, stateless sandbox session together with the hidden
-tests (assert statements) and counts how many pass. Each test has its own time limit where the interpreter
-allows a signal-based alarm, and the whole run has `tool_timeout_s`; a test that has not reported by then
-counts as failed.
+the submission). The tests are graded out of the submission's reach (`envs/_unittest_harness.py`): in a
+fresh sandbox session a driver process evaluates each test (one `assert` statement) and a separate
+interpreter, which imports the submission as the module `solution`, answers the driver's calls to the
+submission's functions with plain data. The expected values, the comparisons and the verdicts never enter the
+submission's process, and the driver's report goes through the sandbox's stdout, which that process cannot
+write to; the host then checks the report's shape and count. A submission can influence only what its
+functions return. Each test has its own deadline (`per_test_timeout_s`), enforced from outside the submission.
 
 Tasks come from a built-in set (`BUILTIN_TASKS`) or from a dataset whose rows carry "problem" (the
-description), "tests" (a list of assert statements) and optionally "entry_point" (the function's name).
+description) and "tests" (a list of `assert` statements). A test calls the submission's functions by name;
+arguments and return values must be plain data (None, bool, int, float, complex, str, bytes, list, tuple,
+dict, set, frozenset; numpy values are converted). Put expected values in the test, not in the call.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import secrets
+from pathlib import Path
 from typing import Any, ClassVar
 
-from stare_agents.envs.core import Score, ToolEnv, load_prompt
-from stare_agents.envs.parsing import python_blocks
+from stare_agents.envs.core import Score, TextEnv, load_prompt
+from stare_agents.envs.parsing import PYTHON_LANGUAGES, python_blocks
 from stare_agents.envs.tasks import Task, TaskDataset
+from stare_agents.envs.tools import shared_sandbox
+
+HARNESS_SOURCE = Path(__file__).with_name("_unittest_harness.py").read_text(encoding="utf-8")
+# Reasons a unit-test score can give (Score.reason).
+UNITTEST_REASONS: tuple[str, ...] = ("correct", "wrong", "error", "timeout", "no_answer", "harness_violation")
+MAX_TESTS = 1000
+MAX_ERRORS = 5  # failure messages the report carries
 
 BUILTIN_TASKS: list[dict[str, Any]] = [
     {
@@ -132,117 +146,152 @@ BUILTIN_TASKS: list[dict[str, Any]] = [
     },
 ]
 
-# The harness that runs in the sandbox. Results go to the real stdout behind a per-call marker; everything
-# the submission prints is captured so it cannot forge or drown out the result lines.
-_HARNESS = """
-import io as __io, json as __json, signal as __signal, sys as __sys
-__out, __mark = __sys.__stdout__, {marker!r}
-def __report(payload):
-    __out.write(__mark + __json.dumps(payload) + "\\n"); __out.flush()
-def __alarm(*_):
-    raise TimeoutError("test exceeded {per_test_s}s")
-try:
-    __signal.signal(__signal.SIGALRM, __alarm); __can_alarm = True
-except (ValueError, AttributeError):
-    __can_alarm = False
-__ns = {{"__name__": "solution"}}
-__sys.stdout = __io.StringIO()
-try:
-    exec(compile({source!r}, "solution.py", "exec"), __ns)
-    __loaded = True
-except BaseException as __e:
-    __report({{"load_error": type(__e).__name__ + ": " + str(__e)[:300]}}); __loaded = False
-if __loaded:
-    for __i, __test in enumerate({tests!r}):
-        try:
-            if __can_alarm: __signal.setitimer(__signal.ITIMER_REAL, {per_test_s})
-            exec(__test, __ns)
-            if __can_alarm: __signal.setitimer(__signal.ITIMER_REAL, 0)
-            __report({{"test": __i, "passed": True}})
-        except BaseException as __e:
-            if __can_alarm: __signal.setitimer(__signal.ITIMER_REAL, 0)
-            __report({{"test": __i, "passed": False, "error": type(__e).__name__ + ": " + str(__e)[:200]}})
-__sys.stdout = __sys.__stdout__
-"""
 
-
-class PythonUnitTestEnv(ToolEnv):
+class PythonUnitTestEnv(TextEnv):
     """Write a function that passes hidden unit tests; reward = passed / total (in [0, 1]).
 
-    Args (besides `TextEnv`'s): sandbox, tool_timeout_s (whole test run, default 10 s), per_test_timeout_s
-    (default 2 s), dataset (rows with "problem" and "tests"; default: the built-in tasks).
+    Args (besides `TextEnv`'s): sandbox (None: the process-wide shared one), tool_timeout_s (the whole test
+    run, default 10 s), per_test_timeout_s (each test including any load of the submission, default 2 s),
+    dataset (rows with "problem" and "tests"; default: the built-in tasks).
+
+    Score reasons: "correct" (all pass), "wrong", "error" (the submission does not load), "timeout" (the run
+    produced no report in time), "no_answer" (no complete ```python block), "harness_violation" (the report
+    was malformed: counted as a tool error, reward 0, `score_details["violation"]` says what was wrong).
     """
 
     default_max_turns: ClassVar[int] = 1
     default_prompt_template: ClassVar[str] = load_prompt("python_unittest")
+    uses_sandbox: ClassVar[bool] = True
+    example_task_options: ClassVar[dict[str, Any]] = {
+        "problem": "Write add(a, b).",
+        "tests": ["assert add(2, 3) == 5"],
+    }
 
     def __init__(
         self,
         *,
         dataset: Any = None,
+        sandbox: Any = None,
         tool_timeout_s: float = 10.0,
         per_test_timeout_s: float = 2.0,
         max_turns: int = 1,
+        languages: tuple[str, ...] = PYTHON_LANGUAGES,
         **kwargs: Any,
     ) -> None:
         if max_turns != 1:
             raise ValueError("PythonUnitTest-v0 is single-turn: the one action is the submission")
+        if not (per_test_timeout_s > 0 and tool_timeout_s > per_test_timeout_s):
+            raise ValueError(
+                f"need 0 < per_test_timeout_s < tool_timeout_s, got {per_test_timeout_s!r} and {tool_timeout_s!r}"
+            )
         super().__init__(
-            dataset=dataset if dataset is not None else TaskDataset(BUILTIN_TASKS),
-            tool_timeout_s=tool_timeout_s,
-            max_turns=1,
-            stateless=True,
-            **kwargs,
+            dataset=dataset if dataset is not None else TaskDataset(BUILTIN_TASKS), max_turns=1, **kwargs
         )
+        self._sandbox = sandbox
+        self.tool_timeout_s = tool_timeout_s
         self.per_test_timeout_s = per_test_timeout_s
+        self.languages = languages
 
-    def tools(self) -> dict[str, Any]:
-        """No callable tools: the sandbox runs the submission and the tests, not the policy's calls."""
-        return {}
+    @property
+    def sandbox(self) -> Any:
+        """The injected sandbox, or the process-wide shared one."""
+        return self._sandbox if self._sandbox is not None else shared_sandbox()
 
-    def respond(self, action: str) -> Any:
-        """Single turn: the action is the submission, scored when the episode ends."""
-        return super(ToolEnv, self).respond(action)
+    def validate_task(self, task: Task) -> None:
+        """A task needs "tests": a non-empty list of strings, each a single `assert` statement."""
+        tests = task.data.get("tests")
+        if not isinstance(tests, list | tuple) or not tests or len(tests) > MAX_TESTS:
+            raise ValueError(
+                f"task {task.id!r} needs 'tests': a list of 1..{MAX_TESTS} assert statements (strings), got "
+                f"{_short(tests)}; pin one with reset(options={{'problem': ..., 'tests': ['assert f(1) == 2']}})"
+            )
+        for index, test in enumerate(tests):
+            if not isinstance(test, str):
+                raise ValueError(f"task {task.id!r}: test {index} must be a string, got {_short(test)}")
+            try:
+                body = ast.parse(test).body
+            except (SyntaxError, ValueError, RecursionError, MemoryError) as error:
+                raise ValueError(
+                    f"task {task.id!r}: test {index} is not valid Python ({error}): {_short(test)}"
+                ) from None
+            if len(body) != 1 or not isinstance(body[0], ast.Assert):
+                raise ValueError(
+                    f"task {task.id!r}: test {index} must be one assert statement, got {_short(test)}"
+                )
 
     def score(self, task: Task, response: str) -> Score:
         """Run the last ```python block of the response against the task's hidden tests."""
-        tests = list(task.data.get("tests") or [])
-        if not tests:
-            raise ValueError(f"task {task.id!r} has no 'tests' to run")
+        tests = list(task.data["tests"])
         blocks = python_blocks(response, self.languages)
         if not blocks:
             return Score(0.0, "no_answer", details={"tests_total": len(tests), "tests_passed": 0})
         source = blocks[-1]
-        marker = f"@@stare-{secrets.token_hex(8)}@@"
-        harness = _HARNESS.format(
-            marker=marker, source=source, tests=tests, per_test_s=self.per_test_timeout_s
-        )
-        result = self.session().run(harness, timeout_s=self.tool_timeout_s)
-        self.stats.tool_calls += 1
-        self.stats.tool_timeouts += int(result.status == "timeout")
-        self.stats.tool_errors += int(result.status in ("error", "killed"))
-        passed, failures, load_error = 0, [], None
-        for line in result.stdout.splitlines():
-            if not line.startswith(marker):
-                continue
-            report = json.loads(line[len(marker) :])
-            if "load_error" in report:
-                load_error = report["load_error"]
-            elif report["passed"]:
-                passed += 1
-            else:
-                failures.append(report["error"])
-        # A test stopped by its own alarm is a tool timeout too, though the run as a whole finished.
-        self.stats.tool_timeouts += sum(f.startswith("TimeoutError: test exceeded") for f in failures)
-        reward = passed / len(tests)
-        reason = "correct" if passed == len(tests) else ("error" if load_error else "wrong")
-        if result.status == "timeout" and passed < len(tests):
-            reason = "timeout"
-        details = {
-            "tests_total": len(tests),
-            "tests_passed": passed,
-            "status": result.status,
-            "load_error": load_error,
-            "failures": failures[:5],
+        nonce = f"@@stare-report-{secrets.token_hex(16)}@@"
+        params = {
+            "source": source,
+            "tests": tests,
+            "per_test_s": self.per_test_timeout_s,
+            "budget_s": max(self.per_test_timeout_s, self.tool_timeout_s - 1.0),
+            "nonce": nonce,
         }
+        code = (
+            f"{HARNESS_SOURCE}\n_SOURCE = {HARNESS_SOURCE!r}\n"
+            f"import json as _json\n_driver(_json.loads({json.dumps(params)!r}))\n"
+        )
+        with self.sandbox.session(stateless=True) as session:
+            result = session.run(code, timeout_s=self.tool_timeout_s)
+        report, violation = _read_report(result.stdout, nonce, len(tests))
+        self.stats.tool_calls += 1
+        self.stats.tool_errors += int(result.status in ("error", "killed") or violation is not None)
+        details: dict[str, Any] = {"tests_total": len(tests), "tests_passed": 0, "status": result.status}
+        if report is None:
+            self.stats.tool_timeouts += int(result.status == "timeout")
+            reason = "timeout" if result.status == "timeout" else "harness_violation"
+            details["violation"] = violation
+            return Score(0.0, reason, False, source, details)
+        outcomes = report["outcomes"]
+        passed = outcomes.count("P")
+        self.stats.tool_timeouts += outcomes.count("T")
+        reward = passed / len(tests)
+        reason = "correct" if passed == len(tests) else ("error" if report["load_error"] else "wrong")
+        details.update(
+            tests_passed=passed, load_error=report["load_error"], failures=report["errors"], violation=None
+        )
         return Score(reward, reason, passed == len(tests), source, details)
+
+
+def _read_report(stdout: str, nonce: str, count: int) -> tuple[dict[str, Any] | None, str | None]:
+    """The driver's report, validated: (report, None), or (None, what was wrong).
+
+    A report is `{"load_error": str | null, "outcomes": str, "errors": [str, ...]}`: one letter per test
+    (P passed, F failed, T timed out) and the messages of the first few failures.
+    """
+    lines = [line for line in stdout.splitlines() if line.startswith(nonce)]
+    if len(lines) != 1:
+        return None, f"expected one report line, found {len(lines)}"
+    try:
+        report = json.loads(lines[0][len(nonce) :])
+    except (ValueError, RecursionError):
+        return None, "the report is not valid JSON"
+    if not isinstance(report, dict) or set(report) != {"load_error", "outcomes", "errors"}:
+        return None, "the report must be an object with exactly load_error, outcomes and errors"
+    outcomes, errors = report["outcomes"], report["errors"]
+    if not isinstance(outcomes, str) or len(outcomes) != count or set(outcomes) - set("PFT"):
+        return None, f"the outcomes must be {count} letters P, F or T"
+    if (
+        not isinstance(errors, list)
+        or len(errors) > MAX_ERRORS
+        or not all(isinstance(e, str) for e in errors)
+    ):
+        return None, f"the errors must be a list of at most {MAX_ERRORS} strings"
+    if not isinstance(report["load_error"], str | None):
+        return None, "load_error must be a string or null"
+    return report, None
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+__all__ = ["BUILTIN_TASKS", "UNITTEST_REASONS", "PythonUnitTestEnv"]

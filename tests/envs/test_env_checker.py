@@ -11,7 +11,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env as gymnasium_check_env
 from typer.testing import CliRunner
 
-from stare_agents.envs import ENVIRONMENTS, EnvCheckError, Score, Task, TextEnv, ToolEnv, check_env, message
+from stare_agents.envs import ENVIRONMENTS, EnvCheckError, Score, Task, TextEnv, check_env, message
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "custom_env.py"
 
@@ -28,7 +28,7 @@ def test_every_registered_env_passes(env_id: str, sandbox) -> None:
     spec = gym.spec(env_id)
     module, _, name = str(spec.entry_point).partition(":")
     env_class = getattr(importlib.import_module(module), name)
-    kwargs = {"sandbox": sandbox} if issubclass(env_class, ToolEnv) else {}
+    kwargs = {"sandbox": sandbox} if env_class.uses_sandbox else {}
     made = gym.make(env_id, **kwargs)
     check_env(made)
     # and gymnasium's own checker (random actions from the action space, space sampling, seeding), on the

@@ -233,14 +233,57 @@ def test_injected_sandbox_survives_env_close(sandbox) -> None:
         assert session.run("print(2)", timeout_s=5).stdout == "2\n"
 
 
-def test_default_make_creates_and_closes_its_own_sandbox() -> None:
-    env = gym.make("stare_agents/MathTIR-v0")  # Docker when up, else LocalSandbox with its warning
+def test_envs_without_a_sandbox_share_one_process_wide_pool() -> None:
+    """Four environments made without sandbox= start at most one pool between them, and closing them leaves
+    it up (it belongs to the process, closed at exit)."""
+    import gc
+
+    from stare_agents.envs import shared_sandbox
+    from stare_agents.sandbox import PooledSandbox
+
+    def started_pools() -> set[int]:
+        return {id(o) for o in gc.get_objects() if isinstance(o, PooledSandbox) and o._pool is not None}
+
+    before = started_pools()
+    envs = [gym.make("stare_agents/ArithmeticTIR-v0") for _ in range(3)]
+    envs.append(gym.make("stare_agents/PythonUnitTest-v0"))
+    for env in envs[:3]:
+        env.reset(seed=0, options=PINNED)
+        obs, *_ = env.step(CODE.format("print(6 * 7)"))
+        assert obs[0]["content"] == "42"
+    envs[3].reset(seed=0, options={"index": 0})
+    assert envs[3].step(PALINDROME)[1] == 1.0
+    assert len(started_pools() - before) <= 1
+    sandboxes = {id(env.unwrapped.tools()["python"].sandbox) for env in envs[:3]}
+    assert sandboxes == {id(shared_sandbox())} == {id(envs[3].unwrapped.sandbox)}
+    for env in envs:
+        env.close()
+    assert shared_sandbox()._pool is not None  # still up for the next environment
+    with shared_sandbox().session() as session:
+        assert session.run("print(2)", timeout_s=5).stdout == "2\n"
+
+
+def test_python_tool_is_injected_and_owns_the_episode_session(sandbox) -> None:
+    from stare_agents.envs import PythonTool
+
+    tool = PythonTool(sandbox, timeout_s=2.0, stateless=True, error_lines=1)
+    env = MathTIREnv(tools=[tool])
     env.reset(seed=0, options=PINNED)
-    obs, *_ = env.step(CODE.format("print(6 * 7)"))
-    assert obs[0]["content"] == "42"
-    own = env.unwrapped._sandbox
+    obs, *_ = env.step(CODE.format("x = 1"))
+    assert tool._session is not None  # the tool holds the episode's session
+    obs, *_ = env.step(CODE.format("print(x)"))  # stateless: x is gone
+    assert obs[0]["content"] == "NameError: name 'x' is not defined"  # error_lines=1
+    env.step("\\boxed{42}")
+    assert tool._session is None  # the episode's end closed it; the sandbox is still up
+    with pytest.raises(ValueError, match="already serves another environment"):
+        MathTIREnv(tools=[tool])
+    with pytest.raises(
+        ValueError, match=r"\['stateless', 'tool_timeout_s'\] configure the default python tool"
+    ):
+        MathTIREnv(tools=[PythonTool(sandbox)], tool_timeout_s=1.0, stateless=True)
+    with pytest.raises(TypeError, match="end_episode"):
+        MathTIREnv(tools=[object()])
     env.close()
-    assert env.unwrapped._sandbox is None and own._pool is None
 
 
 # -- MathCoT ---------------------------------------------------------------------------------------------------
@@ -454,7 +497,8 @@ def test_deepcopy_shares_the_sandbox_not_the_session(sandbox) -> None:
     env.reset(seed=0, options=PINNED)
     env.step(CODE.format("mine = 1"))
     clone = copy.deepcopy(env)
-    assert clone.sandbox is sandbox and clone._session is None and not clone._owns_sandbox
+    tool, cloned_tool = env.tools()["python"], clone.tools()["python"]
+    assert cloned_tool is not tool and cloned_tool.sandbox is sandbox and cloned_tool._session is None
     obs, *_ = clone.step(CODE.format("print(mine)"))  # the clone's own, fresh session
     assert "NameError" in obs[0]["content"]
     obs, *_ = env.step(CODE.format("print(mine)"))
@@ -498,5 +542,5 @@ def test_custom_tools_hook_with_hermes_calls() -> None:
     _, reward, terminated, _, _ = env.step("\\boxed{42}")
     assert (reward, terminated) == (1.0, True)
     assert env.render().splitlines()[0] == "[task lookup] Look up 'answer'."
-    assert env._sandbox is None  # no Python tool, no sandbox was ever created
+    assert "python" not in env.tools()  # the hook replaced the default tool
     env.close()
