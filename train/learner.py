@@ -4,7 +4,8 @@
     metrics = learner.step(collate(trajectories, pad_token_id), advantages)   # LEARNER_METRICS
 
 One step, as the official STARE code does it:
-  1. pre-update pass (no grad) over the step batch: log pi_old(a), entropy H, and Phi's collision term;
+  1. pre-update pass (no grad) over the step batch: log pi_old(a), entropy H, and Phi's collision term
+     (when the step is one micro-batch per worker and one update, the update's own forward is this pass);
   2. entropy of the step's action tokens (aggregated like the loss) -> the gate, once per step
      (Entrocraft, when configured, switches the advantages on the same entropy);
   3. for each optimiser update (`mini_batches`, 1 by default) and each token-budget micro-batch: forward
@@ -31,6 +32,7 @@ from stare_agents.algo import (
     AlgorithmConfig,
     Stare,
     StareConfig,
+    loss_normalizer,
     policy_loss,
     quadrant_counts,
     sensitivity_from_statistics,
@@ -106,6 +108,8 @@ class LearnerConfig:
     old_logprobs: str = "recompute"  # PPO's pi_old: the pre-update pass ("recompute") or the rollout's
     tis_cap: float | None = None  # truncated importance sampling min(pi_old / pi_rollout, C); needs recompute
     diagnostics: bool = True  # Phi quadrants and L+/L- shares (also for non-STARE algorithms)
+    # one update and at most one micro-batch per worker: the update's forward doubles as the pre-update pass
+    fuse_single_micro_batch: bool = True
     device: str = "cpu"
     seed: int = 0  # Clip-Cov's random token choice
 
@@ -218,11 +222,24 @@ class Learner:
         plan = [[mb.to(self.device) for mb in update] for update in plan]
         micro_batches = [mb for update in plan for mb in update]
 
-        # 1. pre-update pass: pi_old, entropy and Phi of the policy before this step's updates
-        self.policy.eval()
-        with torch.no_grad():
-            pre = [self._score(mb, want_collision=self.config.diagnostics) for mb in micro_batches]
-        self.policy.train()
+        # 1. pre-update pass: pi_old, entropy and Phi of the policy before this step's updates. When there
+        #    is one update and no worker holds more than one micro-batch, the update's own forward is that
+        #    pass (nothing has changed the policy yet): one forward instead of two, the same numbers.
+        want = self.config.diagnostics
+        forward: list[TokenStats | None] = [None] * len(micro_batches)
+        if (
+            self.config.fuse_single_micro_batch
+            and len(plan) == 1
+            and self._one_micro_batch_each(micro_batches)
+        ):
+            self.policy.train()
+            forward = [self._score(mb, want_collision=want) for mb in micro_batches]
+            pre = [TokenStats(f.logprob.detach(), f.entropy.detach(), f.collision) for f in forward]
+        else:
+            self.policy.eval()
+            with torch.no_grad():
+                pre = [self._score(mb, want_collision=want) for mb in micro_batches]
+            self.policy.train()
         pre_update_s = time.perf_counter() - start
         totals = self._step_totals(micro_batches, pre, plan)
         entropy = totals["entropy_sum"] / totals["entropy_count"] if totals["entropy_count"] else float("nan")
@@ -245,7 +262,15 @@ class Learner:
             self.optimizer.zero_grad(set_to_none=True)
             for mb in update:
                 self._accumulate(
-                    mb, pre[index], advantages[index], step_selection, index, normalizer, reweighting, sums
+                    mb,
+                    pre[index],
+                    advantages[index],
+                    step_selection,
+                    index,
+                    normalizer,
+                    reweighting,
+                    sums,
+                    forward[index],
                 )
                 index += 1
             grad_norms.append(self._apply_gradients())
@@ -255,6 +280,10 @@ class Learner:
 
     def _score(self, mb: MicroBatch, *, want_collision: bool = False) -> TokenStats:
         return self.policy(mb.batch, want_collision=want_collision)
+
+    def _one_micro_batch_each(self, micro_batches: list[MicroBatch]) -> bool:
+        more = torch.tensor([float(len(micro_batches) > 1)], dtype=torch.float64)
+        return float(self.collective.all_reduce_sum(more)) == 0.0
 
     def _switched_advantages(self, advantages: Tensor, entropy: float) -> Tensor:
         switch = self.algorithm.entrocraft
@@ -285,13 +314,7 @@ class Learner:
             diff = (stats.logprob - mb.batch.rollout_logprobs)[mask].clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
             local["abs_diff"] += float(diff.abs().sum())
             local["outside"] += float(((diff.exp() < 0.9) | (diff.exp() > 1.1)).sum())
-        normalizers = []
-        for update in plan:
-            count = 0.0
-            for mb in update:
-                mask = mb.batch.action_mask > 0
-                count += float(mask.sum() if aggregation == "token-mean" else mask.any(-1).sum())
-            normalizers.append(count)
+        normalizers = [sum(loss_normalizer(mb.batch.action_mask, aggregation) for mb in u) for u in plan]
         vector = torch.tensor([local[k] for k in names] + normalizers, dtype=torch.float64)
         vector = self.collective.all_reduce_sum(vector).tolist()
         totals = dict(zip(names, vector[: len(names)], strict=True))
@@ -335,13 +358,15 @@ class Learner:
         normalizer: float,
         reweighting: bool,
         sums: dict,
+        stats: TokenStats | None = None,
     ) -> None:
-        """Forward + backward of one micro-batch; adds its metric sums (weighted by action tokens)."""
+        """Forward (unless `stats` holds it) + backward of one micro-batch; adds its metric sums (weighted by
+        action tokens)."""
         mask = mb.batch.action_mask
         num_actions = int((mask > 0).sum())
         if num_actions == 0 and not self.collective.shards_gradients:
             return  # an all-masked micro-batch contributes exactly nothing (under FSDP: a zero backward)
-        stats = self._score(mb)
+        stats = stats if stats is not None else self._score(mb)
         need_selection = reweighting or self.config.diagnostics
         if step_selection is not None:
             top_pos, top_neg = step_selection[index]

@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import random
 import shutil
 import time
 from pathlib import Path
@@ -376,17 +375,16 @@ class Trainer:
         assert self.workers is not None
         folder.mkdir(parents=True, exist_ok=True)
         learner = self.make_learner(start_dir, algorithm)
-        checkpoints = folder / "checkpoints"
-        start = 0
-        latest = latest_checkpoint(checkpoints) if self.resume else None
+        start, version = 0, None
+        latest = latest_checkpoint(folder) if self.resume else None
         if latest is not None:
             state = load_checkpoint(latest)
-            learner.load_state_dict(state["learner"])
-            random.setstate(state["python_random"])
-            np.random.set_state(state["numpy_random"])
-            start = int(state["next_step"])
+            learner.load_state_dict(state["learner"])  # model, optimiser, schedule, gate, RNG states
+            start, version = int(state["next_step"]), int(state["weight_version"])
             logger.info("resuming %s from %s (step %d)", key, latest, start)
-        self._sync(learner)  # the workers start from the learner's weights (the SFT model, or the checkpoint)
+        self._sync(
+            learner, version
+        )  # the workers start from the learner's weights (the SFT model, or the checkpoint)
         log = RunLog(folder, c, purge_from=start)
         rollout_config = self.rollout_config()
         bar = None
@@ -412,15 +410,13 @@ class Trainer:
                     started = time.perf_counter()
                     save_checkpoint(
                         {
-                            "next_step": step + 1,
+                            "next_step": step + 1,  # the data position: step s trains on tasks of step s
                             "learner": learner.state_dict(),
-                            "python_random": random.getstate(),
-                            "numpy_random": np.random.get_state(),
                             "weight_version": self.workers.weight_version,
                         },
-                        checkpoint_file(checkpoints, step + 1),
+                        checkpoint_file(folder, step + 1),
                     )
-                    prune_checkpoints(checkpoints, c.checkpoint.keep_last)
+                    prune_checkpoints(folder, c.checkpoint.keep_last)
                     self._timed("checkpoint", time.perf_counter() - started)
             self.progress[f"{key}_done"] = True
             self.progress.setdefault("rl_logs", {})[key] = str(log.path)
@@ -432,10 +428,10 @@ class Trainer:
             if hasattr(learner, "close"):
                 learner.close()
 
-    def _sync(self, learner: Any) -> float:
+    def _sync(self, learner: Any, version: int | None = None) -> float:
         assert self.workers is not None
         started = time.perf_counter()
-        self.workers.update_weights(learner.model_state_dict())
+        self.workers.update_weights(learner.model_state_dict(), version=version)
         seconds = time.perf_counter() - started
         self._timed("sync", seconds)
         return seconds

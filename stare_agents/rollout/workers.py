@@ -310,12 +310,13 @@ class RolloutWorkerGroup:
         self,
         state_dict: Mapping[str, torch.Tensor],
         *,
+        version: int | None = None,
         dtype: torch.dtype | None = None,
         timeout_s: float = 300.0,
     ) -> int:
         """Push weights to every worker in one batched call; returns the new weight version."""
         started = time.perf_counter()
-        version = self.weight_version + 1
+        version = self.weight_version + 1 if version is None else int(version)
         if dtype is not None:
             state_dict = {k: v.detach().to(dtype) for k, v in state_dict.items()}
         else:

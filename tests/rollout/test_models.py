@@ -31,7 +31,7 @@ def test_tiny_is_deterministic_idempotent_and_loads(tmp_path, tiny_model):
 
 
 def test_unknown_names_and_folders_are_clear_errors(tmp_path):
-    with pytest.raises(FileNotFoundError, match="no config.json"):
+    with pytest.raises(FileNotFoundError, match=r"no config\.json"):
         prepare_model(str(tmp_path))
     with pytest.raises(FileNotFoundError, match="neither a prepared name"):
         prepare_model("./no/such/model")

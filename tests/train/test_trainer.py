@@ -1,0 +1,98 @@
+"""The trainer end to end on the tiny recipe: stages, outputs, metrics, and an exact resume after SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from stare_agents.train.checkpoint import latest_checkpoint, load_checkpoint
+from stare_agents.train.config import load_config
+from stare_agents.train.learner import LEARNER_METRICS
+from stare_agents.train.trainer import read_records, train
+
+# timing figures differ between runs; everything else in a step's record must be identical
+TIMING = ("time/", "learner/step_s", "learner/pre_update_s", "learner/tokens_per_s", "rollout/tokens_per_s")
+
+
+COIN = ["env.id=tests/Coin-v0", "env.kwargs={}", "env.imports=[coin_env]", "sft.enabled=false"]
+
+
+def tiny(out: Path, *extra: str):
+    return load_config(
+        recipe="tiny", overrides=[f"out_dir={out}", "rollout.sandbox=local", "rl.steps=4", *extra]
+    )
+
+
+def comparable(record: dict) -> dict:
+    return {
+        k: (None if isinstance(v, float) and math.isnan(v) else v)
+        for k, v in record.items()
+        if not k.startswith(TIMING) and k not in TIMING
+    }
+
+
+def test_tiny_run_writes_every_output(tmp_path):
+    summary = train(tiny(tmp_path / "run", "rl.steps=2"))
+    folder = tmp_path / "run"
+    assert set(summary["accuracy"]) == {"base", "sft", "rl"}
+    assert summary["rl_steps"] == 2 and summary["wall_time_s"] > 0 and summary["entropy_final"] is not None
+    assert 0.0 <= summary["gate_on_fraction"] <= 1.0
+    assert json.loads((folder / "summary.json").read_text()) == summary
+    assert (folder / "training.png").stat().st_size > 0 and any((folder / "tensorboard").iterdir())
+    assert (folder / "sft_model" / "config.json").exists() and (folder / "config.yaml").exists()
+    records = read_records(folder / "metrics.jsonl", "rl")
+    assert [r["step"] for r in records] == [0, 1]
+    for record in records:
+        assert set(LEARNER_METRICS) <= set(record)
+        assert record["rollout/weight_version"] >= 1 and record["rollout/wasted_tokens"] == 0
+        assert record["data/kept_trajectories"] == 8  # tiny: no dynamic sampling, 2 prompts x 4 samples
+    assert [r["point"] for r in read_records(folder / "metrics.jsonl", "eval")] == ["base", "sft", "rl"]
+    assert read_records(folder / "metrics.jsonl", "sft")[0]["traces"] > 0
+    assert latest_checkpoint(folder).name == "step-00000002.pt"
+
+
+def test_a_run_killed_with_sigkill_resumes_to_the_same_state_and_metrics(tmp_path):
+    """Uninterrupted 4-step run vs. a run SIGKILLed once its step-2 checkpoint exists, then resumed."""
+    import coin_env  # noqa: F401  (registers tests/Coin-v0: rewards with variance, so the model changes)
+
+    reference = tmp_path / "reference"
+    train(tiny(reference, *COIN))
+    killed = tmp_path / "killed"
+    command = [sys.executable, "-m", "stare_agents.cli", "train", "--recipe", "tiny", "--out", str(killed)]
+    command += ["rollout.sandbox=local", "rl.steps=4", *COIN]
+    environment = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
+    process = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=environment
+    )
+    deadline = time.monotonic() + 600
+    while latest_checkpoint(killed) is None or "2" not in latest_checkpoint(killed).stem:
+        assert process.poll() is None, "the run ended before it could be killed"
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    assert not (killed / "summary.json").exists()
+    train(tiny(killed, *COIN), resume=True)
+
+    a = load_checkpoint(latest_checkpoint(reference))
+    b = load_checkpoint(latest_checkpoint(killed))
+    assert a["next_step"] == b["next_step"] == 4
+    records = read_records(reference / "metrics.jsonl", "rl")
+    assert all(r["learner/grad_norm"] > 0 for r in records)  # the model really changed at every step
+    for name, tensor in a["learner"]["model"].items():
+        assert torch.equal(tensor, b["learner"]["model"][name]), name
+    assert a["learner"]["stare"] == b["learner"]["stare"]
+    first = [comparable(r) for r in read_records(reference / "metrics.jsonl", "rl")]
+    second = [comparable(r) for r in read_records(killed / "metrics.jsonl", "rl")]
+    assert [r["step"] for r in second] == [0, 1, 2, 3]  # what the killed attempt logged after step 2 is gone
+    assert first == second
+    summary = json.loads((killed / "summary.json").read_text())
+    assert summary["accuracy"] == json.loads((reference / "summary.json").read_text())["accuracy"]
