@@ -113,6 +113,29 @@ def read_records(path: Path, kind: str | None = None) -> list[dict[str, Any]]:
     return out
 
 
+RESUMABLE_CHANGES = ("rl.steps", "logging.", "checkpoint.", "out_dir")  # what a resumed run may change
+
+
+def _check_same_run(saved: Path, config: TrainConfig) -> None:
+    import yaml
+
+    from stare_agents.train.config import _flatten
+
+    before = _flatten(yaml.safe_load(saved.read_text()) or {})
+    now = _flatten(json.loads(json.dumps(config.to_dict())))  # tuples as lists, as YAML reads them
+    changed = sorted(
+        key
+        for key in set(before) | set(now)
+        if before.get(key) != now.get(key) and not key.startswith(RESUMABLE_CHANGES)
+    )
+    if changed:
+        details = ", ".join(f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in changed[:5])
+        raise FileExistsError(
+            f"{saved.parent} holds a run with another configuration ({details}); resume it with the same "
+            "settings, or start a new run with --out DIR"
+        )
+
+
 def _keep(line: str, purge_from: int) -> bool:
     try:
         record = json.loads(line)
@@ -141,6 +164,8 @@ class Trainer:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.resume = resume
         self.progress: dict[str, Any] = self._load_progress()
+        if resume and (self.folder / "config.yaml").exists():
+            _check_same_run(self.folder / "config.yaml", config)
         save_config(config, self.folder / "config.yaml")
         self.workers: RolloutWorkerGroup | None = None
         self.started = time.perf_counter()
@@ -172,6 +197,17 @@ class Trainer:
         started = time.perf_counter()
         base_dir = prepare_model(config.model.name)
         self._timed("prepare_model", time.perf_counter() - started)
+        runs = {config.rl.algorithm: self.folder}
+        if compare:
+            runs[compare] = self.folder / compare
+        points = [
+            "base",
+            *(["sft"] if config.sft.enabled else []),
+            "rl",
+            *(f"rl-{n}" for n in list(runs)[1:]),
+        ]
+        if all(p in self.progress.get("accuracy", {}) for p in points):
+            return self.write_summary(compare)  # a finished run: nothing to do but report
         self.workers = self._start_workers(base_dir)
         try:
             if "base" not in self.progress.get("accuracy", {}):
@@ -184,9 +220,6 @@ class Trainer:
                 if "sft" not in self.progress.get("accuracy", {}):
                     self._sync_from_dir(rl_start)
                     self._record_accuracy("sft")
-            runs = {config.rl.algorithm: self.folder}
-            if compare:
-                runs[compare] = self.folder / compare
             for name, folder in runs.items():
                 algorithm = (
                     config.algorithm() if name == config.rl.algorithm else AlgorithmConfig.preset(name)
@@ -220,6 +253,13 @@ class Trainer:
         started = time.perf_counter()
         workers = RolloutWorkerGroup(spec, c.rollout.workers, use_ray=c.rollout.use_ray)
         self._timed("start_workers", time.perf_counter() - started)
+        for worker in workers.ping():
+            logger.info(
+                "rollout worker %d: %s engine, sandbox %s",
+                worker["index"],
+                c.rollout.engine,
+                worker["sandbox"],
+            )
         return workers
 
     def _sync_from_dir(self, model_dir: Path) -> None:

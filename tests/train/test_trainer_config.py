@@ -109,3 +109,11 @@ def test_trainer_reads_the_task_and_sampling_fields(tmp_path):
         (tmp_path / "run" / "x").write_text("")
         Trainer(config)
     assert isinstance(TrainConfig().rl.learner.optimizer.lr, float)
+
+
+def test_resuming_with_another_configuration_is_refused(tmp_path):
+    config = load_config(recipe="tiny", overrides=[f"out_dir={tmp_path / 'run'}"])
+    Trainer(config)  # writes config.yaml
+    Trainer(load_config(recipe="tiny", overrides=[f"out_dir={tmp_path / 'run'}", "rl.steps=9"]), resume=True)
+    with pytest.raises(FileExistsError, match=r"rl\.prompts_per_step"):
+        Trainer(load_config(recipe="tiny", overrides=[f"out_dir={tmp_path / 'run'}", "rl.prompts_per_step=5"]), resume=True)
