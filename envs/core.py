@@ -51,6 +51,7 @@ from stare_agents.envs.parsing import (
     ObservationFormat,
     ToolCall,
     ToolFormat,
+    count_tool_calls,
     find_tool_calls,
     message,
     render_template,
@@ -66,6 +67,7 @@ logger = logging.getLogger("stare_agents.envs")
 PROMPTS_DIR = Path(__file__).with_name("prompts")
 MAX_ACTION_CHARS = 16 * 1024 * 1024
 MAX_MESSAGE_CHARS = 16 * 1024 * 1024
+MAX_TOOL_CALLS_PER_TURN = 1024
 VoidTurnPolicy = Literal["end", "continue"]
 
 # Keys every `info` dict carries (after reset and after every step); check_env verifies them.
@@ -79,6 +81,7 @@ INFO_KEYS: tuple[str, ...] = (
     "tool_calls",
     "tool_errors",
     "tool_timeouts",
+    "tool_statuses",
 )
 # Keys the info of an episode's last step adds; check_env verifies them. `reward_violation` is None, or says
 # what `score()` returned that was not a finite number in `reward_range` (the reward is then clipped).
@@ -214,12 +217,20 @@ class Turn:
 
 @dataclass
 class EpisodeStats:
-    """Counters reported in `info`."""
+    """Counters reported in `info` (episode totals; `step_statuses` holds the current step's calls)."""
 
     void_turns: int = 0
     tool_calls: int = 0
     tool_errors: int = 0
     tool_timeouts: int = 0
+    step_statuses: list[str] = field(default_factory=list)
+
+    def count_call(self, status: str) -> None:
+        """One tool call with its status ("ok", "error", "timeout", "killed")."""
+        self.tool_calls += 1
+        self.tool_errors += int(status in ("error", "killed"))
+        self.tool_timeouts += int(status == "timeout")
+        self.step_statuses.append(status)
 
 
 # -- the text environment -------------------------------------------------------------------------------------
@@ -360,6 +371,7 @@ class TextEnv(gym.Env[list[Message], str]):
         """
         self._check_action(action)
         saved = (self.turn, list(self.responses), replace(self.stats), list(self.tool_answers))
+        self.stats.step_statuses = []
         try:
             return self._step(action)
         except BaseException:
@@ -470,6 +482,7 @@ class TextEnv(gym.Env[list[Message], str]):
             "tool_calls": self.stats.tool_calls,
             "tool_errors": self.stats.tool_errors,
             "tool_timeouts": self.stats.tool_timeouts,
+            "tool_statuses": list(self.stats.step_statuses),
         }
 
 
@@ -553,6 +566,12 @@ class ToolEnv(TextEnv):
             raise ValueError(f"code_block must be 'first' or 'last', got {code_block!r}")
         if void_turn_policy not in ("end", "continue"):
             raise ValueError(f"void_turn_policy must be 'end' or 'continue', got {void_turn_policy!r}")
+        if not 1 <= max_tool_calls_per_turn <= MAX_TOOL_CALLS_PER_TURN:
+            raise ValueError(
+                f"max_tool_calls_per_turn must be in 1..{MAX_TOOL_CALLS_PER_TURN}, got {max_tool_calls_per_turn!r}"
+            )
+        if max_obs_chars < 64:
+            raise ValueError(f"max_obs_chars must be >= 64, got {max_obs_chars!r}")
         python_options = {
             "sandbox": sandbox,
             "tool_timeout_s": tool_timeout_s,
@@ -599,6 +618,8 @@ class ToolEnv(TextEnv):
         self.void_turn_feedback = void_turn_feedback
         self.max_tool_calls_per_turn = max_tool_calls_per_turn
         self.languages = languages
+        # a turn answers with at most max_tool_calls_per_turn results and one message about the calls past it
+        self.observation_space = MessagesSpace(max_messages=max(64, max_tool_calls_per_turn + 1))
 
     # -- hooks ------------------------------------------------------------------------------------------------
     def tools(self) -> dict[str, ToolLike]:
@@ -622,8 +643,8 @@ class ToolEnv(TextEnv):
         boxed, unterminated = _last_box(action)
         if boxed is not None or unterminated:
             return Turn(done=True)
-        calls = find_tool_calls(action, self.tool_format, self.code_block, self.languages)
-        if not calls:
+        calls, ignored = self.parse_calls(action)
+        if not calls and not ignored:
             if self.void_turn_policy == "end":
                 return Turn(done=True, void=True)
             feedback = message("user", self.void_turn_feedback, "\n" + self.void_turn_feedback + "\n")
@@ -632,22 +653,48 @@ class ToolEnv(TextEnv):
             return Turn()  # the turn limit: nothing would read the result; the base class truncates
         observation: list[Message] = []
         done = False
-        for index, call in enumerate(calls):
-            if index >= self.max_tool_calls_per_turn:
-                output = ToolOutput(
-                    f"Error: at most {self.max_tool_calls_per_turn} tool calls per turn", "error"
-                )
-            else:
-                output = self.call_tool(call)
-            self.stats.tool_calls += 1
-            self.stats.tool_errors += int(output.status in ("error", "killed"))
-            self.stats.tool_timeouts += int(output.status == "timeout")
-            text = truncate_middle(output.text, self.max_obs_chars)
-            observation.append(tool_message(text, self.observation_format))
+        for call in calls:
+            output = self.call_tool(call)
+            self.stats.count_call(output.status)
+            observation.append(self._observe(output.text))
             if output.final_answer is not None:
                 self.tool_answers.append(output.final_answer)
                 done = True
+        if ignored > 0:  # one message for all of them, so the observation stays within its space
+            self.stats.count_call("error")  # one status for the batch; the counters count each call
+            self.stats.tool_calls += ignored - 1
+            self.stats.tool_errors += ignored - 1
+            observation.append(
+                self._observe(
+                    f"Error: {ignored} more tool call(s) were not run: at most "
+                    f"{self.max_tool_calls_per_turn} tool calls per turn"
+                )
+            )
         return Turn(observation=observation, done=done)
+
+    def parse_calls(self, action: str) -> tuple[list[ToolCall], int]:
+        """(the calls of this turn to run, at most `max_tool_calls_per_turn`; how many more it holds).
+
+        The parsers turn malformed calls into `ToolCall(error=...)`; should one still raise, the turn gets
+        one error call (logged with its traceback) instead of crashing `step`.
+        """
+        limit = self.max_tool_calls_per_turn
+        try:
+            calls = find_tool_calls(action, self.tool_format, self.code_block, self.languages, limit)
+            more = (
+                count_tool_calls(action, self.tool_format, self.languages) - len(calls)
+                if len(calls) == limit
+                else 0
+            )
+        except Exception as error:
+            logger.exception("parsing the tool calls of a %d-character turn raised", len(action))
+            return [
+                ToolCall(name="", error=f"the tool calls could not be parsed ({type(error).__name__})")
+            ], 0
+        return calls, more
+
+    def _observe(self, text: str) -> Message:
+        return tool_message(truncate_middle(text, self.max_obs_chars), self.observation_format)
 
     def call_tool(self, call: ToolCall) -> ToolOutput:
         """Run one parsed call: unknown tools, bad arguments and tool exceptions become error outputs
@@ -657,7 +704,8 @@ class ToolEnv(TextEnv):
         tools = self.tools()
         tool = tools.get(call.name)
         if tool is None:
-            return ToolOutput(f"Error: unknown tool {call.name!r}; available tools: {sorted(tools)}", "error")
+            name = call.name if len(call.name) <= 64 else call.name[:61] + "..."
+            return ToolOutput(f"Error: unknown tool {name!r}; available tools: {sorted(tools)}", "error")
         try:
             return tool(dict(call.arguments))
         except SandboxError:

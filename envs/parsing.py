@@ -70,7 +70,10 @@ class ToolCall:
     error: str | None = None
 
 
-_FENCE_OPEN = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[ \t]*\r?\n")
+# An opening fence: ``` then an optional language tag on the same line. Written so that no two quantifiers can
+# match the same characters (a tag-less fence has one run of blanks), which keeps the scan linear even on a
+# fence followed by a megabyte of spaces.
+_FENCE_OPEN = re.compile(r"```[ \t]*(?:([A-Za-z0-9_+-]+)[ \t]*)?\r?\n")
 
 
 def _fenced_blocks(text: str) -> Iterator[tuple[str, str | None]]:
@@ -81,7 +84,7 @@ def _fenced_blocks(text: str) -> Iterator[tuple[str, str | None]]:
         if opening is None:
             return
         close = text.find("```", opening.end())
-        language = opening.group(1).lower()
+        language = (opening.group(1) or "").lower()
         if close < 0:
             yield language, None
             return
@@ -109,37 +112,60 @@ def has_unterminated_fence(text: str, languages: tuple[str, ...] = PYTHON_LANGUA
     return any(body is None and language in wanted for language, body in _fenced_blocks(text))
 
 
-def hermes_calls(text: str) -> list[ToolCall]:
-    """Every complete `<tool_call>...</tool_call>` in order; undecodable ones carry `.error`."""
-    calls: list[ToolCall] = []
+def hermes_calls(text: str, limit: int | None = None) -> list[ToolCall]:
+    """Every complete `<tool_call>...</tool_call>` in order (the first `limit` only, if given); undecodable
+    ones carry `.error`."""
+    return [_decode_hermes(body) for body in _hermes_bodies(text, limit)]
+
+
+def count_hermes_calls(text: str) -> int:
+    """How many complete `<tool_call>...</tool_call>` the text holds (without decoding them)."""
+    return sum(1 for _ in _hermes_spans(text))
+
+
+def _hermes_spans(text: str) -> Iterator[tuple[int, int]]:
     position = 0
     while True:
         start = text.find("<tool_call>", position)
         if start < 0:
-            return calls
+            return
         end = text.find("</tool_call>", start)
         if end < 0:
-            return calls
-        calls.append(_decode_hermes(text[start + len("<tool_call>") : end]))
+            return
+        yield start + len("<tool_call>"), end
         position = end + len("</tool_call>")
 
 
+def _hermes_bodies(text: str, limit: int | None) -> list[str]:
+    bodies = []
+    for start, end in _hermes_spans(text):
+        if limit is not None and len(bodies) >= limit:
+            break
+        bodies.append(text[start:end])
+    return bodies
+
+
 def _decode_hermes(body: str) -> ToolCall:
+    """One call's JSON; anything that is not a well-formed call (invalid JSON, an integer past Python's digit
+    limit, nesting past the recursion limit, a wrong shape) is a ToolCall with `error` set, never an exception."""
     try:
         payload = json.loads(body.strip())
-    except (json.JSONDecodeError, RecursionError) as error:
-        return ToolCall(name="", error=f"tool call is not valid JSON: {str(error)[:200]}")
+    except (ValueError, RecursionError) as error:  # JSONDecodeError, int digit limit; deep nesting
+        return ToolCall(
+            name="", error=f"tool call is not valid JSON: {type(error).__name__}: {str(error)[:200]}"
+        )
     if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
         return ToolCall(name="", error='tool call must be a JSON object {"name": ..., "arguments": {...}}')
+    name = payload["name"]
     arguments = payload.get("arguments", payload.get("parameters", {}))
     if isinstance(arguments, str):  # some models emit the arguments as a JSON string
         try:
             arguments = json.loads(arguments)
-        except json.JSONDecodeError:
-            arguments = {"code": arguments} if payload["name"] == "python" else {"input": arguments}
+        except (ValueError, RecursionError):
+            arguments = {"code": arguments} if name == "python" else {"input": arguments}
     if not isinstance(arguments, dict):
-        return ToolCall(name=payload["name"], error="tool call arguments must be a JSON object")
-    return ToolCall(name=payload["name"], arguments=arguments)
+        return ToolCall(name=name, error="tool call arguments must be a JSON object")
+    return ToolCall(name=name, arguments=arguments)
 
 
 def find_tool_calls(
@@ -147,17 +173,28 @@ def find_tool_calls(
     tool_format: ToolFormat = "python_fence",
     code_block: CodeBlock = "first",
     languages: tuple[str, ...] = PYTHON_LANGUAGES,
+    limit: int | None = None,
 ) -> list[ToolCall]:
-    """The tool calls of one policy turn, in the given style (empty list: no complete call)."""
+    """The tool calls of one policy turn, in the given style (empty list: no complete call); with `limit`,
+    only the first `limit` are decoded and returned (`count_tool_calls` says how many there are)."""
     if tool_format == "python_fence":
         blocks = python_blocks(text, languages)
-        if not blocks:
+        if not blocks or limit == 0:
             return []
         code = blocks[0] if code_block == "first" else blocks[-1]
         return [ToolCall(name="python", arguments={"code": code})]
     if tool_format == "hermes":
-        return hermes_calls(text)
+        return hermes_calls(text, limit)
     raise ValueError(f"tool_format must be 'python_fence' or 'hermes', got {tool_format!r}")
+
+
+def count_tool_calls(
+    text: str, tool_format: ToolFormat = "python_fence", languages: tuple[str, ...] = PYTHON_LANGUAGES
+) -> int:
+    """How many calls `find_tool_calls` would return without a limit (fenced blocks: 0 or 1)."""
+    if tool_format == "hermes":
+        return count_hermes_calls(text)
+    return int(bool(python_blocks(text, languages)))
 
 
 def truncate_middle(text: str, max_chars: int) -> str:

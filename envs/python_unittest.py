@@ -241,17 +241,15 @@ class PythonUnitTestEnv(TextEnv):
         with self.sandbox.session(stateless=True) as session:
             result = session.run(code, timeout_s=self.tool_timeout_s)
         report, violation = _read_report(result.stdout, nonce, len(tests))
-        self.stats.tool_calls += 1
-        self.stats.tool_errors += int(result.status in ("error", "killed") or violation is not None)
+        self.stats.count_call("error" if violation is not None and result.status == "ok" else result.status)
         details: dict[str, Any] = {"tests_total": len(tests), "tests_passed": 0, "status": result.status}
         if report is None:
-            self.stats.tool_timeouts += int(result.status == "timeout")
             reason = "timeout" if result.status == "timeout" else "harness_violation"
             details["violation"] = violation
             return Score(0.0, reason, False, source, details)
         outcomes = report["outcomes"]
         passed = outcomes.count("P")
-        self.stats.tool_timeouts += outcomes.count("T")
+        self.stats.tool_timeouts += outcomes.count("T")  # tests stopped at their deadline
         reward = passed / len(tests)
         reason = "correct" if passed == len(tests) else ("error" if report["load_error"] else "wrong")
         details.update(
