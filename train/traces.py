@@ -14,6 +14,7 @@ the same tokens and the same mask.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import re
 from collections.abc import Callable, Sequence
@@ -61,57 +62,72 @@ def solver_traces(
     env_kwargs: dict[str, Any] | None = None,
     sandbox: Any = None,
     rendering: str = "auto",
+    threads: int = 4,
 ) -> list[Trajectory]:
     """One verified two-turn trace per seed: ```python <solution>```, the tool's output, then
-    `\\boxed{<output>}`. Seeds whose trace the environment does not score correct are skipped."""
+    `\\boxed{<output>}`. Seeds whose trace the environment does not score correct are skipped. Episodes run
+    on `threads` threads (their sandbox calls overlap); the result keeps the order of `seeds`."""
     if env_id not in SOLVERS:
         raise ValueError(
             f"no solver for {env_id!r}; solvers exist for {sorted(SOLVERS)}. Use sft.data=<file.jsonl>"
         )
     solve = SOLVERS[env_id]
-    eos = min(eos_ids)
-    traces = []
-    for seed in seeds:
-        env = make_env(RolloutTask(env_id, env_kwargs=dict(env_kwargs or {})), sandbox)
-        try:
-            observation, info = env.reset(seed=int(seed))
-            task = env.unwrapped.task
-            renderer = make_renderer(rendering, tokenizer, eos_ids)
-            prompt_ids = renderer.prompt(observation, info.get("tools"))
-            code = f"```python\n{solve(task)}\n```"
-            code_ids = _encode(tokenizer, code)
-            observation, _, terminated, truncated, info = env.step(code)
-            if terminated or truncated or not observation:
-                continue
-            inserted, inserted_text = renderer.observation(code_ids, observation)
-            result = observation[0]["content"].strip()
-            answer = f"The result is \\boxed{{{result}}}."
-            answer_ids = [*_encode(tokenizer, answer), eos]
-            _, reward, terminated, _, info = env.step(answer)
-            if not (terminated and info.get("correct")):
-                continue
-        finally:
-            env.close()
-        response = code_ids + inserted + answer_ids
-        mask = [1] * len(code_ids) + [0] * len(inserted) + [1] * len(answer_ids)
-        traces.append(
-            Trajectory(
-                prompt_ids=prompt_ids,
-                response_ids=response,
-                action_mask=mask,
-                rollout_logprobs=[0.0] * len(response),
-                reward=float(reward),
-                num_turns=2,
-                correct=True,
-                task_id=task.id,
-                env_id=env_id,
-                turns=[
-                    TurnRecord(code, len(code_ids), "stop", 1, ["ok"], inserted_text, len(inserted)),
-                    TurnRecord(answer, len(answer_ids), "eos"),
-                ],
-            )
+
+    def trace(seed: int) -> Trajectory | None:
+        return _solver_trace(
+            env_id, int(seed), solve, tokenizer, eos_ids, env_kwargs or {}, sandbox, rendering
         )
-    return traces
+
+    with concurrent.futures.ThreadPoolExecutor(max(1, threads)) as pool:
+        return [t for t in pool.map(trace, seeds) if t is not None]
+
+
+def _solver_trace(
+    env_id: str,
+    seed: int,
+    solve: Callable[[Task], str],
+    tokenizer: Any,
+    eos_ids: set[int],
+    env_kwargs: dict[str, Any],
+    sandbox: Any,
+    rendering: str,
+) -> Trajectory | None:
+    env = make_env(RolloutTask(env_id, env_kwargs=dict(env_kwargs)), sandbox)
+    try:
+        observation, info = env.reset(seed=seed)
+        task = env.unwrapped.task
+        renderer = make_renderer(rendering, tokenizer, eos_ids)
+        prompt_ids = renderer.prompt(observation, info.get("tools"))
+        code = f"```python\n{solve(task)}\n```"
+        code_ids = _encode(tokenizer, code)
+        observation, _, terminated, truncated, info = env.step(code)
+        if terminated or truncated or not observation:
+            return None
+        inserted, inserted_text = renderer.observation(code_ids, observation)
+        result = observation[0]["content"].strip()
+        answer = f"The result is \\boxed{{{result}}}."
+        answer_ids = [*_encode(tokenizer, answer), min(eos_ids)]
+        _, reward, terminated, _, info = env.step(answer)
+        if not (terminated and info.get("correct")):
+            return None
+    finally:
+        env.close()
+    response = code_ids + inserted + answer_ids
+    return Trajectory(
+        prompt_ids=prompt_ids,
+        response_ids=response,
+        action_mask=[1] * len(code_ids) + [0] * len(inserted) + [1] * len(answer_ids),
+        rollout_logprobs=[0.0] * len(response),
+        reward=float(reward),
+        num_turns=2,
+        correct=True,
+        task_id=task.id,
+        env_id=env_id,
+        turns=[
+            TurnRecord(code, len(code_ids), "stop", 1, ["ok"], inserted_text, len(inserted)),
+            TurnRecord(answer, len(answer_ids), "eos"),
+        ],
+    )
 
 
 def conversation_traces(path: str | Path, tokenizer: Any, eos_ids: set[int]) -> list[Trajectory]:
