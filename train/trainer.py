@@ -333,7 +333,7 @@ class Trainer:
 
             seeds = [c.env.train_seed + 10_000_000 + i for i in range(c.sft.num_examples)]  # apart from RL's
             with make_sandbox(
-                c.rollout.sandbox if c.rollout.sandbox != "none" else "auto", pool_size=2
+                c.rollout.sandbox if c.rollout.sandbox != "none" else "auto", pool_size=4
             ) as sandbox:
                 traces = solver_traces(
                     c.env.id,
