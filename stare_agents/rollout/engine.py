@@ -36,6 +36,7 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     max_tokens: int = 512
+    ignore_eos: bool = False  # generate exactly max_tokens (benchmarks)
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.temperature) and self.temperature >= 0):

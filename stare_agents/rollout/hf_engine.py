@@ -99,7 +99,7 @@ class HFEngine:
                 token, logprob = _sample(logits, params, generator)
                 ids.append(token)
                 logprobs.append(logprob)
-                if token in self.eos_ids:
+                if token in self.eos_ids and not params.ignore_eos:
                     reason = "eos"
                     break
                 if stop is not None and stop(self.tokenizer.decode(ids, skip_special_tokens=True)):

@@ -225,6 +225,7 @@ class VLLMEngine:
                     temperature=request.params.temperature,
                     top_p=request.params.top_p,
                     max_tokens=request.params.max_tokens,
+                    ignore_eos=request.params.ignore_eos,
                     logprobs=0,
                     output_kind=RequestOutputKind.DELTA,
                 )
