@@ -96,3 +96,17 @@ def test_a_run_killed_with_sigkill_resumes_to_the_same_state_and_metrics(tmp_pat
     assert first == second
     summary = json.loads((killed / "summary.json").read_text())
     assert summary["accuracy"] == json.loads((reference / "summary.json").read_text())["accuracy"]
+
+
+def test_compare_trains_the_second_algorithm_from_the_same_sft_model(tmp_path):
+    import coin_env  # noqa: F401
+
+    summary = train(tiny(tmp_path / "run", *COIN, "rl.steps=2", "sft.enabled=false"), compare="grpo-ds")
+    assert summary["compare"]["algorithm"] == "grpo-ds" and "rl-grpo-ds" in summary["accuracy"]
+    stare = read_records(tmp_path / "run" / "metrics.jsonl", "rl")
+    grpo = read_records(tmp_path / "run" / "grpo-ds" / "metrics.jsonl", "rl")
+    assert [r["algorithm"] for r in stare] == ["stare"] * 2 and [r["algorithm"] for r in grpo] == [
+        "grpo-ds"
+    ] * 2
+    assert all(r["stare/gate_on"] == 0.0 for r in grpo)  # GRPO-ds never reweights
+    assert summary["compare"]["entropy_final"] == grpo[-1]["learner/entropy"]
