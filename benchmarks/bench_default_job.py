@@ -11,6 +11,7 @@ wall time seen from outside, and the peak.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import subprocess
 import sys
@@ -23,21 +24,31 @@ import psutil
 def tree_rss(process: psutil.Process) -> int:
     total = 0
     for p in [process, *process.children(recursive=True)]:
-        try:
+        with contextlib.suppress(psutil.Error):
             total += p.memory_info().rss
-        except psutil.Error:
-            pass
     return total
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", default="runs/bench-default")
     parser.add_argument("--recipe", default="smollm2-arith")
     args, extra = parser.parse_known_args()
     if Path(args.out).exists():
         sys.exit(f"{args.out} exists: choose a new --out (the benchmark measures a run from scratch)")
-    command = [sys.executable, "-m", "stare_agents.cli", "train", "--recipe", args.recipe, "--out", args.out, *extra]
+    command = [
+        sys.executable,
+        "-m",
+        "stare_agents.cli",
+        "train",
+        "--recipe",
+        args.recipe,
+        "--out",
+        args.out,
+        *extra,
+    ]
     started = time.perf_counter()
     child = subprocess.Popen(command)
     process = psutil.Process(child.pid)
