@@ -42,7 +42,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from stare_agents.envs.grading import MathGrader, _last_box, default_grader
+from stare_agents.envs.grading import MathGrader, _last_box, default_grader, grading_clock
 from stare_agents.envs.parsing import (
     PYTHON_LANGUAGES,
     ROLES,
@@ -83,14 +83,18 @@ INFO_KEYS: tuple[str, ...] = (
     "tool_timeouts",
     "tool_statuses",
 )
-# Keys the info of an episode's last step adds; check_env verifies them. `reward_violation` is None, or says
-# what `score()` returned that was not a finite number in `reward_range` (the reward is then clipped).
+# Keys the info of an episode's last step adds; check_env verifies them. `grade_duration_s` / `grade_timeouts`:
+# the time the score spent in grading workers (or the unit-test run) and how many of their calls timed out
+# (0.0 / 0 when the answer was settled without one). `reward_violation` is None, or says what `score()`
+# returned that was not a finite number in `reward_range` (the reward is then clipped).
 FINAL_INFO_KEYS: tuple[str, ...] = (
     "reward",
     "correct",
     "grade_reason",
     "extracted",
     "score_details",
+    "grade_duration_s",
+    "grade_timeouts",
     "reward_violation",
 )
 
@@ -404,7 +408,8 @@ class TextEnv(gym.Env[list[Message], str]):
         observation = outcome.observation
         info_extra: dict[str, Any] = {}
         if terminated or truncated:
-            score = self.score(self.task, self.response_text())
+            with grading_clock() as clock:
+                score = self.score(self.task, self.response_text())
             self._episode_over, self.final_score = True, score
             self.end_episode()  # hand per-episode resources (a sandbox session) back right away
             reward, violation = clip_reward(score.reward, self.reward_range)
@@ -415,6 +420,8 @@ class TextEnv(gym.Env[list[Message], str]):
                 "grade_reason": score.reason,
                 "extracted": score.extracted,
                 "score_details": dict(score.details),
+                "grade_duration_s": clock.seconds,
+                "grade_timeouts": clock.timeouts,
                 "reward_violation": violation,
             }
         info = self._info(void_turn=outcome.void, finished=terminated, truncated=truncated)

@@ -1,15 +1,16 @@
 """Math answer grading: the last `\\boxed{}` of a response, checked with math-verify under a hard timeout.
 
 `grade_answer(response, reference)` is the one entry point most code needs. It extracts the final answer
-(the last `\\boxed{...}` or `\\fbox{...}`; there is no "last number in the text" fallback), then asks a
-long-lived worker process to parse both sides with math-verify and compare them. The worker runs in its own
-process with a memory limit; a call that exceeds `timeout_s` kills it (a fresh one starts on the next call),
-so a pathological expression such as `\\boxed{9^{9^{9^{9}}}}` costs at most `timeout_s` and can never hang
-the caller.
+(the last `\\boxed{...}` or `\\fbox{...}`; there is no "last number in the text" fallback), then asks one
+of a pool of long-lived worker processes (`MathGrader`, one pool per process by default) to parse both sides
+with math-verify and compare them. Each worker has a memory limit; a call that exceeds `timeout_s` kills
+its worker (a fresh one starts when needed), so a pathological expression such as `\\boxed{9^{9^{9^{9}}}}`
+costs at most `timeout_s`, holds one worker only, and can never hang the caller.
 """
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import contextlib
 import json
@@ -20,9 +21,11 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 GradeReason = Literal["no_answer", "parse_failure", "timeout", "wrong", "correct"]
 GRADE_REASONS: tuple[str, ...] = ("no_answer", "parse_failure", "timeout", "wrong", "correct")
@@ -104,31 +107,165 @@ def _base_subscript_mismatch(answer: str, reference: str) -> str:
     return ""
 
 
-class MathGrader:
-    """Grades answers in a long-lived worker process with a hard per-call timeout.
+@dataclass
+class GraderStats:
+    """Totals of one grader since it was made: requests answered by a worker, hard or soft timeouts, worker
+    (re)starts, and the seconds requests spent in workers."""
 
-    Thread-safe (calls are serialised on one worker). The worker starts on first use; its start-up (about a
-    second: it imports sympy) does not count against `timeout_s`. After a timeout the worker is killed and
-    the next call starts a new one.
+    requests: int = 0
+    timeouts: int = 0
+    worker_starts: int = 0
+    busy_s: float = 0.0
+
+
+@dataclass
+class GradingClock:
+    """Seconds and timeouts of the worker requests one thread made while the clock ran (`grading_clock`)."""
+
+    seconds: float = 0.0
+    timeouts: int = 0
+
+
+_clocks = threading.local()
+
+
+@contextlib.contextmanager
+def grading_clock() -> Iterator[GradingClock]:
+    """Count the grader work this thread does inside the block (environments report it in `info`).
+
+    Only requests that reach a worker count: an answer settled without one (no box, literal equality) costs
+    0.0 s, which keeps an episode's `info` identical across replays. Clocks nest; the inner one counts.
+    """
+    clock = GradingClock()
+    previous = getattr(_clocks, "current", None)
+    _clocks.current = clock
+    try:
+        yield clock
+    finally:
+        _clocks.current = previous
+
+
+def charge_grading_clock(seconds: float, timed_out: bool = False) -> None:
+    """Add grading work done outside a MathGrader (e.g. a unit-test run) to this thread's running clock."""
+    clock = getattr(_clocks, "current", None)
+    if clock is not None:
+        clock.seconds += seconds
+        clock.timeouts += int(timed_out)
+
+
+class _Worker:
+    """One math-verify process: JSON requests on its stdin, replies on its stdout."""
+
+    def __init__(self, memory_limit_mb: int) -> None:
+        memory = memory_limit_mb * 1024 * 1024 if memory_limit_mb > 0 else 0
+        self.proc = subprocess.Popen(
+            [sys.executable, str(_WORKER_PATH), str(memory)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
+        self.buffer = b""
+        ready = self.read_line(time.monotonic() + 120.0)
+        if ready is None or not json.loads(ready).get("ready"):
+            self.kill()
+            raise RuntimeError(
+                f"the math-grading worker ({_WORKER_PATH}) did not start within 120 s; "
+                f"check that math-verify imports in {sys.executable}"
+            )
+
+    def request(self, payload: dict[str, Any], timeout_s: float) -> dict[str, str] | None:
+        """The worker's reply, or None when it missed the deadline (the caller kills it). Raises
+        BrokenPipeError / EOFError when the worker is gone."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write((json.dumps(payload) + "\n").encode())
+        self.proc.stdin.flush()
+        line = self.read_line(time.monotonic() + timeout_s)
+        return None if line is None else json.loads(line)
+
+    def read_line(self, deadline: float) -> str | None:
+        """One line from the worker, None on timeout; EOFError when the worker is gone."""
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self.buffer:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            readable, _, _ = select.select([fd], [], [], remaining)
+            if not readable:
+                return None
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                raise EOFError("grading worker closed its output")
+            self.buffer += chunk
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        return line.decode()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        for stream in (self.proc.stdin, self.proc.stdout):
+            if stream is not None:
+                with contextlib.suppress(OSError):
+                    stream.close()
+
+
+def default_workers() -> int:
+    """Grading workers per process by default: one per core, at least 2 (so one pathological grade never
+    blocks all others), at most 8 (each worker holds sympy, ~100 MB)."""
+    return max(2, min(8, os.cpu_count() or 2))
+
+
+class MathGrader:
+    """A pool of math-verify worker processes, each with a hard per-call timeout and a memory limit.
+
+    A request takes an idle worker (starting one, up to `workers`, when none is idle) and returns it after;
+    so a pathological answer holds one worker for at most `timeout_s` while the others keep grading. A
+    worker that overruns is killed and a fresh one starts when next needed. Thread-safe; `agrade` /
+    `acompare` are the asyncio entry points (they run on the grader's own threads, never the event loop).
+    Workers start on demand; `start()` starts them all now. A worker's start-up (about a second: it imports
+    sympy) does not count against `timeout_s`.
 
     Args:
         timeout_s: wall-clock limit for one comparison. The worker interrupts itself shortly before; if it is
             stuck in C code the parent kills it at `timeout_s`.
-        memory_limit_mb: address-space limit of the worker (an answer like `10^{10^{10}}` fails to allocate
+        memory_limit_mb: address-space limit of each worker (an answer like `10^{10^{10}}` fails to allocate
             instead of swapping the machine). 0 disables the limit.
-        max_answer_chars: longer boxed answers are rejected as "parse_failure" without parsing.
+        max_answer_chars: longer boxed answers are rejected as "parse_failure" without parsing (unless the
+            answer is literally the reference).
+        workers: the pool size (None: `default_workers()`, from the core count).
     """
 
-    def __init__(self, timeout_s: float = 5.0, memory_limit_mb: int = 2048, max_answer_chars: int = 1000):
-        if timeout_s <= 0:
+    def __init__(
+        self,
+        timeout_s: float = 5.0,
+        memory_limit_mb: int = 2048,
+        max_answer_chars: int = 1000,
+        workers: int | None = None,
+    ):
+        if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+        workers = default_workers() if workers is None else workers
+        if not 1 <= workers <= 256:
+            raise ValueError(f"workers must be in 1..256, got {workers!r}")
         self.timeout_s = float(timeout_s)
         self.memory_limit_mb = int(memory_limit_mb)
         self.max_answer_chars = int(max_answer_chars)
-        self._lock = threading.Lock()
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._buffer = b""
-        self.restarts = 0  # worker (re)starts after the first, for diagnostics
+        self.workers = int(workers)
+        self._cond = threading.Condition()
+        self._idle: list[_Worker] = []
+        self._count = 0  # workers alive or starting
+        self._generation = 0  # bumped by close(): workers of an older generation are stopped on return
+        self._threads: ThreadPoolExecutor | None = None
+        self.stats = GraderStats()
+
+    @property
+    def restarts(self) -> int:
+        """Worker starts beyond the pool size (replacements after kills and deaths)."""
+        return max(0, self.stats.worker_starts - self.workers)
 
     # -- public API -----------------------------------------------------------------------------------------
     def grade(self, response: str, reference: str) -> GradeResult:
@@ -155,13 +292,42 @@ class MathGrader:
         reason = reply["reason"]
         return GradeResult(reason == "correct", reason, answer, reply.get("detail", ""))
 
+    async def agrade(self, response: str, reference: str) -> GradeResult:
+        """`grade` for asyncio code: waits on the grader's threads, never blocks the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(
+            self._executor(), self.grade, response, reference
+        )
+
+    async def acompare(self, answer: str, reference: str) -> GradeResult:
+        """`compare` for asyncio code."""
+        return await asyncio.get_running_loop().run_in_executor(
+            self._executor(), self.compare, answer, reference
+        )
+
+    def start(self) -> MathGrader:
+        """Start every worker now, in parallel (otherwise they start on demand)."""
+        with ThreadPoolExecutor(max_workers=self.workers) as pool:
+            started = list(pool.map(lambda _: self._acquire(fresh_only=True), range(self.workers)))
+        for item in started:
+            if item is not None:
+                self._release(item[0], alive=True, generation=item[1])
+        return self
+
     def close(self) -> None:
-        """Stop the worker process (a later call starts a new one)."""
-        with self._lock:
-            self._stop_worker()
+        """Stop the workers (a later call starts new ones). Busy workers stop when their request ends."""
+        with self._cond:
+            self._generation += 1
+            idle, self._idle = self._idle, []
+            self._count -= len(idle)
+            threads, self._threads = self._threads, None
+            self._cond.notify_all()
+        for worker in idle:
+            worker.kill()
+        if threads is not None:
+            threads.shutdown(wait=False)
 
     def __deepcopy__(self, memo: dict[int, object]) -> MathGrader:
-        return self  # one worker process, shared by copies (it is thread-safe)
+        return self  # one pool of workers, shared by copies (it is thread-safe)
 
     def __enter__(self) -> MathGrader:
         return self
@@ -169,91 +335,89 @@ class MathGrader:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- worker management ----------------------------------------------------------------------------------
+    # -- the pool -------------------------------------------------------------------------------------------
     def _request(self, payload: dict[str, str]) -> dict[str, str]:
-        with self._lock:
-            for attempt in range(2):
-                self._ensure_worker()
-                assert self._proc is not None and self._proc.stdin is not None
-                request = dict(payload, soft_timeout_s=max(0.05, self.timeout_s - 0.25))
-                try:
-                    self._proc.stdin.write((json.dumps(request) + "\n").encode())
-                    self._proc.stdin.flush()
-                    line = self._read_line(time.monotonic() + self.timeout_s)
-                except (BrokenPipeError, EOFError):
-                    # The worker died (e.g. killed by the OS); retry once on a fresh worker.
-                    self._stop_worker()
-                    if attempt == 0:
-                        continue
-                    return {"reason": "parse_failure", "detail": "the grading worker died on this input"}
-                if line is None:
-                    self._stop_worker()
-                    return {"reason": "timeout", "detail": f"killed after {self.timeout_s:g} s"}
-                return json.loads(line)
+        request = dict(payload, soft_timeout_s=max(0.05, self.timeout_s - 0.25))
+        for attempt in range(2):
+            worker, generation = self._acquire()
+            started = time.perf_counter()
+            try:
+                reply = worker.request(request, self.timeout_s)
+            except (BrokenPipeError, EOFError, OSError):
+                # The worker died (e.g. killed by the OS); retry once on a fresh worker.
+                self._release(worker, alive=False, generation=generation)
+                if attempt == 0:
+                    continue
+                return {"reason": "parse_failure", "detail": "the grading worker died on this input"}
+            elapsed = time.perf_counter() - started
+            self._release(worker, alive=reply is not None, generation=generation)
+            if reply is None:
+                reply = {"reason": "timeout", "detail": f"killed after {self.timeout_s:g} s"}
+            self._account(elapsed, timed_out=reply["reason"] == "timeout")
+            return reply
         raise AssertionError("unreachable")
 
-    def _ensure_worker(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            return
-        if self._proc is not None:
-            self.restarts += 1
-        self._stop_worker()
-        memory = self.memory_limit_mb * 1024 * 1024 if self.memory_limit_mb > 0 else 0
-        self._proc = subprocess.Popen(
-            [sys.executable, str(_WORKER_PATH), str(memory)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-        )
-        ready = self._read_line(time.monotonic() + 120.0)
-        if ready is None or not json.loads(ready).get("ready"):
-            self._stop_worker()
-            raise RuntimeError(
-                f"the math-grading worker ({_WORKER_PATH}) did not start within 120 s; "
-                f"check that math-verify imports in {sys.executable}"
-            )
+    def _account(self, seconds: float, timed_out: bool) -> None:
+        with self._cond:
+            self.stats.requests += 1
+            self.stats.timeouts += int(timed_out)
+            self.stats.busy_s += seconds
+        charge_grading_clock(seconds, timed_out)
 
-    def _read_line(self, deadline: float) -> str | None:
-        """One line from the worker, None on timeout; EOFError when the worker is gone."""
-        assert self._proc is not None and self._proc.stdout is not None
-        fd = self._proc.stdout.fileno()
-        while b"\n" not in self._buffer:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return None
-            readable, _, _ = select.select([fd], [], [], remaining)
-            if not readable:
-                return None
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                raise EOFError("grading worker closed its output")
-            self._buffer += chunk
-        line, _, self._buffer = self._buffer.partition(b"\n")
-        return line.decode()
+    def _acquire(self, fresh_only: bool = False) -> tuple[_Worker, int] | None:
+        """An idle worker, or a new one when fewer than `workers` exist; waits otherwise. With `fresh_only`
+        (used by `start`), None instead of waiting when the pool is full."""
+        with self._cond:
+            while True:
+                if self._idle and not fresh_only:
+                    return self._idle.pop(), self._generation
+                if self._count < self.workers:
+                    self._count += 1
+                    break
+                if fresh_only:
+                    return None
+                self._cond.wait()
+        try:
+            worker = _Worker(self.memory_limit_mb)
+        except BaseException:
+            with self._cond:
+                self._count -= 1
+                self._cond.notify()
+            raise
+        with self._cond:
+            self.stats.worker_starts += 1
+            return worker, self._generation
 
-    def _stop_worker(self) -> None:
-        proc, self._proc, self._buffer = self._proc, None, b""
-        if proc is None:
-            return
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-        for stream in (proc.stdin, proc.stdout):
-            if stream is not None:
-                with contextlib.suppress(OSError):
-                    stream.close()
+    def _release(self, worker: _Worker, alive: bool, generation: int) -> None:
+        with self._cond:
+            keep = alive and generation == self._generation and worker.alive()
+            if keep:
+                self._idle.append(worker)
+            else:
+                self._count -= 1
+            self._cond.notify()
+        if not keep:
+            worker.kill()
+
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._cond:
+            if self._threads is None:
+                self._threads = ThreadPoolExecutor(max_workers=2 * self.workers, thread_name_prefix="grader")
+            return self._threads
 
 
 _default_grader: MathGrader | None = None
+_default_pid = -1
 _default_lock = threading.Lock()
 
 
 def default_grader() -> MathGrader:
-    """The process-wide grader used by `grade_answer` (created on first use, closed at exit)."""
-    global _default_grader
+    """The process-wide grader pool used when none is given (created on first use, closed at exit; a forked
+    child gets its own)."""
+    global _default_grader, _default_pid
     with _default_lock:
-        if _default_grader is None:
-            _default_grader = MathGrader()
+        if _default_grader is None or _default_pid != os.getpid():
+            _default_grader, _default_pid = MathGrader(), os.getpid()
             atexit.register(_default_grader.close)
         return _default_grader
 

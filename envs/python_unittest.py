@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from stare_agents.envs.core import Score, TextEnv, load_prompt
+from stare_agents.envs.grading import charge_grading_clock
 from stare_agents.envs.parsing import PYTHON_LANGUAGES, python_blocks
 from stare_agents.envs.tasks import Task, TaskDataset
 from stare_agents.envs.tools import shared_sandbox
@@ -240,6 +241,7 @@ class PythonUnitTestEnv(TextEnv):
         )
         with self.sandbox.session(stateless=True) as session:
             result = session.run(code, timeout_s=self.tool_timeout_s)
+        charge_grading_clock(result.duration_s, timed_out=result.status == "timeout")
         report, violation = _read_report(result.stdout, nonce, len(tests))
         self.stats.count_call("error" if violation is not None and result.status == "ok" else result.status)
         details: dict[str, Any] = {"tests_total": len(tests), "tests_passed": 0, "status": result.status}

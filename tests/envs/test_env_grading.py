@@ -126,7 +126,8 @@ PATHOLOGICAL = [
 
 
 @pytest.mark.parametrize("answer", PATHOLOGICAL)
-def test_pathological_inputs_are_bounded_by_the_timeout(grader: MathGrader, answer: str) -> None:
+def test_pathological_inputs_are_bounded_by_the_timeout(fast_grader: MathGrader, answer: str) -> None:
+    grader = fast_grader
     started = time.monotonic()
     result = grade_answer(f"\\boxed{{{answer}}}", "1", grader=grader)
     elapsed = time.monotonic() - started
@@ -140,18 +141,96 @@ def test_pathological_inputs_are_bounded_by_the_timeout(grader: MathGrader, answ
 
 def test_hard_timeout_kills_a_worker_stuck_in_c_code() -> None:
     """A soft deadline longer than the hard one forces the kill path: the parent must not wait for it."""
-    with MathGrader(timeout_s=1.0) as grader:
-        assert grader.compare("2", "2").correct  # worker started
-        grader._proc.stdin.write(  # a request whose worker-side deadline is far away
-            (json.dumps({"answer": "9^{9^{9^{9}}}", "reference": "1", "soft_timeout_s": 60}) + "\n").encode()
+    from stare_agents.envs.grading import _Worker
+
+    worker = _Worker(memory_limit_mb=2048)
+    request = {"answer": "9^{9^{9^{9}}}", "reference": "1", "soft_timeout_s": 60}  # the worker won't stop
+    started = time.monotonic()
+    assert worker.request(request, timeout_s=1.0) is None
+    worker.kill()
+    assert time.monotonic() - started < 3.0 and not worker.alive()
+    with MathGrader(timeout_s=1.0, workers=1) as grader:  # through the pool: a timeout, then a working grader
+        result = grader.compare("9^{9^{9^{9^{9}}}}", "1")
+        assert result.reason == "timeout" and grader.stats.timeouts == 1
+        assert grader.compare("\\frac{2}{4}", "0.5").correct
+        # killed (stuck in C) and replaced, or interrupted by its own deadline and kept
+        assert grader.restarts == grader.stats.worker_starts - 1 in (0, 1)
+
+
+def test_an_easy_grade_next_to_a_pathological_one_is_not_blocked() -> None:
+    """The issue's stall: with one worker an easy grade waits out the pathological one's timeout; with a
+    pool it returns at once."""
+    pathological = "\\boxed{9^{9^{9^{9^{9}}}}}"
+    for workers, expect_blocked in ((1, True), (2, False)):
+        with MathGrader(timeout_s=3.0, workers=workers).start() as grader:
+            slow = threading.Thread(target=grader.grade, args=(pathological, "1"))
+            slow.start()
+            time.sleep(0.2)  # the pathological grade holds a worker now
+            started = time.monotonic()
+            assert grader.grade("\\boxed{\\frac{1}{2}}", "0.5").correct
+            easy_s = time.monotonic() - started
+            slow.join()
+            assert grader.stats.timeouts == 1
+            if expect_blocked:
+                assert easy_s > 2.0, easy_s  # it waited for the only worker
+            else:
+                assert easy_s < 1.0, easy_s  # milliseconds on an idle machine
+
+
+def test_asyncio_entry_points_do_not_block_the_loop() -> None:
+    import asyncio
+
+    async def main(grader: MathGrader) -> tuple[list, int]:
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.05)
+                ticks += 1
+
+        task = asyncio.create_task(ticker())
+        results = await asyncio.gather(
+            grader.agrade("\\boxed{9^{9^{9^{9^{9}}}}}", "1"),
+            grader.agrade("\\boxed{\\frac{1}{2}}", "0.5"),
+            grader.acompare("2", "3"),
+            grader.agrade("no box", "1"),
         )
-        grader._proc.stdin.flush()
-        started = time.monotonic()
-        assert grader._read_line(time.monotonic() + grader.timeout_s) is None
-        grader._stop_worker()
-        assert time.monotonic() - started < 3.0
-        assert grader.compare("\\frac{2}{4}", "0.5").correct  # a fresh worker answers
-        assert grader.restarts == 0  # _stop_worker cleared the process: a plain start, not a restart
+        task.cancel()
+        return results, ticks
+
+    with MathGrader(timeout_s=1.0, workers=2) as grader:
+        results, ticks = asyncio.run(main(grader))
+    assert [r.reason for r in results] == ["timeout", "correct", "wrong", "no_answer"]
+    assert ticks >= 10  # the loop kept running while the pathological grade waited out its 1 s
+
+
+def test_default_pool_size_follows_the_core_count() -> None:
+    import os
+
+    from stare_agents.envs.grading import default_grader, default_workers
+
+    assert default_workers() == max(2, min(8, os.cpu_count()))
+    assert default_grader().workers == default_workers() and default_grader() is default_grader()
+    with pytest.raises(ValueError, match=r"workers must be in 1\.\.256"):
+        MathGrader(workers=0)
+
+
+def test_grading_time_and_timeouts_are_in_info() -> None:
+    import gymnasium as gym
+
+    with MathGrader(timeout_s=1.0, workers=1) as grader:
+        env = gym.make("stare_agents/MathCoT-v0", grader=grader)
+        env.reset(seed=0, options={"problem": "p", "answer": "1"})
+        *_, info = env.step("\\boxed{9^{9^{9^{9^{9}}}}}")
+        assert info["grade_reason"] == "timeout" and info["grade_timeouts"] == 1
+        assert 0.7 < info["grade_duration_s"] < 3.0  # the worker's own deadline (0.75 s) or the kill (1 s)
+        env.reset(seed=0, options={"problem": "p", "answer": "1"})
+        *_, info = env.step("no answer at all")  # settled without a worker: exactly nothing
+        assert (info["grade_duration_s"], info["grade_timeouts"]) == (0.0, 0)
+        env.reset(seed=0, options={"problem": "p", "answer": "1/2"})
+        *_, info = env.step("\\boxed{0.5}")
+        assert info["correct"] and 0.0 < info["grade_duration_s"] < 1.0 and info["grade_timeouts"] == 0
 
 
 def test_grader_is_thread_safe(grader: MathGrader) -> None:
