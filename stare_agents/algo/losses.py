@@ -67,8 +67,7 @@ def aggregate(per_token: Tensor, mask: Tensor, aggregation: str, normalizer: flo
     is_action = mask > 0
     masked = torch.where(is_action, per_token, 0.0)
     counts = is_action.sum(-1).to(per_token.dtype)
-    if normalizer is None:
-        normalizer = loss_normalizer(mask, aggregation)
+    normalizer = max(loss_normalizer(mask, aggregation) if normalizer is None else normalizer, 1.0)
     if aggregation == "token-mean":
         return masked.sum() / normalizer
     if aggregation == "seq-mean-token-sum":
@@ -77,12 +76,12 @@ def aggregate(per_token: Tensor, mask: Tensor, aggregation: str, normalizer: flo
 
 
 def loss_normalizer(mask: Tensor, aggregation: str) -> float:
-    """What `aggregate` divides by: the action-token count (token-mean) or the count of sequences with at
-    least one action token (the seq-mean modes); at least 1. Sum it over micro-batches (and workers) to
-    normalise a gradient-accumulation step over the whole step."""
+    """What `aggregate` divides by (at least 1): the action-token count (token-mean) or the count of
+    sequences with at least one action token (the seq-mean modes). Sum it over the micro-batches (and
+    workers) of a gradient-accumulation step and pass the sum as `normalizer`."""
     is_action = mask > 0
     count = is_action.sum() if aggregation == "token-mean" else is_action.any(-1).sum()
-    return max(float(count), 1.0)
+    return float(count)
 
 
 def clipped_surrogate(ratio: Tensor, advantages: Tensor, config: PolicyLossConfig) -> tuple[Tensor, Tensor]:

@@ -244,7 +244,7 @@ def test_loss_normalizer_counts_tokens_or_sequences_with_tokens():
     assert loss_normalizer(mask, "token-mean") == 3.0
     assert loss_normalizer(mask, "seq-mean-token-sum") == 2.0
     assert loss_normalizer(mask, "seq-mean-token-mean") == 2.0
-    assert loss_normalizer(torch.zeros(2, 2), "token-mean") == 1.0
+    assert loss_normalizer(torch.zeros(2, 2), "token-mean") == 0.0  # aggregate divides by at least 1
     # micro-batches normalised by the step's count sum to the whole batch's loss
     per_token = torch.tensor([[1.0, 2.0, 9.0], [5.0, 5.0, 5.0], [4.0, 9.0, 9.0]])
     for agg in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"):

@@ -322,3 +322,14 @@ def test_hostile_inputs_are_refused_with_the_value_and_the_remedy():
         Learner(capped, AlgorithmConfig.preset("stare"))
     with pytest.raises(ValueError, match="precision"):
         LearnerConfig(precision="fp8") and PolicyModel(tiny_model(), precision="fp8")
+
+
+@pytest.mark.parametrize("scope", ["micro-batch", "batch"])
+def test_one_forward_for_a_single_micro_batch_step_gives_the_two_pass_result(scope):
+    _, batch, advantages = step_inputs(16)
+    algorithm = AlgorithmConfig(stare=StareConfig(scope=scope, target_entropy=100.0, variant="C2"))
+    fused = make_learner(algorithm, micro_batch_tokens=10_000)
+    two_pass = make_learner(algorithm, micro_batch_tokens=10_000, fuse_single_micro_batch=False)
+    for _ in range(2):
+        assert_same_metrics(fused.step(batch, advantages), two_pass.step(batch, advantages), rel=1e-6)
+    assert max_param_diff(fused.model, two_pass.model) < 1e-7
