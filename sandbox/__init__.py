@@ -10,7 +10,10 @@
         r = await s.arun("print(1)")
 
 `DockerSandbox` is the security boundary (no network, memory/pids/CPU limits, read-only root, non-root,
-no capabilities); `LocalSandbox` has the same API for development and is not.
+no capabilities, a syscall filter on top of the engine's seccomp profile; `runtime="runsc"` adds gVisor's
+user-space kernel); `LocalSandbox` has the same API for development and is not. Between sessions a
+container keeps nothing of the previous one: every process is killed, IPC objects removed, scratch
+folders wiped, and that is checked before the container is lent again.
 """
 
 from __future__ import annotations
@@ -48,9 +51,10 @@ def make_sandbox(backend: Backend = "auto", *, pool_size: int = 4, **kwargs: Any
     """A sandbox (not started yet; use it as a context manager or call .start()).
 
     backend: "docker" (DockerSandbox; fails if no engine or image), "local" (LocalSandbox), or "auto":
-    Docker when an engine answers and the image exists, otherwise LocalSandbox with a logged warning that
-    says why. kwargs go to the chosen class (e.g. default_timeout_s, max_output_bytes; image/limits for
-    Docker, memory_mb for local); keys the chosen class does not take are an error.
+    Docker when an engine answers and the image (and the runtime, if one is given) exists, otherwise
+    LocalSandbox with a logged warning that says why. kwargs go to the chosen class (e.g. default_timeout_s,
+    max_output_bytes, lease_timeout_s; image/limits/runtime for Docker, e.g. runtime="runsc" for gVisor;
+    memory_mb for local); keys the chosen class does not take are an error.
     """
     if backend == "docker":
         return DockerSandbox(pool_size, **kwargs)
@@ -59,11 +63,11 @@ def make_sandbox(backend: Backend = "auto", *, pool_size: int = 4, **kwargs: Any
     if backend != "auto":
         raise ValueError(f"backend must be 'auto', 'docker' or 'local', got {backend!r}")
     image = kwargs.get("image", DEFAULT_IMAGE)
-    available, reason = docker_status(image)
+    available, reason = docker_status(image, kwargs.get("runtime"))
     if available:
         return DockerSandbox(pool_size, **kwargs)
     if reason not in _fallbacks_reported:  # loudly, once per reason and process
         _fallbacks_reported.add(reason)
         logger.warning("sandbox backend 'auto': using LocalSandbox, NOT Docker, because %s", reason)
-    local_kwargs = {k: v for k, v in kwargs.items() if k not in ("image", "limits", "grace_s")}
+    local_kwargs = {k: v for k, v in kwargs.items() if k not in ("image", "limits", "grace_s", "runtime")}
     return LocalSandbox(pool_size, **local_kwargs)

@@ -41,12 +41,18 @@ def build(
 
 
 @app.command()
-def doctor(image: str = typer.Option(DEFAULT_IMAGE, help="image to check")) -> None:
-    """Report the engine, the image, every limit as seen from inside a container, and a round trip."""
+def doctor(
+    image: str = typer.Option(DEFAULT_IMAGE, help="image to check"),
+    runtime: str | None = typer.Option(
+        None, help="container runtime to check, e.g. runsc (gVisor); default: the engine's (runc)"
+    ),
+) -> None:
+    """Report the engine, the runtimes, the image, every limit, the syscall filter, isolation between
+    sessions and a round trip."""
     from stare_agents.sandbox.doctor import run_doctor
 
-    with console.status("checking the Docker sandbox"):
-        checks = run_doctor(image)
+    with console.status(f"checking the Docker sandbox{f' under {runtime}' if runtime else ''}"):
+        checks = run_doctor(image, runtime)
     table = Table("check", "", "detail")
     for check in checks:
         table.add_row(check.name, "[green]ok[/green]" if check.ok else "[red]FAIL[/red]", check.detail)

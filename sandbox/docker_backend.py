@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from stare_agents.sandbox.pool import (
+    DEFAULT_LEASE_TIMEOUT_S,
     HOST_SLACK_S,
     PREIMPORT,
+    START_WAIT_S,
     Channel,
     ChannelTimeout,
     PooledSandbox,
@@ -108,13 +110,27 @@ def engine_runtimes(client: Any) -> list[str]:
 
 
 def missing_runtime(client: Any, runtime: str | None) -> str:
-    """"" when the engine can run containers with `runtime` (None: its default), else what is wrong."""
+    """ "" when the engine can run containers with `runtime` (None: its default), else what is wrong."""
     if runtime is None:
         return ""
     runtimes = engine_runtimes(client)
     if runtime in runtimes:
         return ""
     return f"the Docker engine has no runtime {runtime!r} (it has {', '.join(runtimes) or 'none'}); {RUNTIMES_HINT}"
+
+
+def is_gvisor(client: Any, runtime: str | None) -> bool:
+    """Whether containers of `runtime` (None: the engine's default) run under gVisor (runsc)."""
+    info = client.info()
+    name = runtime or info.get("DefaultRuntime") or "runc"
+    path = str(((info.get("Runtimes") or {}).get(name) or {}).get("path") or name)
+    return os.path.basename(path).startswith("runsc")
+
+
+# Under gVisor the container's pids cgroup also holds the sentry (the user-space kernel, a Go program with
+# a few dozen OS threads) and, on the ptrace platform, one host task per thread of the code. The sentry
+# dies when it cannot start a thread, so it gets this many on top of `DockerLimits.pids`.
+GVISOR_EXTRA_PIDS = 128
 
 
 def docker_status(image: str = DEFAULT_IMAGE, runtime: str | None = None) -> tuple[bool, str]:
@@ -177,15 +193,24 @@ def sweep_stale_containers(client: Any) -> int:
 class DockerChannel(Channel):
     """The container's stdin and stdout through the engine's attach stream (8-byte multiplexing headers)."""
 
+    STDERR_LINES = 20  # the runner's stderr is logged up to this many times per container, then counted
+
     def __init__(self, sock: socket.socket, container: Any) -> None:
         super().__init__()
         self.sock = sock
         self.container = container
         self._raw = bytearray()
+        self._stderr_seen = 0
 
-    def send(self, data: bytes) -> None:
-        self.sock.settimeout(30)
-        self.sock.sendall(data)
+    def send(self, data: bytes, deadline: float) -> None:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise ChannelTimeout("the container did not take the request in time")
+        self.sock.settimeout(min(remaining, 30.0))
+        try:
+            self.sock.sendall(data)
+        except TimeoutError as exc:
+            raise ChannelTimeout("the container did not take the request in time") from exc
 
     def _recv_some(self, deadline: float | None) -> bytes:
         while True:
@@ -196,8 +221,15 @@ class DockerChannel(Channel):
                     del self._raw[: 8 + size]
                     if stream == 1 and payload:
                         return payload
-                    if stream == 2 and payload:  # the runner's own stderr: only on a runner bug
-                        logger.warning("sandbox runner stderr: %s", payload.decode(errors="replace").rstrip())
+                    if stream == 2 and payload:  # a runner bug, or (gVisor) code writing to PID 1's stderr
+                        self._stderr_seen += 1
+                        if self._stderr_seen <= self.STDERR_LINES:
+                            text = payload.decode(errors="replace").rstrip()[:2000]
+                            logger.warning("sandbox runner stderr: %s", text)
+                        elif self._stderr_seen == self.STDERR_LINES + 1:
+                            logger.warning(
+                                "sandbox runner stderr: more output of this container is not logged"
+                            )
                     continue
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
@@ -233,8 +265,15 @@ def _remove_container(container: Any, wait_s: float = 20.0) -> None:
     """Force-remove a container and return once it is gone.
 
     When the engine's auto-remove is already under way, `remove` answers 409 while the container still
-    exists for a moment; then wait for the removal to finish rather than return early.
+    exists for a moment; then wait for the removal to finish rather than return early. A paused container
+    is unpaused first: force-removing a paused gVisor container takes the engine 10 s, unpausing 0.2 s.
     """
+    try:
+        container.reload()
+        if container.status == "paused":
+            container.unpause()
+    except Exception as exc:  # gone already, or being removed: the remove below says which
+        logger.debug("checking %s before its removal: %s", container.short_id, exc)
     try:
         container.remove(force=True)
         return
@@ -270,7 +309,7 @@ class DockerSandbox(PooledSandbox):
         limits: DockerLimits | None = None,
         default_timeout_s: float = 10.0,
         max_output_bytes: int = 32 * 1024,
-        lease_timeout_s: float | None = None,
+        lease_timeout_s: float | None = DEFAULT_LEASE_TIMEOUT_S,
         grace_s: float = 1.0,
         host_slack_s: float = HOST_SLACK_S,
         preimport: tuple[str, ...] = PREIMPORT,
@@ -288,8 +327,11 @@ class DockerSandbox(PooledSandbox):
         self.host_slack_s = host_slack_s  # past limit + this, a silent container is replaced
         self.preimport = tuple(preimport)
         if runtime is not None and (not isinstance(runtime, str) or not runtime):
-            raise ValueError(f"runtime must be a runtime name such as 'runc' or 'runsc', or None, got {runtime!r}")
+            raise ValueError(
+                f"runtime must be a runtime name such as 'runc' or 'runsc', or None, got {runtime!r}"
+            )
         self.runtime = runtime
+        self.gvisor = False  # known once the engine has been asked (start)
         self.client: Any = None
         self.owner = owner_tag()
         self.instance = uuid.uuid4().hex[:12]
@@ -308,6 +350,7 @@ class DockerSandbox(PooledSandbox):
         problem = missing_runtime(self.client, self.runtime)
         if problem:
             raise SandboxError(problem)
+        self.gvisor = is_gvisor(self.client, self.runtime)
         sweep_stale_containers(self.client)
 
     def container_config(self) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -353,7 +396,7 @@ class DockerSandbox(PooledSandbox):
             "network_mode": "none",
             "mem_limit": f"{limits.memory_mb}m",
             "memswap_limit": f"{limits.memory_mb}m",
-            "pids_limit": limits.pids,
+            "pids_limit": limits.pids + (GVISOR_EXTRA_PIDS if self.gvisor else 0),
             "nano_cpus": int(limits.cpus * 1e9),
             "read_only": True,
             "tmpfs": {"/tmp": f"rw,nosuid,nodev,noexec,size={limits.tmpfs_mb}m,mode=1777"},
@@ -386,9 +429,8 @@ class DockerSandbox(PooledSandbox):
             _remove_container(container)
             raise
         try:
-            header, _, _ = runner.request({"op": "ping"}, time.monotonic() + 60)
+            runner.start(time.monotonic() + START_WAIT_S)
         except Exception as exc:
             runner.close()
-            raise SandboxError(f"container {container.short_id} did not answer a ping: {exc}") from exc
-        runner.info = header
+            raise SandboxError(f"container {container.short_id} did not start its runner: {exc}") from exc
         return runner

@@ -14,7 +14,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from stare_agents.sandbox.pool import PREIMPORT, Channel, ChannelTimeout, PooledSandbox, Runner
+from stare_agents.sandbox.pool import (
+    DEFAULT_LEASE_TIMEOUT_S,
+    PREIMPORT,
+    START_WAIT_S,
+    Channel,
+    ChannelTimeout,
+    PooledSandbox,
+    Runner,
+)
 
 logger = logging.getLogger("stare_agents.sandbox")
 
@@ -32,10 +40,15 @@ class PipeChannel(Channel):
         self._in = process.stdin.fileno()
         self._out = process.stdout.fileno()
 
-    def send(self, data: bytes) -> None:
+    def send(self, data: bytes, deadline: float) -> None:
         view = memoryview(data)
         while view:
-            view = view[os.write(self._in, view) :]
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise ChannelTimeout("the local runner did not take the request in time")
+            _, writable, _ = select.select([], [self._in], [], remaining)
+            if writable:
+                view = view[os.write(self._in, view[: 1 << 16]) :]
 
     def _recv_some(self, deadline: float | None) -> bytes:
         while True:
@@ -97,7 +110,7 @@ class LocalSandbox(PooledSandbox):
         memory_mb: int = 4096,
         isolate_network: bool = True,
         python: str = sys.executable,
-        lease_timeout_s: float | None = None,
+        lease_timeout_s: float | None = DEFAULT_LEASE_TIMEOUT_S,
         preimport: tuple[str, ...] = PREIMPORT,
     ) -> None:
         super().__init__(
@@ -165,10 +178,9 @@ class LocalSandbox(PooledSandbox):
             shutil.rmtree(workdir, ignore_errors=True)
 
         runner = Runner(PipeChannel(process), f"local-{process.pid}", on_close=cleanup)
-        try:  # answer one ping before counting as warm
-            header, _, _ = runner.request({"op": "ping"}, time.monotonic() + 30)
+        try:  # answer the first frame before counting as warm
+            runner.start(time.monotonic() + START_WAIT_S)
         except Exception:
             runner.close()
             raise
-        runner.info = header
         return runner

@@ -12,6 +12,10 @@ import atexit
 import collections
 import json
 import logging
+import math
+import numbers
+import os
+import queue
 import threading
 import time
 import weakref
@@ -19,8 +23,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from stare_agents.sandbox.result import ExecutionResult
-from stare_agents.sandbox.runner import encode_frame
+from stare_agents.sandbox.result import STATUSES, ExecutionResult
+from stare_agents.sandbox.runner import MAC_BYTES, ChannelKey, encode_frame
 
 logger = logging.getLogger("stare_agents.sandbox")
 
@@ -31,6 +35,15 @@ HOST_SLACK_S = 10.0
 # Modules every session's interpreter starts with, already imported: sessions are forked from a template
 # interpreter that imported them once per container (see runner.py), so they cost no time per session.
 PREIMPORT: tuple[str, ...] = ("numpy", "sympy")
+
+MAX_TIMEOUT_S = 3600.0  # the longest time limit a call may ask for
+MAX_CODE_BYTES = 16 * 1024 * 1024  # the most code one call may send (UTF-8)
+DEFAULT_LEASE_TIMEOUT_S = 300.0  # how long a new session waits for a free runner by default
+RESET_WAIT_S = 20.0  # the previous session's reset (killing, wiping; a template restart imports again)
+PING_WAIT_S = 3.0  # a leased runner answers this fast before a new session's first call, or is replaced
+START_WAIT_S = 60.0  # a new runner answers its first frame
+MAX_HEADER_BYTES = 64 * 1024  # a reply's JSON header
+NOTES_BYTES = 64 * 1024  # what the runner may add to stderr on top of the output cap (its own notes)
 
 
 class SandboxError(RuntimeError):
@@ -45,13 +58,34 @@ class ChannelTimeout(Exception):
     """The runner did not answer in time."""
 
 
+class ProtocolError(Exception):
+    """A reply the runner never sends: malformed, too large, or failing its signature. Only code that broke
+    into the channel (possible under gVisor) or a broken runner produces one."""
+
+
+class ResetFailed(Exception):
+    """The runner could not make itself clean between sessions (something of the code was left)."""
+
+
+def check_timeout(value: object, name: str = "timeout_s") -> float:
+    """`value` as a time limit in seconds: a finite real number in (0, MAX_TIMEOUT_S]."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number of seconds, got {value!r} ({type(value).__name__})")
+    if not math.isfinite(value) or not 0 < value <= MAX_TIMEOUT_S:
+        raise ValueError(
+            f"{name} must be a finite number of seconds in (0, {MAX_TIMEOUT_S:g}], got {value!r}; "
+            f"pass e.g. {name}=10"
+        )
+    return float(value)
+
+
 class Channel:
-    """A byte stream to one runner. Subclasses implement `send`, `_recv_some` and `close`."""
+    """A byte stream to one runner. Subclasses implement `send`, `_recv_some`, `peer_gone` and `close`."""
 
     def __init__(self) -> None:
         self._buffer = bytearray()
 
-    def send(self, data: bytes) -> None:
+    def send(self, data: bytes, deadline: float) -> None:
         raise NotImplementedError
 
     def _recv_some(self, deadline: float | None) -> bytes:
@@ -77,42 +111,108 @@ class Channel:
 
 
 class Runner:
-    """Host-side handle of one warm runner (one container, or one local process)."""
+    """Host-side handle of one warm runner (one container, or one local process).
+
+    Every frame is signed with a key of this runner's own (see runner.ChannelKey) and every reply is
+    checked: its size, its fields and their types, its status word, its signature.
+    """
 
     def __init__(self, channel: Channel, name: str, on_close: Callable[[], None] | None = None) -> None:
         self.channel = channel
         self.name = name
         self._on_close = on_close
-        self._pending = 0  # replies to requests sent without waiting (resets between sessions)
+        self.key = ChannelKey(os.urandom(32))
+        self._send_lock = threading.Lock()  # a cancel may come from another thread than the call's
+        self._pending: collections.deque[str] = collections.deque()  # replies owed: "reset", "ping"
         self.calls = 0
         self.closed = False
+        self.retired = False  # replaced: never lent again
         self.info: dict[str, Any] = {}
 
-    def _read_reply(self, deadline: float | None) -> tuple[dict, bytes, bytes]:
-        size = int.from_bytes(self.channel.recv_exact(4, deadline), "big")
-        header = json.loads(self.channel.recv_exact(size, deadline))
-        out = self.channel.recv_exact(header.get("stdout", 0), deadline)
-        err = self.channel.recv_exact(header.get("stderr", 0), deadline)
+    def start(self, deadline: float) -> dict[str, Any]:
+        """Give the runner its key (the first frame, before any code runs) and wait for its answer."""
+        with self._send_lock:
+            self.channel.send(encode_frame({"op": "hello", "key": self.key.key.hex()}), deadline)
+        self.info, _, _ = self._read_reply(deadline, "hello")
+        return self.info
+
+    def _send(self, header: dict[str, Any], deadline: float) -> None:
+        with self._send_lock:  # sealed and sent in one step: frames go out in the order of their numbers
+            self.channel.send(self.key.seal(ChannelKey.HOST, encode_frame(header)), deadline)
+
+    def _read_reply(
+        self, deadline: float | None, kind: str, max_output: int = 0
+    ) -> tuple[dict[str, Any], bytes, bytes]:
+        head = self.channel.recv_exact(4, deadline)
+        size = int.from_bytes(head, "big")
+        if size > MAX_HEADER_BYTES:
+            raise ProtocolError(f"a reply header of {size} bytes")
+        body = self.channel.recv_exact(size, deadline)
+        try:
+            header = json.loads(body)
+        except ValueError as exc:
+            raise ProtocolError("a reply header that is not JSON") from exc
+        if not isinstance(header, dict):
+            raise ProtocolError("a reply header that is not an object")
+        limit = max_output + NOTES_BYTES if kind == "run" else 0
+        sizes = header.get("stdout"), header.get("stderr")
+        for n in sizes:
+            if type(n) is not int or not 0 <= n <= limit:
+                raise ProtocolError(f"a {kind} reply announcing {str(n)[:40]} bytes (at most {limit})")
+        out = self.channel.recv_exact(sizes[0], deadline)
+        err = self.channel.recv_exact(sizes[1], deadline)
+        mac = self.channel.recv_exact(MAC_BYTES, deadline)
+        if not self.key.verify(ChannelKey.SUPERVISOR, head + body + out + err, mac):
+            raise ProtocolError("a reply with a wrong signature (forged, replayed or garbled)")
+        if header.get("tampered"):
+            raise ProtocolError(
+                f"the code tampered with the sandbox's channel ({str(header['tampered'])[:200]})"
+            )
+        status = header.get("status")
+        if kind == "run":
+            duration = header.get("duration_s")
+            if status not in STATUSES or type(header.get("truncated")) is not bool:
+                raise ProtocolError(f"a run reply with status {str(status)[:40]!r}")
+            if isinstance(duration, bool) or not isinstance(duration, (int, float)) or not duration >= 0:
+                raise ProtocolError(f"a run reply with duration {str(duration)[:40]!r}")
+        elif status not in ("ok", "error"):
+            raise ProtocolError(f"a {kind} reply with status {str(status)[:40]!r}")
         return header, out, err
 
     def settle(self, deadline: float | None) -> None:
-        """Wait for the replies of requests sent earlier without waiting."""
+        """Wait for the replies of requests sent earlier without waiting (reset, ping)."""
         while self._pending:
-            header, _, _ = self._read_reply(deadline)
-            self._pending -= 1
-            if header.get("status") != "ok":
-                raise ChannelClosed(f"runner {self.name} failed a reset: {header}")
+            kind = self._pending[0]
+            header, _, _ = self._read_reply(deadline, kind)
+            self._pending.popleft()
+            if header["status"] != "ok":
+                raise ResetFailed(f"{self.name} failed its {kind}: {str(header.get('error'))[:300]}")
 
-    def request(self, header: dict[str, Any], deadline: float | None) -> tuple[dict, bytes, bytes]:
+    def request(
+        self, header: dict[str, Any], deadline: float, max_output: int
+    ) -> tuple[dict[str, Any], bytes, bytes]:
         self.settle(deadline)
-        self.channel.send(encode_frame(header))
+        self._send(header, deadline)
         self.calls += 1
-        return self._read_reply(deadline)
+        return self._read_reply(deadline, "run", max_output)
 
     def send_reset(self) -> None:
-        """Ask the runner to wipe the session (fresh interpreter, empty scratch folder); don't wait."""
-        self.channel.send(encode_frame({"op": "reset"}))
-        self._pending += 1
+        """Ask the runner to wipe the session (all processes, IPC, scratch folders); don't wait."""
+        self._send({"op": "reset"}, time.monotonic() + 30)
+        self._pending.append("reset")
+
+    def ping(self, deadline: float) -> None:
+        """Check that the runner answers now (it may have been paused or frozen while idle)."""
+        self._send({"op": "ping"}, deadline)
+        self._pending.append("ping")
+        self.settle(deadline)
+
+    def cancel(self) -> None:
+        """Interrupt the call in flight, from any thread; best effort (the call may have ended)."""
+        try:
+            self._send({"op": "cancel"}, time.monotonic() + 2)
+        except (ChannelClosed, ChannelTimeout, OSError) as exc:
+            logger.debug("could not cancel the call on %s: %s", self.name, exc)
 
     def close(self) -> None:
         if self.closed:
@@ -164,7 +264,11 @@ class _Waiter:
 
 
 class Pool:
-    """Warm runners leased one per session, reset between sessions, replaced when they die."""
+    """Warm runners leased one per session, reset between sessions, replaced when they die.
+
+    Never more than `size` runners exist: a replacement starts only once the runner it replaces is gone,
+    and replacing a runner twice does nothing the second time.
+    """
 
     def __init__(self, start_runner: Callable[[], Runner], size: int, what: str) -> None:
         if size < 1:
@@ -176,11 +280,16 @@ class Pool:
         self._free: collections.deque[Runner] = collections.deque()
         self._waiters: collections.deque[_Waiter] = collections.deque()
         self._all: set[Runner] = set()
-        self._starting = 0
+        self._starting = 0  # replacements under way (their slot counts: the old one is being removed)
         self._closed = False
-        self._closing: list[threading.Thread] = []  # replaced runners being closed in the background
+        self._closing: list[threading.Thread] = []  # replacements in the background
+        # runners of sessions dropped without close(), from their finalisers (which may run anywhere, so
+        # they only enqueue); a thread of the pool resets and lends them again
+        self._abandoned: queue.SimpleQueue[Runner | None] = queue.SimpleQueue()
+        self._collector: threading.Thread | None = None
         self.last_error: BaseException | None = None
         self.start_seconds = 0.0
+        self.replacements = 0
 
     # -- lifecycle
     def start(self) -> None:
@@ -197,6 +306,10 @@ class Pool:
             raise SandboxError(
                 f"could not start {len(errors)} of {self.size} {self.what}: {errors[0]}"
             ) from (errors[0])
+        self._collector = threading.Thread(
+            target=self._collect_abandoned, daemon=True, name="sandbox-abandoned"
+        )
+        self._collector.start()
         logger.info("started %d %s in %.2f s", self.size, self.what, self.start_seconds)
 
     def _try_start(self) -> Runner | BaseException:
@@ -205,7 +318,12 @@ class Pool:
         except BaseException as exc:  # reported by the caller
             return exc
         with self._lock:
-            self._all.add(runner)
+            closed = self._closed
+            if not closed:
+                self._all.add(runner)
+        if closed:
+            _close_quietly(runner)
+            return SandboxError("the sandbox was closed")
         return runner
 
     def close(self) -> None:
@@ -216,19 +334,38 @@ class Pool:
             self._free.clear()
             waiters = list(self._waiters)
             self._waiters.clear()
+            closing = list(self._closing)
+        self._abandoned.put(None)
         for waiter in waiters:
             waiter.deliver(None, SandboxError("the sandbox was closed"))
         # plain threads, not an executor: this also runs at interpreter exit, when executors refuse work
         closers = [threading.Thread(target=_close_quietly, args=(runner,)) for runner in runners]
         for closer in closers:
             closer.start()
-        for closer in closers + self._closing:
+        for closer in closers + closing:
             closer.join(30)
+
+    def _collect_abandoned(self) -> None:
+        warned = False
+        while True:
+            runner = self._abandoned.get()
+            if runner is None:
+                return
+            if not warned:
+                warned = True
+                logger.warning(
+                    "a sandbox session was dropped without close(); its %s was reset and lent again "
+                    "(use `with sandbox.session() as s:` or `async with sandbox.asession() as s:`)",
+                    self.what.rstrip("s"),
+                )
+            self.release(runner)
 
     # -- leasing
     def _put(self, runner: Runner) -> None:
         """Give a ready runner to the first waiter still waiting, else to the free list."""
         with self._lock:
+            if runner.retired:
+                return
             if self._closed:
                 close = True
             else:
@@ -252,6 +389,21 @@ class Pool:
             self._waiters.append(waiter)
             return None
 
+    def _give_up(self, waiter: _Waiter) -> None:
+        with self._lock:
+            waiter.cancelled = True
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+
+    def _lease_timeout_error(self, timeout_s: float | None) -> SandboxError:
+        with self._lock:
+            leased = len(self._all) - len(self._free)
+        return SandboxError(
+            f"no free {self.what.rstrip('s')} within {timeout_s:g} s (pool_size={self.size}, {leased} leased "
+            f"to open sessions): close sessions when done (`with sandbox.session() as s:`), raise "
+            f"pool_size, or pass lease_timeout_s=None to wait without a limit"
+        )
+
     def acquire(self, timeout_s: float | None = None) -> Runner:
         waiter = _Waiter(self)
         runner = self._take_or_wait(waiter)
@@ -259,58 +411,68 @@ class Pool:
             return runner
         assert waiter.event is not None
         if not waiter.event.wait(timeout_s):
-            with self._lock:
-                waiter.cancelled = True
-                if waiter in self._waiters:
-                    self._waiters.remove(waiter)
-            if waiter.runner is None:
-                raise SandboxError(f"no free {self.what} within {timeout_s} s (pool_size={self.size})")
+            self._give_up(waiter)
+            if waiter.runner is None and waiter.error is None:
+                raise self._lease_timeout_error(timeout_s)
         if waiter.error is not None:
             raise waiter.error
         assert waiter.runner is not None
         return waiter.runner
 
-    async def aacquire(self) -> Runner:
+    async def aacquire(self, timeout_s: float | None = None) -> Runner:
         waiter = _Waiter(self, asyncio.get_running_loop())
         runner = self._take_or_wait(waiter)
         if runner is not None:
             return runner
-        assert waiter.future is not None
+        future = waiter.future
+        assert future is not None
         try:
-            return await waiter.future
-        except asyncio.CancelledError:
-            with self._lock:
-                waiter.cancelled = True
-                if waiter in self._waiters:
-                    self._waiters.remove(waiter)
+            return await asyncio.wait_for(asyncio.shield(future), timeout_s)
+        except (asyncio.CancelledError, asyncio.TimeoutError) as exc:
+            self._give_up(waiter)
+            if future.done() and not future.cancelled() and future.exception() is None:
+                self._put(future.result())  # delivered just as we gave up: it goes back
+            else:
+                future.cancel()  # a delivery still on its way sees this and gives the runner back
+            if isinstance(exc, asyncio.TimeoutError):
+                raise self._lease_timeout_error(timeout_s) from None
             raise
 
     def release(self, runner: Runner) -> None:
         """A session is done with `runner`: reset it (without waiting) and lend it again."""
-        if runner.closed:
+        if runner.closed or runner.retired:
             return
         try:
             runner.send_reset()
-        except (ChannelClosed, OSError) as exc:
+        except (ChannelClosed, ChannelTimeout, OSError) as exc:
             logger.warning("%s %s did not take a reset (%s); replacing it", self.what, runner.name, exc)
             self.replace(runner)
             return
         self._put(runner)
 
     def replace(self, runner: Runner) -> None:
-        """Discard a broken runner and start a new one in the background."""
+        """Discard a broken runner and start a new one in the background, once the old one is gone.
+        Idempotent: a runner is replaced once, however many callers find it broken."""
         with self._lock:
-            self._all.discard(runner)
-            if self._closed:
+            if runner.retired:
                 return
-            self._starting += 1
-        closer = threading.Thread(target=_close_quietly, args=(runner,), daemon=True)
-        closer.start()
+            runner.retired = True
+            self._all.discard(runner)
+            start_new = not self._closed
+            if start_new:
+                self._starting += 1
+            self.replacements += 1
+        thread = threading.Thread(
+            target=self._replace, args=(runner, start_new), daemon=True, name="sandbox-replace"
+        )
         with self._lock:
-            self._closing = [t for t in self._closing if t.is_alive()] + [closer]
-        threading.Thread(target=self._start_replacement, daemon=True, name="sandbox-replace").start()
+            self._closing = [t for t in self._closing if t.is_alive()] + [thread]
+        thread.start()
 
-    def _start_replacement(self) -> None:
+    def _replace(self, old: Runner, start_new: bool) -> None:
+        _close_quietly(old)  # first gone, then a new one: never more than `size` at a time
+        if not start_new:
+            return
         result = self._try_start()
         with self._lock:
             self._starting -= 1
@@ -323,7 +485,8 @@ class Pool:
         if isinstance(result, Runner):
             self._put(result)
             return
-        logger.error("could not start a replacement %s: %s", self.what, result)
+        if not self._closed:
+            logger.error("could not start a replacement %s: %s", self.what.rstrip("s"), result)
         for waiter in waiters:
             waiter.deliver(None, SandboxError(f"no {self.what} left: {result}"))
 
@@ -347,12 +510,35 @@ def _decode(data: bytes) -> str:
     return data.decode("utf-8", errors="replace")
 
 
+class _Lease:
+    """The runner a session holds and the pool it came from, shared with the session's finaliser."""
+
+    __slots__ = ("pool", "runner")
+
+    def __init__(self) -> None:
+        self.pool: Pool | None = None
+        self.runner: Runner | None = None
+
+
+def _return_abandoned(lease: _Lease) -> None:
+    """Finaliser of a session dropped without close(). It may run inside any code (even with the pool's
+    lock held), so it only enqueues the runner for the pool's collector thread, which resets and lends it."""
+    pool, runner = lease.pool, lease.runner
+    lease.pool = lease.runner = None
+    if pool is not None and runner is not None:
+        pool._abandoned.put(runner)
+
+
 class Session:
     """One stateful interpreter leased from a sandbox's pool. Use as a context manager.
 
     `run(code, timeout_s=None)` executes code and returns an ExecutionResult; it never raises for what the
     code does. With stateless=True each call starts from an empty namespace (SimpleTIR-style); imported
     modules stay cached and files written to the scratch folder remain until the session ends.
+
+    Threads may share a session (calls run one at a time). `close()` may come from any thread, also
+    while a call runs: that call is interrupted, and its runner goes back to the pool only once the call
+    has ended. A session dropped without close() gives its runner back when it is garbage-collected.
     """
 
     def __init__(
@@ -360,12 +546,21 @@ class Session:
     ) -> None:
         self.sandbox = sandbox
         self.stateless = stateless
-        self.timeout_s = timeout_s if timeout_s is not None else sandbox.default_timeout_s
+        self.timeout_s = check_timeout(timeout_s) if timeout_s is not None else sandbox.default_timeout_s
         self.echo = echo
-        self.runner: Runner | None = None
-        self.used = False  # this session's code has run on self.runner: its death must be reported
+        self.used = False  # this session's code has run on its runner: its death must be reported
         self.closed = False
-        self._lock = threading.Lock()  # one call at a time, even if threads share the session
+        self._calls = threading.Lock()  # one call at a time, even if threads share the session
+        self._state = threading.Lock()  # guards closed, _in_flight and the lease
+        self._in_flight = False
+        self._lease_box = _Lease()
+        self._finalizer = weakref.finalize(self, _return_abandoned, self._lease_box)
+        self._finalizer.atexit = False  # at exit the sandbox closes its pool instead
+
+    @property
+    def runner(self) -> Runner | None:
+        """The runner this session holds (None before the first call and after close)."""
+        return self._lease_box.runner
 
     def __enter__(self) -> Session:
         self._lease()
@@ -374,48 +569,86 @@ class Session:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _adopt(self, pool: Pool, runner: Runner) -> Runner:
+        """Take a leased runner, unless the session was closed (or leased) meanwhile: then it goes back."""
+        with self._state:
+            if not self.closed and self._lease_box.runner is None:
+                self._lease_box.pool, self._lease_box.runner = pool, runner
+                return runner
+            closed, current = self.closed, self._lease_box.runner
+        pool._put(runner)
+        if closed or current is None:
+            raise SandboxError("this session is closed")
+        return current
+
+    def _drop_runner(self) -> tuple[Pool | None, Runner | None]:
+        with self._state:
+            pool, runner = self._lease_box.pool, self._lease_box.runner
+            self._lease_box.pool = self._lease_box.runner = None
+        return pool, runner
+
     def _lease(self) -> Runner:
         if self.closed:
             raise SandboxError("this session is closed")
-        if self.runner is None:
-            self.runner = self.sandbox._pool_started().acquire(self.sandbox.lease_timeout_s)
-        return self.runner
+        runner = self._lease_box.runner
+        if runner is None:
+            pool = self.sandbox._pool_started()
+            runner = self._adopt(pool, pool.acquire(self.sandbox.lease_timeout_s))
+        return runner
 
     def _settled_runner(self) -> Runner:
-        """The leased runner, done with the reset that its previous session left queued.
+        """The leased runner, done with the reset that its previous session left queued, and answering.
 
-        A runner that fails its reset is replaced before this session's code runs, so the session's
-        first call never reports a failure that belongs to the previous session. Once the session has
-        run code on its runner, a dead runner is left for `run` to report (the session's state is gone).
+        A runner that fails its reset (or its check that nothing of the previous session is left) or does
+        not answer a ping (it died, or was paused, while idle) is replaced before this session's code runs,
+        so the session's first call never reports a failure that belongs to the previous session. Once the
+        session has run code on its runner, a dead runner is left for `run` to report.
         """
         if self.used:
             return self._lease()
         for _ in range(5):
             runner = self._lease()
+            pool = self._lease_box.pool
             try:
-                runner.settle(time.monotonic() + 60)
-                if runner.channel.peer_gone():
-                    raise ChannelClosed("it ended while idle")
+                runner.settle(time.monotonic() + RESET_WAIT_S)
+                runner.ping(time.monotonic() + PING_WAIT_S)
                 return runner
-            except (ChannelClosed, ChannelTimeout, OSError) as exc:
-                logger.warning("%s failed its reset between sessions (%s); replacing it", runner.name, exc)
-                self.sandbox._pool_started().replace(runner)
-                self.runner = None
-        raise SandboxError("five runners in a row failed their reset between sessions")
+            except (ChannelClosed, ChannelTimeout, ProtocolError, ResetFailed, OSError) as exc:
+                logger.warning("%s failed its check between sessions (%s); replacing it", runner.name, exc)
+                self._drop_runner()
+                if pool is not None:
+                    pool.replace(runner)
+        raise SandboxError("five runners in a row failed their check between sessions")
 
-    def run(self, code: str, timeout_s: float | None = None) -> ExecutionResult:
+    def _check_call(self, code: str, timeout_s: float | None) -> float:
         if not isinstance(code, str):
             raise TypeError(f"code must be a str, got {type(code).__name__}")
-        with self._lock:
-            return self._run(code, timeout_s, retry=True)
+        if len(code) > MAX_CODE_BYTES // 4 and len(code.encode("utf-8", "surrogatepass")) > MAX_CODE_BYTES:
+            raise ValueError(
+                f"code of more than {MAX_CODE_BYTES} bytes (UTF-8) cannot be sent to the sandbox"
+            )
+        return self.timeout_s if timeout_s is None else check_timeout(timeout_s)
 
-    def _run(self, code: str, timeout_s: float | None, retry: bool) -> ExecutionResult:
+    def run(self, code: str, timeout_s: float | None = None) -> ExecutionResult:
+        limit = self._check_call(code, timeout_s)
+        with self._calls:
+            with self._state:
+                if self.closed:
+                    raise SandboxError("this session is closed")
+                self._in_flight = True
+            try:
+                return self._run(code, limit)
+            finally:
+                with self._state:
+                    self._in_flight = False
+                    give_back = self.closed  # closed while the call ran: the runner goes back now
+                if give_back:
+                    self._give_back()
+
+    def _run(self, code: str, limit: float) -> ExecutionResult:
         started = time.perf_counter()
-        limit = float(timeout_s if timeout_s is not None else self.timeout_s)
-        if limit <= 0:
-            raise ValueError(f"timeout_s must be > 0, got {limit}")
         runner = self._settled_runner()
-        fresh, self.used = not self.used, True
+        self.used = True
         request = {
             "op": "run",
             "code": code,
@@ -424,62 +657,73 @@ class Session:
             "echo": self.echo,
             "max_output": self.sandbox.max_output_bytes,
         }
+        deadline = time.monotonic() + limit + self.sandbox.host_slack_s
         try:
-            header, out, err = runner.request(request, time.monotonic() + limit + self.sandbox.host_slack_s)
-        except (ChannelClosed, ChannelTimeout, OSError, ValueError) as exc:
-            if fresh and retry and not isinstance(exc, ChannelTimeout):
-                # The runner ended under this session's first call on it. The code cannot end a runner
-                # (PID 1 ignores it; out of memory kills the worker, not the runner), so it died on its
-                # own, e.g. while idle; with no state to lose and every effect gone with it, run the call
-                # again on a fresh one.
-                logger.warning(
-                    "%s ended under a session's first call (%s); running it on another", runner.name, exc
-                )
-                self.sandbox._pool_started().replace(runner)
-                self.runner, self.used = None, False
-                return self._run(code, timeout_s, retry=False)
+            header, out, err = runner.request(request, deadline, self.sandbox.max_output_bytes)
+        except (ChannelClosed, ChannelTimeout, ProtocolError, ResetFailed, OSError) as exc:
+            # never run again elsewhere: the code may be what broke the runner
             return self._runner_lost(runner, exc, started, limit)
-        status = header.get("status", "error")
         return ExecutionResult(
             stdout=_decode(out),
             stderr=_decode(err),
-            status=status,
-            truncated=bool(header.get("truncated")),
+            status=header["status"],
+            truncated=header["truncated"],
             duration_s=time.perf_counter() - started,
         )
 
     def _runner_lost(
         self, runner: Runner, exc: BaseException, started: float, limit: float
     ) -> ExecutionResult:
-        """The runner died or hung: replace it; this call reports what happened and the session goes on."""
-        self.sandbox._pool_started().replace(runner)
-        self.runner, self.used = None, False
+        """The runner died, hung or broke its protocol: replace it; this call reports what happened and the
+        session goes on with a fresh interpreter."""
+        pool, _ = self._drop_runner()
+        (pool or self.sandbox._pool_started()).replace(runner)
+        self.used = False
         if isinstance(exc, ChannelTimeout):
-            status, what = (
-                "timeout",
-                f"the sandbox did not answer within {limit:g} s + {self.sandbox.host_slack_s:g} s",
-            )
+            status = "timeout"
+            what = f"the sandbox did not answer within {limit:g} s + {self.sandbox.host_slack_s:g} s"
+        elif isinstance(exc, ProtocolError):
+            status, what = "error", f"SandboxError: the sandbox's reply was not valid: {exc}"
         else:
             status, what = "killed", f"the sandbox {self.sandbox.runner_kind} stopped ({exc})"
         message = f"{what}; it was replaced and this session's variables were lost\n"
         return ExecutionResult("", message, status, False, time.perf_counter() - started)
 
-    def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        runner, self.runner = self.runner, None
+    def cancel_call(self) -> None:
+        """Interrupt the call in flight on this session, if any (what cancelling `arun` does)."""
+        with self._state:
+            runner = self._lease_box.runner if self._in_flight else None
         if runner is not None:
-            pool = self.sandbox._pool
-            if pool is not None:
-                pool.release(runner)
+            runner.cancel()
+
+    def close(self) -> None:
+        """End the session; safe from any thread and while a call runs (that call is interrupted, and the
+        runner goes back to the pool when it has ended)."""
+        with self._state:
+            if self.closed:
+                return
+            self.closed = True
+            in_flight, runner = self._in_flight, self._lease_box.runner
+        if in_flight:
+            if runner is not None:
+                runner.cancel()
+            return
+        self._give_back()
+
+    def _give_back(self) -> None:
+        self._finalizer.detach()
+        pool, runner = self._drop_runner()
+        if pool is not None and runner is not None:
+            pool.release(runner)
 
 
 class AsyncSession:
     """asyncio twin of Session: `async with sandbox.asession() as s: r = await s.arun(code)`.
 
     Leasing waits without holding a thread; each `arun` runs the blocking call on the sandbox's executor
-    (one thread per leased runner), so many coroutines can share a small pool.
+    (one thread per leased runner), so many coroutines can share a small pool. Cancelling `arun` (e.g.
+    `asyncio.wait_for`) interrupts the call in the sandbox; leaving the `async with` block closes the
+    session, also while a call runs.
     """
 
     def __init__(self, session: Session) -> None:
@@ -493,16 +737,25 @@ class AsyncSession:
         self.session.close()
 
     async def _lease(self) -> None:
-        if self.session.runner is None and not self.session.closed:
-            pool = await asyncio.get_running_loop().run_in_executor(
-                self.session.sandbox._executor(), self.session.sandbox._pool_started
-            )
-            self.session.runner = await pool.aacquire()
+        session = self.session
+        if session.closed:
+            raise SandboxError("this session is closed")
+        if session.runner is None:
+            loop = asyncio.get_running_loop()
+            pool = await loop.run_in_executor(session.sandbox._executor(), session.sandbox._pool_started)
+            runner = await pool.aacquire(session.sandbox.lease_timeout_s)
+            session._adopt(pool, runner)
 
     async def arun(self, code: str, timeout_s: float | None = None) -> ExecutionResult:
+        self.session._check_call(code, timeout_s)
         await self._lease()
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.session.sandbox._executor(), self.session.run, code, timeout_s)
+        call = loop.run_in_executor(self.session.sandbox._executor(), self.session.run, code, timeout_s)
+        try:
+            return await call
+        except asyncio.CancelledError:
+            self.session.cancel_call()
+            raise
 
     async def aclose(self) -> None:
         self.session.close()
@@ -535,10 +788,25 @@ class PooledSandbox:
         max_output_bytes: int,
         lease_timeout_s: float | None,
     ) -> None:
-        if max_output_bytes < 64:
-            raise ValueError(f"max_output_bytes must be >= 64, got {max_output_bytes}")
+        if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 1:
+            raise ValueError(f"pool_size must be an int >= 1, got {pool_size!r}")
+        if (
+            isinstance(max_output_bytes, bool)
+            or not isinstance(max_output_bytes, int)
+            or max_output_bytes < 64
+        ):
+            raise ValueError(f"max_output_bytes must be an int >= 64, got {max_output_bytes!r}")
+        if lease_timeout_s is not None and (
+            isinstance(lease_timeout_s, bool)
+            or not isinstance(lease_timeout_s, numbers.Real)
+            or not (math.isfinite(lease_timeout_s) and lease_timeout_s > 0)
+        ):
+            raise ValueError(
+                f"lease_timeout_s must be a finite number of seconds > 0, or None to wait without a limit; "
+                f"got {lease_timeout_s!r}"
+            )
         self.pool_size = pool_size
-        self.default_timeout_s = default_timeout_s
+        self.default_timeout_s = check_timeout(default_timeout_s, "default_timeout_s")
         self.max_output_bytes = max_output_bytes
         self.lease_timeout_s = lease_timeout_s
         self.host_slack_s = HOST_SLACK_S

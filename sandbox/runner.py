@@ -18,11 +18,20 @@ killed and a fresh one started: the call is still "timeout", and stderr says tha
 lost. A worker that dies (signal, out of memory, segfault, os._exit) is reported as "killed" and replaced
 the same way. Processes the code starts do not outlive its call (in a container; locally, after a timeout).
 
-Between sessions the host sends "reset": every process but the supervisor is killed, the scratch folder
-(/tmp) and /dev/shm are emptied and a fresh worker is started.
+Between sessions the host sends "reset": every process but the supervisor's own is killed (whatever it
+looks like: a process whose main thread has ended shows as a zombie while its other threads run on), the
+SysV IPC objects are removed and the scratch folders (/tmp, /dev/shm, /dev/mqueue) emptied within a time
+bound; then the supervisor checks that no process, IPC object or file of the code is left before it hands
+over a fresh worker, and answers "error" otherwise (the host then replaces the container).
+
+The worker's replies are checked (status word, types, size, call number): code in the worker can write to
+its control pipe, and whatever it forges there is that call's "error", never a crash. The host channel is
+authenticated (see ChannelKey). A syscall filter stacked on the engine's seccomp profile denies io_uring,
+AF_ALG/AF_VSOCK sockets and foreign ABIs (see install_syscall_filter).
 
 Frames: 4-byte big-endian length + JSON header; a result frame from the supervisor is followed by the raw
-stdout and stderr bytes whose lengths the header gives. In a container the host starts this file as
+stdout and stderr bytes whose lengths the header gives; between host and supervisor every frame after the
+first also carries a 32-byte MAC. In a container the host starts this file as
 `python3 -I -c <its source>`, so the image never holds a stale copy of it.
 """
 
@@ -46,7 +55,8 @@ import traceback
 import weakref
 
 _LEN = struct.Struct(">I")
-MAX_FRAME = 256 * 1024 * 1024
+MAX_FRAME = 64 * 1024 * 1024  # a request holds the code, which the host caps at 16 MiB
+RESET_BUDGET_S = 5.0  # killing, removing and wiping between sessions; past it the container is replaced
 
 
 def encode_frame(header: dict, *blobs: bytes) -> bytes:
@@ -99,7 +109,251 @@ def _libc():
 
 PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
+PR_SET_SECCOMP = 22
 PR_SET_CHILD_SUBREAPER = 36
+PR_SET_NO_NEW_PRIVS = 38
+
+
+# ------------------------------------------------------------------------------ the host's channel
+#
+# Host and supervisor sign every frame after the first: HMAC-SHA256 over a direction byte, the frame's
+# number in its direction and the frame, appended as 32 bytes. The key is the content of the host's first
+# frame ("hello"), read before any code runs, and lives only in the supervisor's memory, never in its
+# arguments or environment. Under runc the code cannot open PID 1's pipes at all; under gVisor it can
+# (it does not guard /proc/<pid>/fd of non-dumpable processes), and then it can still only break its own
+# session's channel, never forge or replay a frame for a later session.
+
+MAC_BYTES = 32
+
+
+class ChannelKey:
+    """Seals frames in one direction and checks the other direction's, each with its own frame count."""
+
+    HOST = b"H"  # host -> supervisor
+    SUPERVISOR = b"S"  # supervisor -> host
+
+    def __init__(self, key: bytes) -> None:
+        self.key = key
+        self.sent = 0
+        self.received = 0
+
+    def _mac(self, direction: bytes, number: int, frame: bytes) -> bytes:
+        import hashlib
+        import hmac
+
+        return hmac.new(self.key, direction + number.to_bytes(8, "big") + frame, hashlib.sha256).digest()
+
+    def seal(self, direction: bytes, frame: bytes) -> bytes:
+        mac = self._mac(direction, self.sent, frame)
+        self.sent += 1
+        return frame + mac
+
+    def verify(self, direction: bytes, frame: bytes, mac: bytes) -> bool:
+        import hmac
+
+        expected = self._mac(direction, self.received, frame)
+        self.received += 1
+        return hmac.compare_digest(expected, mac)
+
+
+class Tampered(Exception):
+    """A frame on the host channel failed its check: the code wrote into or read from it (gVisor)."""
+
+
+class HostGone(Exception):
+    """The host closed the channel."""
+
+
+# ----------------------------------------------------------------------------- the syscall filter
+#
+# Installed by the supervisor before anything else and inherited by every process in the container, on
+# top of the engine's own seccomp profile (filters stack; with no-new-privileges no capability is needed).
+# It denies (EPERM) what Docker's current default profile denies and older engines (Debian's 20.10)
+# allow: the io_uring_* calls (their operations bypass seccomp), socket(AF_ALG) (the kernel crypto API,
+# CVE-2026-31431) and socket(AF_VSOCK) (host-guest channels); and every foreign ABI (i386 / x32), whose
+# socketcall multiplexer a filter cannot inspect. Where the supervisor cannot list the SysV IPC objects or
+# POSIX message queues it must remove between sessions (gVisor has no /proc/sysvipc and no /dev/mqueue),
+# creating them is denied as well.
+
+AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
+SYSCALL_NUMBERS = {
+    "x86_64": {"socket": 41, "shmget": 29, "semget": 64, "msgget": 68, "mq_open": 240},
+    "aarch64": {"socket": 198, "shmget": 194, "semget": 190, "msgget": 186, "mq_open": 180},
+}
+IO_URING = {"io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427}  # same on every ABI
+X32_SYSCALL_BIT = 0x40000000
+DENIED_SOCKET_FAMILIES = {"AF_ALG": 38, "AF_VSOCK": 40}
+_RET_ALLOW = 0x7FFF0000
+_RET_EPERM = 0x00050000 | 1  # SECCOMP_RET_ERRNO | EPERM
+
+
+def syscall_filter(machine: str, block_ipc: bool, block_mqueue: bool) -> tuple[list[tuple], list[str]]:
+    """The classic-BPF program of the filter for `machine` as (code, jt, jf, k) tuples, and what it denies."""
+    numbers = SYSCALL_NUMBERS[machine]
+    denied_calls = dict(IO_URING)
+    if block_ipc:
+        denied_calls.update({name: numbers[name] for name in ("shmget", "semget", "msgget")})
+    if block_mqueue:
+        denied_calls["mq_open"] = numbers["mq_open"]
+    # (op, argument, jump-if-true label, jump-if-false label); labels resolve to relative offsets
+    program: list[tuple] = [("ld", 4), ("jeq", AUDIT_ARCH[machine], None, "deny"), ("ld", 0)]
+    if machine == "x86_64":
+        program.append(("jge", X32_SYSCALL_BIT, "deny", None))
+    program += [("jeq", number, "deny", None) for number in denied_calls.values()]
+    program += [("jeq", numbers["socket"], None, "allow"), ("ld", 16)]  # args[0]: the address family
+    program += [("jeq", family, "deny", None) for family in DENIED_SOCKET_FAMILIES.values()]
+    program += [("label", "allow"), ("ret", _RET_ALLOW), ("label", "deny"), ("ret", _RET_EPERM)]
+    labels, position = {}, 0
+    for step in program:
+        if step[0] == "label":
+            labels[step[1]] = position
+        else:
+            position += 1
+    instructions, position = [], 0
+    for step in program:
+        if step[0] == "label":
+            continue
+        position += 1
+        if step[0] == "ld":  # BPF_LD | BPF_W | BPF_ABS
+            instructions.append((0x20, 0, 0, step[1]))
+        elif step[0] == "ret":  # BPF_RET | BPF_K
+            instructions.append((0x06, 0, 0, step[1]))
+        else:  # BPF_JMP | BPF_JEQ / BPF_JGE | BPF_K; None: fall through to the next instruction
+            jt = 0 if step[2] is None else labels[step[2]] - position
+            jf = 0 if step[3] is None else labels[step[3]] - position
+            instructions.append((0x15 if step[0] == "jeq" else 0x35, jt, jf, step[1]))
+    denied = [*denied_calls, *(f"socket({name})" for name in DENIED_SOCKET_FAMILIES), "foreign ABIs"]
+    return instructions, denied
+
+
+def install_syscall_filter(block_ipc: bool, block_mqueue: bool) -> list[str]:
+    """Install the filter on this process (and so on everything it starts); returns what it denies."""
+    import platform
+
+    machine = platform.machine()
+    libc = _libc()
+    if machine not in SYSCALL_NUMBERS or libc is None or not sys.platform.startswith("linux"):
+        raise OSError(f"no syscall filter for {sys.platform}/{machine}")
+    instructions, denied = syscall_filter(machine, block_ipc, block_mqueue)
+    code = ctypes.create_string_buffer(b"".join(struct.pack("=HBBI", *step) for step in instructions))
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    program = SockFprog(len(instructions), ctypes.addressof(code))
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+    if libc.prctl(PR_SET_SECCOMP, 2, ctypes.byref(program), 0, 0) != 0:  # SECCOMP_MODE_FILTER
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP) failed")
+    return denied
+
+
+# --------------------------------------------------------------------------- shared state between sessions
+
+SYSV_KINDS = ("shm", "msg", "sem")
+IPC_RMID = 0
+
+
+def sysv_ids(kind: str) -> list[int] | None:
+    """Ids of the SysV IPC objects of one kind in this IPC namespace, whatever their permissions; None
+    where /proc/sysvipc does not exist (gVisor: creating them is denied there instead)."""
+    try:
+        with open(f"/proc/sysvipc/{kind}") as f:
+            lines = f.read().splitlines()[1:]
+    except OSError:
+        return None
+    return [int(line.split()[1]) for line in lines if line.strip()]
+
+
+def remove_sysv_ipc() -> None:
+    """IPC_RMID every SysV object (the code's user created them all, so it may remove them all)."""
+    libc = _libc()
+    if libc is None:
+        return
+    for kind in SYSV_KINDS:
+        for ident in sysv_ids(kind) or []:
+            if kind == "shm":
+                libc.shmctl(ident, IPC_RMID, None)
+            elif kind == "msg":
+                libc.msgctl(ident, IPC_RMID, None)
+            else:
+                libc.semctl(ident, 0, IPC_RMID)
+
+
+def empty_folder(root: str, until: float) -> bool:
+    """Remove everything inside `root`, whatever its permissions, depth or size; False if `until` (a
+    time.monotonic() value) passes first.
+
+    No recursion and no long paths: only `root`'s own entries are handled. A folder is made accessible,
+    its files are unlinked and its sub-folders moved up into `root`, then it is removed; the moved ones
+    come up in a later pass. Only two descriptors are open at a time.
+    """
+    try:
+        root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return True  # no such folder: nothing to empty
+    moved = 0
+    try:
+        while True:
+            found = False
+            with os.scandir(root_fd) as entries:
+                for entry in entries:
+                    found = True
+                    if time.monotonic() > until:
+                        return False
+                    moved = _remove_entry(root_fd, entry.name, moved, until)
+            if not found:
+                return True
+    finally:
+        os.close(root_fd)
+
+
+def _remove_entry(root_fd: int, name: str, moved: int, until: float) -> int:
+    with contextlib.suppress(IsADirectoryError, PermissionError, FileNotFoundError):
+        os.unlink(name, dir_fd=root_fd)
+        return moved
+    with contextlib.suppress(OSError):  # an empty folder
+        os.rmdir(name, dir_fd=root_fd)
+        return moved
+    try:  # a folder with content: nothing of the code runs now, so `name` cannot change under us
+        os.chmod(name, 0o700, dir_fd=root_fd)
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=root_fd)
+    except OSError:
+        return moved
+    try:
+        with os.scandir(fd) as entries:
+            for count, entry in enumerate(entries):
+                if count % 256 == 0 and time.monotonic() > until:
+                    return moved
+                try:
+                    os.unlink(entry.name, dir_fd=fd)
+                    continue
+                except IsADirectoryError:
+                    pass
+                except OSError:
+                    continue
+                with contextlib.suppress(OSError):
+                    os.chmod(entry.name, 0o700, dir_fd=fd)  # renaming a folder writes its ".."
+                for _ in range(8):
+                    moved += 1
+                    try:
+                        os.rename(entry.name, f".stare-wipe-{moved}", src_dir_fd=fd, dst_dir_fd=root_fd)
+                        break
+                    except OSError:
+                        continue
+    finally:
+        os.close(fd)
+    with contextlib.suppress(OSError):
+        os.rmdir(name, dir_fd=root_fd)
+    return moved
+
+
+def _can_open(path: str) -> bool:
+    try:
+        os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))
+        return True
+    except OSError:
+        return False
 
 
 # --------------------------------------------------------------------------------------------- worker
@@ -272,7 +526,9 @@ def worker_main(ctl_in: int, ctl_out: int, forked: bool = False) -> None:
             libc.fflush(None)
         import threading
 
-        reply = encode_frame({"status": status, "threads": threading.active_count()})
+        reply = encode_frame(
+            {"status": status, "threads": threading.active_count(), "call": request.get("call")}
+        )
         try:
             _write_all(ctl_out, reply)
         except OSError:
@@ -480,6 +736,15 @@ class Supervisor:
         self.worker: subprocess.Popen | None = None
         self.reap_next: list[int] = []  # processes killed here that may be zombie children of the worker
         self.ctl_w = self.ctl_r = self.out_r = self.err_r = -1
+        self.call = 0  # calls so far; the worker's reply must name the current one
+        self.host = _HostInput(0)
+        self.key: ChannelKey | None = None  # from the host's first frame
+        self.deferred: list[dict] = []  # host requests that arrived during a call
+        self.denied: list[str] = []  # what the syscall filter denies (set by main)
+        # Fork the next session's worker while this session runs, or only after its processes are gone?
+        # Ahead is safe only where the code cannot reach a non-dumpable spare's pipes through /proc
+        # (runc: it cannot; gVisor: it can). Probed when the template starts.
+        self.spare_ahead = True
         # Signals from the code: PID 1 of a container only receives those it handles, and Python handles
         # SIGINT (KeyboardInterrupt). A no-op handler (not SIG_IGN, which children would inherit) makes
         # every one of these harmless here.
@@ -559,6 +824,9 @@ class Supervisor:
             mine.close()
             return
         self.template, self.template_sock = process, mine
+        # same user, non-dumpable template: if even this process can open its descriptors, so can the code
+        # (LocalSandbox is no boundary: it always forks ahead)
+        self.spare_ahead = self.mode != "docker" or not _can_open(f"/proc/{process.pid}/fd/0")
 
     def stop_template(self) -> None:
         """End the template and its spare. (A spare it was still forking reads end-of-file on its control
@@ -626,13 +894,14 @@ class Supervisor:
             self.stop_template()
             return False
         self.ctl_w, self.ctl_r, self.out_r, self.err_r = fds
-        for fd in (self.out_r, self.err_r, self.ctl_r):
+        for fd in (self.out_r, self.err_r, self.ctl_r, self.ctl_w):
             os.set_blocking(fd, False)
         self.worker = handle
-        try:
-            self._request_spare()  # the next one is forked while this session runs
-        except OSError:
-            self.stop_template()
+        if self.spare_ahead:
+            try:
+                self._request_spare()  # the next one is forked while this session runs
+            except OSError:
+                self.stop_template()
         return True
 
     @staticmethod
@@ -680,7 +949,7 @@ class Supervisor:
         )
         for fd in (to_worker_r, from_worker_w, out_w, err_w):
             os.close(fd)
-        for fd in (out_r, err_r, self.ctl_r):
+        for fd in (out_r, err_r, self.ctl_r, self.ctl_w):
             os.set_blocking(fd, False)
         self.out_r, self.err_r = out_r, err_r
 
@@ -780,45 +1049,87 @@ class Supervisor:
         self._reap()
         return sorted(killed)
 
-    def wipe_scratch(self) -> None:
-        for root in (self.workdir, "/dev/shm") if self.mode == "docker" else (self.workdir,):
+    # -- between sessions
+    def scratch_roots(self) -> tuple[str, ...]:
+        if self.mode != "docker":
+            return (self.workdir,)
+        return tuple(root for root in (self.workdir, "/dev/shm", "/dev/mqueue") if os.path.isdir(root))
+
+    def reset(self) -> str:
+        """End the session: kill every process of the code, remove the IPC objects, empty the scratch
+        folders, then check that all of that holds before a fresh worker is handed over. Returns "" when the
+        container is clean, else what is left (the host then replaces the container)."""
+        until = time.monotonic() + RESET_BUDGET_S
+        self.stop_worker()
+        if self.mode == "docker":
+            remove_sysv_ipc()
+        wiped = True
+        for root in self.scratch_roots():
+            wiped = empty_folder(root, until) and wiped
+        problems = self.leftovers()
+        if not wiped:
+            problems.insert(0, f"the scratch folders could not be emptied within {RESET_BUDGET_S:g} s")
+        if problems:
+            return "; ".join(problems)
+        if self.preimport and (self.template is None or self.template.poll() is not None):
+            self.start_template()  # the code killed it; now none of its processes is left
+        self.spawn_worker()
+        return ""
+
+    def leftovers(self) -> list[str]:
+        """What of the code is left: processes, IPC objects, files in the scratch folders."""
+        problems = []
+        self._reap()
+        pids = self._stray_pids(keep_worker=False)
+        if pids:
+            problems.append(f"processes of the code are alive: {pids[:10]}")
+        if self.mode == "docker":
+            for kind in SYSV_KINDS:
+                ids = sysv_ids(kind)
+                if ids:
+                    problems.append(f"SysV {kind} objects are left: {ids[:10]}")
+        for root in self.scratch_roots():
             try:
                 names = os.listdir(root)
             except OSError:
                 continue
-            for name in names:
-                path = os.path.join(root, name)
-                try:
-                    if os.path.isdir(path) and not os.path.islink(path):
-                        shutil.rmtree(path, onerror=_force_remove)
-                    else:
-                        os.unlink(path)
-                except OSError:
-                    pass
+            if names:
+                problems.append(f"{root} is not empty: {sorted(names)[:5]}")
+        return problems
 
     # -- one call
     def run(self, request: dict) -> tuple[dict, bytes, bytes]:
         started = time.monotonic()
-        timeout_s = float(request.get("timeout_s") or 10.0)
-        cap = int(request.get("max_output") or self.max_output)
+        timeout_s = bounded_timeout(request.get("timeout_s"))
+        cap = request.get("max_output")
+        cap = cap if type(cap) is int and 64 <= cap <= self.max_output else self.max_output
         out, err = _Capture(cap), _Capture(cap)
         notes: list[str] = []
         if self.worker is None or self.worker.poll() is not None:
             self.restart_worker()
-        job = {k: request.get(k) for k in ("code", "stateless", "echo")}
-        job["reap"], self.reap_next = self.reap_next, []
-        try:
-            _write_all(self.ctl_w, encode_frame(job))
-        except OSError:  # the worker died between calls (e.g. a thread of the code ended it)
-            self.restart_worker()
-            _write_all(self.ctl_w, encode_frame(job))
+        self.call += 1
+        code = request.get("code")
+        job = {
+            "code": code if isinstance(code, str) else "",
+            "stateless": bool(request.get("stateless")),
+            "echo": bool(request.get("echo")),
+            "call": self.call,
+            "reap": self.reap_next,
+        }
+        self.reap_next = []
+        with contextlib.suppress(OSError):  # a thread of the code may have stopped it between calls
+            os.kill(self.worker.pid, signal.SIGCONT)
+        pending = memoryview(encode_frame(job))  # written as the worker reads, never blocking this loop
 
         deadline = started + timeout_s
-        interrupted = hard_killed = died = False
+        interrupted = hard_killed = died = cancelled = False
+        violation = ""
         reply_buf = bytearray()
         reply: dict | None = None
         streams = {self.out_r: out, self.err_r: err}
         watch = [self.ctl_r, self.out_r, self.err_r]
+        if not self.host.eof:
+            watch.append(self.host.fd)  # a "cancel" from the host interrupts the call at once
         while reply is None:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -831,10 +1142,31 @@ class Supervisor:
                 hard_killed = True
                 break
             try:
-                ready, _, _ = select.select(watch, [], [], remaining)
+                ready, writable, _ = select.select(watch, [self.ctl_w] if pending else [], [], remaining)
             except InterruptedError:
                 continue
+            if writable:
+                try:
+                    pending = pending[os.write(self.ctl_w, pending[: 1 << 16]) :]
+                except BlockingIOError:
+                    pass
+                except OSError:  # the worker is gone
+                    died = True
+                    break
             for fd in ready:
+                if fd == self.host.fd:
+                    self.host.fill()
+                    while (frame := self.host.pop(self.key)) is not None:
+                        if frame.get("op") == "cancel":
+                            cancelled = True
+                        else:
+                            self.deferred.append(frame)
+                    if self.host.eof:  # the host went away: nobody waits for this call
+                        cancelled = True
+                        watch.remove(fd)
+                    if cancelled and not interrupted:
+                        deadline = time.monotonic()
+                    continue
                 try:
                     data = os.read(fd, 1 << 16)
                 except BlockingIOError:
@@ -846,43 +1178,58 @@ class Supervisor:
                         died = True
                         break
                     reply_buf += data
-                    if len(reply_buf) >= 4:
-                        (size,) = _LEN.unpack(reply_buf[:4])
-                        if len(reply_buf) >= 4 + size:
-                            reply = json.loads(bytes(reply_buf[4 : 4 + size]))
+                    try:
+                        reply = _worker_reply(reply_buf, self.call)
+                    except _Violation as exc:
+                        violation = str(exc)
+                        break
                 elif data:
                     streams[fd].feed(data)
                 else:
                     watch.remove(fd)
-            if died:
+            if died or violation:
                 break
 
-        if hard_killed or died:
-            code = None
+        if hard_killed or died or violation:
+            exit_code = None
             if died and self.worker is not None:
                 try:
-                    code = self.worker.wait(timeout=2)
+                    exit_code = self.worker.wait(timeout=2)
                 except subprocess.TimeoutExpired:
-                    code = None
+                    exit_code = None
             self.kill_code()
             self._drain(streams)
             self.restart_worker()
-            if hard_killed:
-                status = "timeout"
+            if violation:
+                status = "error"
                 notes.append(
-                    f"TimeoutError: the code ran past the {timeout_s:g} s limit and did not stop when "
-                    f"interrupted; the interpreter was restarted and this session's variables were lost"
+                    f"SandboxError: the code wrote to the sandbox's control channel ({violation}); the "
+                    f"interpreter was restarted and this session's variables were lost"
+                )
+            elif hard_killed:
+                status = "timeout"
+                what = (
+                    "the call was cancelled"
+                    if cancelled
+                    else f"TimeoutError: the code ran past the {timeout_s:g} s limit"
+                )
+                notes.append(
+                    f"{what} and did not stop when interrupted; the interpreter was restarted and this "
+                    f"session's variables were lost"
                 )
             else:
                 status = "killed"
-                notes.append(_death_note(code, self.memory_hint))
+                notes.append(_death_note(exit_code, self.memory_hint))
         else:
             status = reply["status"]
             restart = False
             if interrupted or status == "interrupted":
                 status = "timeout"
-                message = f"TimeoutError: the code ran past the {timeout_s:g} s limit and was interrupted"
-                if reply.get("threads", 1) > 1:
+                if cancelled:
+                    message = "CancelledError: the caller cancelled the call and it was interrupted"
+                else:
+                    message = f"TimeoutError: the code ran past the {timeout_s:g} s limit and was interrupted"
+                if reply["threads"] > 1:
                     restart = True
                     message += (
                         "; threads it started were still running, so the interpreter was restarted and "
@@ -930,11 +1277,31 @@ class Supervisor:
                     break
                 capture.feed(data)
 
+    # -- the host's requests
+    def info(self) -> dict:
+        return {
+            "status": "ok",
+            "stdout": 0,
+            "stderr": 0,
+            "uid": os.getuid(),
+            "python": sys.version.split()[0],
+            "denied": self.denied,
+            "spare_ahead": self.spare_ahead,
+        }
+
+    def _send(self, header: dict, out: bytes = b"", err: bytes = b"") -> None:
+        frame = encode_frame({**header, "stdout": len(out), "stderr": len(err)}, out, err)
+        _write_all(1, self.key.seal(ChannelKey.SUPERVISOR, frame) if self.key is not None else frame)
+
     def serve(self) -> None:
         try:
             self._serve()
-        except (BrokenPipeError, ConnectionResetError):  # the host went away: nobody to answer
+        except (BrokenPipeError, ConnectionResetError, HostGone):  # the host went away: nobody to answer
             pass
+        except Tampered as exc:  # the code broke into the channel: end this container, say why if we can
+            self.stop_worker()
+            with contextlib.suppress(OSError):
+                self._send({"status": "error", "tampered": str(exc)[:200]})
         finally:
             self.stop_worker()
             self.stop_template()
@@ -942,28 +1309,149 @@ class Supervisor:
                 shutil.rmtree(self.workdir, ignore_errors=True)
 
     def _serve(self) -> None:
+        hello = self.host.wait(None)  # before anything of the code can run
+        key = hello.get("key")
+        if hello.get("op") != "hello" or not isinstance(key, str) or len(key) != 64:
+            raise Tampered("the first frame is not the host's hello")
+        self.key = ChannelKey(bytes.fromhex(key))
         self.start_template()
         self.spawn_worker()
+        self._send(self.info())
         while True:
-            request = read_frame_fd(0)
-            if request is None:
-                break
+            request = self.deferred.pop(0) if self.deferred else self.host.wait(self.key)
             op = request.get("op")
+            if op == "cancel":  # for a call that has ended already
+                continue
+            out = err = b""
             if op == "run":
-                header, out, err = self.run(request)
-                _write_all(1, encode_frame(header, out, err))
+                header, out, err = self._run_guarded(request)
             elif op == "reset":
-                self.stop_worker()
-                self.wipe_scratch()
-                if self.preimport and (self.template is None or self.template.poll() is not None):
-                    self.start_template()  # the code killed it; now none of its processes is left
-                self.spawn_worker()
-                _write_all(1, encode_frame({"status": "ok", "stdout": 0, "stderr": 0}))
+                problem = self.reset()
+                header = {"status": "error", "error": problem} if problem else {"status": "ok"}
             elif op == "ping":
-                info = {"status": "ok", "stdout": 0, "stderr": 0, "uid": os.getuid(), "python": sys.version}
-                _write_all(1, encode_frame(info))
+                header = {"status": "ok"}
             else:
-                _write_all(1, encode_frame({"status": "error", "error": f"unknown op {op!r}"}))
+                header = {"status": "error", "error": f"unknown op {str(op)[:50]!r}"}
+            self._send(header, out, err)
+
+    def _run_guarded(self, request: dict) -> tuple[dict, bytes, bytes]:
+        """`run`, but a failure of the supervisor's own (never the code's doing) becomes the call's error
+        instead of ending the container: the worker is restarted and the session goes on."""
+        started = time.monotonic()
+        try:
+            return self.run(request)
+        except (Tampered, HostGone, BrokenPipeError, ConnectionResetError):
+            raise
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                self.restart_worker()
+            message = (
+                f"SandboxError: the sandbox runner failed ({exc!r}); the interpreter was restarted and "
+                f"this session's variables were lost\n"
+            ).encode()
+            header = {"status": "error", "truncated": False, "duration_s": time.monotonic() - started}
+            return header, b"", message
+
+
+class _HostInput:
+    """The host's frames on a non-blocking stdin, buffered: reading never blocks a call in progress."""
+
+    def __init__(self, fd: int = 0) -> None:
+        self.fd = fd
+        self.buffer = bytearray()
+        self.eof = False
+        with contextlib.suppress(OSError):
+            os.set_blocking(fd, False)
+
+    def fill(self) -> None:
+        while not self.eof:
+            try:
+                data = os.read(self.fd, 1 << 16)
+            except (BlockingIOError, InterruptedError):
+                return
+            if not data:
+                self.eof = True
+                return
+            self.buffer += data
+
+    def pop(self, key: ChannelKey | None) -> dict | None:
+        """The next complete frame (checked with `key`; the first frame, unsigned, with None)."""
+        if len(self.buffer) < 4:
+            return None
+        (size,) = _LEN.unpack_from(self.buffer)
+        if size > MAX_FRAME:
+            raise Tampered(f"a frame of {size} bytes")
+        end = 4 + size + (MAC_BYTES if key is not None else 0)
+        if len(self.buffer) < end:
+            return None
+        frame, mac = bytes(self.buffer[: 4 + size]), bytes(self.buffer[4 + size : end])
+        del self.buffer[:end]
+        if key is not None and not key.verify(ChannelKey.HOST, frame, mac):
+            raise Tampered("a frame with a wrong signature")
+        try:
+            request = json.loads(frame[4:])
+        except ValueError as exc:
+            raise Tampered("a frame that is not JSON") from exc
+        if not isinstance(request, dict):
+            raise Tampered("a frame that is not an object")
+        return request
+
+    def wait(self, key: ChannelKey | None) -> dict:
+        while True:
+            request = self.pop(key)
+            if request is not None:
+                return request
+            if self.eof:
+                raise HostGone
+            with contextlib.suppress(InterruptedError):
+                select.select([self.fd], [], [])
+            self.fill()
+
+
+class _Violation(Exception):
+    """The worker's control channel carried something the worker never writes: the code forged it."""
+
+
+WORKER_STATUSES = ("ok", "error", "interrupted")
+MAX_WORKER_REPLY = 1024
+
+
+def _worker_reply(buffer: bytearray, call: int) -> dict | None:
+    """The worker's reply to call number `call` once complete (None before); _Violation if it is not
+    exactly what the worker writes: {"status": one of WORKER_STATUSES, "threads": int >= 1, "call": call}."""
+    if len(buffer) < 4:
+        return None
+    (size,) = _LEN.unpack_from(buffer)
+    if size > MAX_WORKER_REPLY:
+        raise _Violation(f"a reply frame of {size} bytes")
+    if len(buffer) < 4 + size:
+        return None
+    if len(buffer) > 4 + size:
+        raise _Violation(f"{len(buffer) - 4 - size} bytes after the reply")
+    try:
+        reply = json.loads(bytes(buffer[4 : 4 + size]))
+    except ValueError as exc:
+        raise _Violation("a reply that is not JSON") from exc
+    if not isinstance(reply, dict) or sorted(reply) != ["call", "status", "threads"]:
+        raise _Violation("a reply without exactly the fields status, threads and call")
+    if reply["status"] not in WORKER_STATUSES:
+        raise _Violation(f"the status {str(reply['status'])[:40]!r}")
+    if type(reply["threads"]) is not int or not 1 <= reply["threads"] <= 1_000_000:
+        raise _Violation(f"the thread count {str(reply['threads'])[:40]!r}")
+    if reply["call"] != call or type(reply["call"]) is not int:
+        raise _Violation(f"a reply to call {str(reply['call'])[:40]}, not to call {call}")
+    return reply
+
+
+MAX_TIMEOUT_S = 24 * 3600.0
+
+
+def bounded_timeout(value: object) -> float:
+    """A call's time limit as the supervisor applies it: the host validates it (finite, > 0, <= its cap);
+    anything else that reaches here becomes the default of 10 s rather than an exception."""
+    if type(value) in (int, float) and 0 < value <= MAX_TIMEOUT_S:
+        return float(value)
+    return 10.0
 
 
 def _ignore_signal(signum, frame) -> None:
@@ -993,15 +1481,6 @@ def _self_command(python: str) -> list[str]:
         argv = f.read().split(b"\0")
     source = argv[argv.index(b"-c") + 1].decode()
     return [python, "-I", "-c", source]
-
-
-def _force_remove(func, path, _exc_info) -> None:
-    try:
-        os.chmod(os.path.dirname(path), 0o700)
-        os.chmod(path, 0o700)
-        func(path)
-    except OSError:
-        pass
 
 
 def _death_note(code: int | None, memory_hint: str) -> str:
@@ -1044,7 +1523,16 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--preimport", default="", help="comma-separated modules the template imports")
     parser.add_argument("--remove-workdir", action="store_true", help="delete --workdir on exit (local mode)")
     args = parser.parse_args(argv)
-    Supervisor(
+    try:  # first of all, so that every process in the container has it
+        denied = install_syscall_filter(
+            block_ipc=args.mode == "docker" and sysv_ids("shm") is None,
+            block_mqueue=args.mode == "docker" and not os.path.isdir("/dev/mqueue"),
+        )
+    except OSError as exc:
+        if args.mode == "docker":
+            raise SystemExit(f"sandbox runner: cannot install the syscall filter: {exc}") from exc
+        denied = []  # LocalSandbox is no security boundary; where seccomp is missing it runs without
+    supervisor = Supervisor(
         args.mode,
         args.python,
         args.workdir,
@@ -1054,7 +1542,9 @@ def main(argv: list[str]) -> None:
         args.memory_bytes,
         tuple(name for name in args.preimport.split(",") if name),
         args.remove_workdir,
-    ).serve()
+    )
+    supervisor.denied = denied
+    supervisor.serve()
 
 
 if __name__ == "__main__":

@@ -35,7 +35,6 @@ pytestmark = pytest.mark.docker
 
 LIMITS = DockerLimits(memory_mb=256, pids=64, cpus=1.0, tmpfs_mb=16)
 RUNTIMES = ("runc", "runsc")
-NOT_YET = pytest.mark.xfail(reason="issue 10: fixed in a later commit", strict=False)
 KEY = 0x53544152  # SysV key of the IPC objects the attack leaves
 
 
@@ -157,11 +156,12 @@ print(open(f"/proc/{{child}}/stat").read().rsplit(")", 1)[1].split()[0])
 
 
 def test_a_zombie_looking_leader_with_live_threads_is_killed(box):
-    if box.runtime == "runsc":  # under gVisor the injector also reaches PID 1's channel to the host
-        pytest.xfail("issue 10: the host channel is authenticated in a later commit")
     with box.session() as s:
         r = s.run(ZOMBIE_LEADER)
-        assert r.status == "ok" and r.stdout.splitlines()[-1] == "Z", r  # (it injects into this session too)
+        if box.gvisor:  # gVisor lets it open PID 1's pipes too: its own call fails, the container is replaced
+            assert r.status == "error" and "not valid" in r.stderr, r
+        else:  # (it injects into this session as well)
+            assert r.status == "ok" and r.stdout.splitlines()[-1] == "Z", r
     assert_next_session_sees_nothing(box)
 
 
@@ -199,12 +199,15 @@ print(json.dumps(made))
 """
 
 
-@NOT_YET
 def test_ipc_objects_and_locked_folders_do_not_survive(box):
     with box.session() as s:
         r = s.run(LEAVE_STATE)
         assert r.status == "ok", r
+        if box.gvisor:  # no /proc/sysvipc or /dev/mqueue to clean up from: creating them is denied instead
+            assert json.loads(r.stdout) == {"shm": -1, "msg": -1, "sem": -1, "mq": -1}
     assert_next_session_sees_nothing(box)
+    if box.gvisor:
+        return
     with box.session() as s:  # the memory the attack pinned is free again
         r = s.run("x = bytearray(120 << 20)\nprint(len(x) >> 20)")
         assert (r.status, r.stdout) == ("ok", "120\n"), r
@@ -215,9 +218,9 @@ def test_ipc_objects_and_locked_folders_do_not_survive(box):
 SLOW = "import time\nattack_state = 1\nprint('A start', flush=True)\ntime.sleep(4)\nprint('A end')"
 
 
-@NOT_YET
 def test_closing_a_session_mid_call_keeps_results_apart(box):
     s = box.session()
+    assert s.run("pass").status == "ok"  # leased and checked: the next call starts at once
     results: dict = {}
     caller = threading.Thread(target=lambda: results.setdefault("a", s.run(SLOW, timeout_s=8)))
     caller.start()
@@ -236,7 +239,6 @@ def test_closing_a_session_mid_call_keeps_results_apart(box):
     assert_next_session_sees_nothing(box)
 
 
-@NOT_YET
 def test_lost_runners_are_replaced_once_and_the_pool_never_grows(box):
     client = docker_client()
     seen: list[int] = []
@@ -256,18 +258,19 @@ def test_lost_runners_are_replaced_once_and_the_pool_never_grows(box):
             caller.start()
             time.sleep(0.5)
             container = s.runner.channel.container.id
-            killer = threading.Thread(target=lambda: client.containers.get(container).kill())
+            killer = threading.Thread(target=lambda c=container: client.containers.get(c).kill())
             killer.start()  # the container dies while the session is being closed: both paths see it lost
             s.close()
             killer.join(20)
             caller.join(20)
             assert not caller.is_alive()
-            wait_for_pool(box)
+            # the next session finds the container dead (if the cancel won the race, only then) and
+            # gets a fresh one
+            assert_next_session_sees_nothing(box)
     finally:
         stop.set()
         sampler.join()
     assert max(seen) <= box.pool_size, seen
-    assert_next_session_sees_nothing(box)
 
 
 # ------------------------------------------------------------------------------ 4. forged worker replies
@@ -288,7 +291,6 @@ def _frame(payload: bytes) -> bytes:
     return len(payload).to_bytes(4, "big") + payload
 
 
-@NOT_YET
 @pytest.mark.parametrize(
     "frame",
     [
@@ -314,7 +316,6 @@ def test_a_forged_reply_is_the_sessions_own_error_and_never_retried(box, frame):
 # ---------------------------------------------------------------------------------------- 5. timeouts
 
 
-@NOT_YET
 def test_odd_timeouts_are_a_clear_error_and_harm_nothing(box):
     before = containers(box)
     with box.session() as s:
@@ -336,7 +337,6 @@ def test_odd_timeouts_are_a_clear_error_and_harm_nothing(box):
 # ------------------------------------------------------------------------------- 6. unclosed sessions
 
 
-@NOT_YET
 def test_an_unclosed_session_gives_its_container_back(box, monkeypatch):
     monkeypatch.setattr(box, "lease_timeout_s", 15.0)  # the old behaviour: wait forever
     box.session().run("attack_state = 1")  # used, never closed, dropped
@@ -355,7 +355,6 @@ def test_an_unclosed_session_gives_its_container_back(box, monkeypatch):
 # ----------------------------------------------------------------------------------- also seen
 
 
-@NOT_YET
 def test_io_uring_af_alg_and_vsock_are_blocked(box):
     code = """
 import ctypes, socket
@@ -377,10 +376,11 @@ print(results)
         assert seen == {"io_uring_setup": (-1, errno.EPERM), "AF_ALG": errno.EPERM, "AF_VSOCK": errno.EPERM}
 
 
-@NOT_YET
 def test_a_stopped_worker_does_not_stall_a_large_request(box):
     with box.session() as s:  # a thread of the code stops its own interpreter after the call has ended
-        r = s.run("import os, signal, threading\nthreading.Timer(0.2, os.kill, (os.getpid(), signal.SIGSTOP)).start()")
+        r = s.run(
+            "import os, signal, threading\nthreading.Timer(0.2, os.kill, (os.getpid(), signal.SIGSTOP)).start()"
+        )
         assert r.status == "ok"
         time.sleep(0.5)
         started = time.monotonic()
@@ -391,7 +391,6 @@ def test_a_stopped_worker_does_not_stall_a_large_request(box):
     assert_next_session_sees_nothing(box)
 
 
-@NOT_YET
 def test_a_paused_idle_container_is_replaced_before_the_next_session_runs(box):
     with box.session() as s:
         s.run("x = 1")
@@ -403,14 +402,13 @@ def test_a_paused_idle_container_is_replaced_before_the_next_session_runs(box):
         r = s.run("print('fresh')")
         assert (r.status, r.stdout) == ("ok", "fresh\n"), r
         assert s.runner.channel.container.id != paused
-    assert time.monotonic() - started < 8
+    assert time.monotonic() - started < 15  # a 3 s ping, removing the paused container, starting one
     assert_next_session_sees_nothing(box)
 
 
 # ------------------------------------------------------------------------ concurrency with cancellation
 
 
-@NOT_YET
 @pytest.mark.parametrize("runtime", RUNTIMES)
 def test_many_tasks_some_cancelled_mid_call_each_result_is_its_own(runtime):
     """24 tasks on 3 containers. A third have a call cancelled (asyncio.wait_for) and then leave their
@@ -463,7 +461,6 @@ def test_many_tasks_some_cancelled_mid_call_each_result_is_its_own(runtime):
     assert seen and max(seen) <= pool_size, seen
 
 
-@NOT_YET
 def test_lease_timeout_is_finite_and_says_what_to_do(box):
     assert box.lease_timeout_s is not None and math.isfinite(box.lease_timeout_s)
     with box.session() as held:
