@@ -98,6 +98,15 @@ class ArithmeticTIREnv(ToolEnv):
         task_id = f"arith-{kind}-{hashlib.sha1(problem.encode()).hexdigest()[:10]}"
         return Task(problem=problem, answer=str(answer), id=task_id, data={"kind": kind})
 
+    def validate_task(self, task: Task) -> None:
+        """The reference must be an integer (scoring compares integers exactly)."""
+        answer = task.answer
+        if not isinstance(answer, str) or len(answer) > 4000 or not _INTEGER.fullmatch(answer.strip()):
+            raise ValueError(
+                f"task {task.id!r}: ArithmeticTIR grades by exact integer equality, so the answer must be an "
+                f"integer string such as '42', got {answer!r:.60}"
+            )
+
     def score(self, task: Task, response: str) -> Score:
         """1.0 when the last `\\boxed{}` holds exactly the reference integer."""
         boxed, unterminated = _last_box(response)
@@ -110,5 +119,5 @@ class ArithmeticTIREnv(ToolEnv):
         cleaned = boxed.replace("{,}", "").replace("\\,", "").replace(",", "").replace(" ", "").strip("$")
         if len(cleaned) > 4000 or not _INTEGER.fullmatch(cleaned):
             return Score(0.0, "parse_failure", extracted=boxed, details={"detail": "not an integer"})
-        correct = int(cleaned) == int(task.answer)
+        correct = int(cleaned) == int(str(task.answer).strip())
         return Score(float(correct), "correct" if correct else "wrong", correct, boxed)

@@ -338,8 +338,10 @@ class TextEnv(gym.Env[list[Message], str]):
         """Raise ValueError (with the task and the remedy) when `task` lacks what `score` needs.
 
         Called by `reset` for every task, sampled or pinned, so a bad task fails there and not at the end of
-        its episode.
+        its episode. The default requires a reference answer (what math grading needs); an environment whose
+        `score` needs none overrides this.
         """
+        _reference(task)
 
     def respond(self, action: str) -> Turn:
         """Decide what this turn produced. The text environment ends the episode on the first action."""
@@ -351,12 +353,25 @@ class TextEnv(gym.Env[list[Message], str]):
     ) -> tuple[list[Message], dict[str, Any]]:
         """Start an episode: pick a task (seeded, or pinned by `options`) and return its prompt.
 
-        Returns (observation, info): the prompt messages, and an info dict with the `INFO_KEYS`.
+        Returns (observation, info): the prompt messages, and an info dict with the `INFO_KEYS`. A bad seed,
+        bad options or a task that `validate_task` rejects raise here, with the value and the remedy, and
+        leave the current episode as it was.
         """
+        if isinstance(seed, np.integer):
+            seed = int(seed)
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise TypeError(f"seed must be an integer (int or numpy integer) or None, got {seed!r}")
+        if seed is not None and seed < 0:
+            raise ValueError(f"seed must be >= 0, got {seed}")
         super().reset(seed=seed)
+        task = self._task_from_options(options) if options else self.sample_task()
+        if not isinstance(task, Task):
+            raise TypeError(
+                f"{type(self).__name__}.sample_task() must return a Task, got {type(task).__name__}"
+            )
+        self.validate_task(task)
         self.end_episode()
-        self.task = self._task_from_options(options) if options else self.sample_task()
-        self.validate_task(self.task)
+        self.task = task
         self.turn = 0
         self.responses = []
         self.stats = EpisodeStats()
@@ -456,26 +471,48 @@ class TextEnv(gym.Env[list[Message], str]):
         The base class holds none; `ToolEnv` closes its sandbox session here.
         """
 
-    def _task_from_options(self, options: dict[str, Any]) -> Task:
-        if "task" in options:
-            task = options["task"]
-            if not isinstance(task, Task):
-                raise TypeError(f"options['task'] must be a Task, got {type(task).__name__}")
-            return task
-        if "index" in options:
-            if self.dataset is None:
-                raise ValueError("options={'index': ...} needs a dataset")
-            return self.dataset[int(options["index"])]
-        if "problem" in options:
-            extra = {k: v for k, v in options.items() if k not in ("problem", "answer", "id")}
-            answer = options.get("answer")
-            return Task(
-                problem=str(options["problem"]),
-                answer=None if answer is None else str(answer),
-                id=str(options.get("id", "pinned")),
-                data=extra,
+    def _task_from_options(self, options: Mapping[str, Any]) -> Task:
+        """The task `options` pin: {"problem": ..., "answer": ..., "id": ..., <more: Task.data>},
+        {"index": i} (row i of the dataset) or {"task": Task(...)}; anything else is an error."""
+        if not isinstance(options, Mapping):
+            raise TypeError(f"options must be a dict, got {type(options).__name__}")
+        ways = [key for key in ("task", "index", "problem") if key in options]
+        if len(ways) != 1:
+            raise ValueError(
+                f"options {_keys(options)} must pick the task one way: {{'problem': ..., 'answer': ...}} (more keys "
+                "go to Task.data), {'index': i} or {'task': Task(...)}; or pass options=None to sample one"
             )
-        return self.sample_task()
+        (way,) = ways
+        if way in ("task", "index") and len(options) > 1:
+            raise ValueError(f"options {_keys(options)}: {way!r} takes no other keys")
+        if way == "task":
+            if not isinstance(options["task"], Task):
+                raise TypeError(f"options['task'] must be a Task, got {type(options['task']).__name__}")
+            return options["task"]
+        if way == "index":
+            index = options["index"]
+            if self.dataset is None:
+                raise ValueError(
+                    f"options={{'index': {index!r}}} needs a dataset; {type(self).__name__} has none"
+                )
+            size = len(self.dataset)
+            if isinstance(index, bool) or not isinstance(index, int | np.integer):
+                raise TypeError(f"options['index'] must be an integer in [0, {size}), got {index!r}")
+            if not 0 <= index < size:
+                raise IndexError(
+                    f"options['index']={int(index)} is out of range: dataset {self.dataset.name!s} has {size} rows "
+                    f"(0..{size - 1})"
+                )
+            return self.dataset[int(index)]
+        problem, answer, task_id = options["problem"], options.get("answer"), options.get("id", "pinned")
+        if not isinstance(problem, str):
+            raise TypeError(f"options['problem'] must be a str, got {type(problem).__name__}")
+        if answer is not None and (isinstance(answer, bool) or not isinstance(answer, str | int | float)):
+            raise TypeError(f"options['answer'] must be a str (or a number), got {type(answer).__name__}")
+        extra = {k: v for k, v in options.items() if k not in ("problem", "answer", "id")}
+        return Task(
+            problem=problem, answer=None if answer is None else str(answer), id=str(task_id), data=extra
+        )
 
     def _info(self, *, void_turn: bool, finished: bool, truncated: bool) -> dict[str, Any]:
         assert self.task is not None
@@ -497,9 +534,16 @@ def _reference(task: Task) -> str:
     if task.answer is None or not str(task.answer).strip():
         raise ValueError(
             f"task {task.id!r} has no reference answer, which math grading needs: map the answer column with "
-            "fields={'answer': '<column>'} or pin it with reset(options={'problem': ..., 'answer': ...})"
+            "fields={'answer': '<column>'}, pin it with reset(options={'problem': ..., 'answer': ...}), or "
+            "override validate_task() if your score() needs none"
         )
     return str(task.answer)
+
+
+def _keys(options: Mapping[str, Any]) -> str:
+    return (
+        "{" + ", ".join(repr(key) for key in list(options)[:8]) + (", ..." if len(options) > 8 else "") + "}"
+    )
 
 
 # -- tools ------------------------------------------------------------------------------------------------------
