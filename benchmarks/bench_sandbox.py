@@ -1,14 +1,17 @@
-"""Sandbox latency and throughput: the warm pool against `docker run` and `docker exec` per call.
+"""Sandbox latency and throughput: the warm pool before and after issue 10's reset, under runc and gVisor,
+and against `docker run` / `docker exec` per call.
 
-    .venv/bin/python benchmarks/bench_sandbox.py [--pool-size 4] [--calls 2000] [--seconds 5]
+    flock /tmp/stare-heavy.lock .venv/bin/python benchmarks/bench_sandbox.py [--pool-size 4] [--calls 2000]
 
 Measures, in one run and with every DockerSandbox limit in force (no network, memory, pids, CPU quota,
 read-only root + tmpfs, non-root, no capabilities, no-new-privileges; fd-level stdout/stderr capture):
-  * pool start time (all containers warm and answering),
-  * memory per warm container (cgroup usage minus page cache) and per containerd shim on the host,
-  * single-session latency of `print(1)`: p50 / p90 / p99 / mean,
-  * throughput across the pool: one session per container, each calling `print(1)` in a loop,
-  * session churn: one-call sessions (`import numpy, sympy; print(1)`) per second across the pool,
+  * side by side for the code before issue 10 (`--before`, default the commit before its first change,
+    loaded from git into a temporary package) and the current code, each under runc and under runsc
+    (gVisor, when the engine has it): pool start, single-session `print(1)` p50 / p99, and session churn
+    (one-call sessions `import numpy, sympy; print(1)` per second across the pool, which includes the
+    reset between sessions and, now, the check that nothing is left);
+  * for the current code under runc: p90 / mean, throughput across the pool (one session per container
+    calling `print(1)` in a loop), memory per warm container and containerd shim;
   * the same `print(1)` with `docker run --rm` per call and with `docker exec` into a warm container,
   * LocalSandbox for reference (no isolation).
 """
@@ -16,20 +19,59 @@ read-only root + tmpfs, non-root, no capabilities, no-new-privileges; fd-level s
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import statistics
 import subprocess
+import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
 from stare_agents.sandbox import DEFAULT_IMAGE, DockerLimits, DockerSandbox, LocalSandbox
-from stare_agents.sandbox.docker_backend import docker_client
+from stare_agents.sandbox.docker_backend import GVISOR_EXTRA_PIDS, docker_client, engine_runtimes
 
 console = Console(width=120)
+REPO = Path(__file__).resolve().parents[1]
+BEFORE = "f124040^"  # the code before issue 10's first change
+
+
+def load_before(commit: str) -> tuple[type, str]:
+    """DockerSandbox of `commit`, imported from a temporary copy of its sandbox/ as `sandbox_before`."""
+    sha = subprocess.run(
+        ["git", "rev-parse", "--short", commit], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    folder = Path(tempfile.mkdtemp(prefix="stare-bench-before-")) / "sandbox_before"
+    folder.mkdir()
+    for name in ("__init__", "docker_backend", "local", "pool", "result", "runner"):
+        source = subprocess.run(
+            ["git", "show", f"{sha}:sandbox/{name}.py"], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout
+        (folder / f"{name}.py").write_text(source.replace("stare_agents.sandbox", "sandbox_before"))
+    sys.path.insert(0, str(folder.parent))
+    return importlib.import_module("sandbox_before.docker_backend").DockerSandbox, sha
+
+
+def make_before(cls: type, runtime: str, pool_size: int, image: str, limits) -> object:
+    """The old DockerSandbox had no `runtime`; give its containers the runtime, and under gVisor the same
+    pids headroom for the sentry that the current code gives (without it the sentry dies)."""
+    sandbox = cls(pool_size=pool_size, image=image, limits=limits)
+    original = sandbox.container_config
+
+    def container_config():
+        create, host = original()
+        host["runtime"] = runtime
+        if runtime == "runsc":
+            host["pids_limit"] = limits.pids + GVISOR_EXTRA_PIDS
+        return create, host
+
+    sandbox.container_config = container_config
+    return sandbox
 
 
 def percentiles(times_s: list[float]) -> dict[str, float]:
@@ -206,27 +248,68 @@ def docker_exec_per_call(image: str, limits: DockerLimits, calls: int) -> dict[s
     return percentiles(times)
 
 
+def compare(args, limits: DockerLimits, runtimes: list[str]) -> dict[str, dict]:
+    """Pool start, print(1) latency and session churn for before/after x runtimes."""
+    before_cls, sha = load_before(args.before)
+    rows: dict[str, dict] = {}
+    for runtime in runtimes:
+        for code in ("before", "after"):
+            if code == "before":
+                sandbox = make_before(before_cls, runtime, args.pool_size, args.image, limits)
+            else:
+                sandbox = DockerSandbox(
+                    pool_size=args.pool_size, image=args.image, limits=limits, runtime=runtime
+                )
+            name = f"{code} ({sha if code == 'before' else 'now'}), {runtime}"
+            console.print(f"measuring {name}")
+            with sandbox:
+                row = {"start_s": sandbox._pool.start_seconds}
+                row.update(session_latency(sandbox, args.calls))
+                row.update(session_churn(sandbox, args.seconds))
+            rows[name] = row
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--pool-size", type=int, default=4)
     parser.add_argument("--calls", type=int, default=2000, help="calls for the single-session latency")
-    parser.add_argument("--seconds", type=float, default=5.0, help="duration of the throughput run")
+    parser.add_argument("--seconds", type=float, default=5.0, help="duration of throughput and churn runs")
     parser.add_argument("--run-calls", type=int, default=10, help="calls for `docker run` per call")
     parser.add_argument("--exec-calls", type=int, default=30, help="calls for `docker exec` per call")
+    parser.add_argument("--before", default=BEFORE, help="git commit of the 'before' code")
+    parser.add_argument("--no-extras", action="store_true", help="only the before/after x runtime table")
     parser.add_argument("--image", default=DEFAULT_IMAGE)
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
 
     limits = DockerLimits()
     figures: dict[str, dict] = {}
-    console.print(f"cores: {os.cpu_count()}, image: {args.image}, limits: {limits}")
+    runtimes = ["runc"] + (["runsc"] if "runsc" in engine_runtimes(docker_client()) else [])
+    load = os.getloadavg()
+    console.print(f"cores: {os.cpu_count()}, load {load[0]:.1f}, image: {args.image}, limits: {limits}")
+    figures["compare"] = compare(args, limits, runtimes)
+    table = Table("pool of 4, print(1)", "start s", "p50 ms", "p99 ms", "churn sessions/s")
+    for name, f in figures["compare"].items():
+        table.add_row(
+            name,
+            f"{f['start_s']:.2f}",
+            f"{f['p50_ms']:.2f}",
+            f"{f['p99_ms']:.2f}",
+            f"{f['sessions_per_s']:.1f}",
+        )
+    console.print(table)
+    figures["load_average"] = {"before": load[0], "after": os.getloadavg()[0]}
+    if args.no_extras:
+        _write(args.json, figures)
+        return
+
     with DockerSandbox(pool_size=args.pool_size, image=args.image, limits=limits) as sandbox:
         figures["pool"] = {"start_s": sandbox.pool_start_seconds, "containers": args.pool_size}
         figures["warm pool, 1 session"] = session_latency(sandbox, args.calls)
         figures["warm pool, throughput"] = pool_throughput(sandbox, args.seconds)
-        figures["warm pool, session churn"] = session_churn(sandbox, args.seconds)
         figures["memory"] = memory_per_container(sandbox)  # idle, after use: template + spare + worker
     figures["docker exec per call"] = docker_exec_per_call(args.image, limits, args.exec_calls)
     figures["docker run per call"] = docker_run_per_call(args.image, limits, args.run_calls)
@@ -235,7 +318,7 @@ def main() -> None:
         figures["LocalSandbox, throughput"] = pool_throughput(local, args.seconds)
         figures["LocalSandbox, session churn"] = session_churn(local, args.seconds)
 
-    table = Table("print(1)", "p50 ms", "p90 ms", "p99 ms", "mean ms", "calls/s")
+    table = Table("print(1), now, runc", "p50 ms", "p90 ms", "p99 ms", "mean ms", "calls/s")
     for name in (
         "warm pool, 1 session",
         "docker exec per call",
@@ -256,19 +339,18 @@ def main() -> None:
         table.add_row(f"{name} ({f['sessions']} sessions)", "", "", "", "", f"{f['calls_per_s']:.0f}")
     console.print(table)
     console.print(
-        "one-call sessions (`import numpy, sympy; print(1)`, wipe between sessions), one thread per container: "
-        f"warm pool {figures['warm pool, session churn']['sessions_per_s']:.0f}/s, "
-        f"LocalSandbox {figures['LocalSandbox, session churn']['sessions_per_s']:.0f}/s"
-    )
-    speedup = figures["docker exec per call"]["p50_ms"] / figures["warm pool, 1 session"]["p50_ms"]
-    console.print(
+        f"LocalSandbox session churn {figures['LocalSandbox, session churn']['sessions_per_s']:.0f}/s; "
         f"pool start: {figures['pool']['start_s']:.2f} s for {args.pool_size} containers; "
         f"memory per warm container: {figures['memory']['container_mib']:.1f} MiB in the container + "
-        f"{figures['memory']['shim_mib']:.1f} MiB containerd shim on the host; "
-        f"warm pool p50 is {speedup:.0f}x faster than docker exec per call"
+        f"{figures['memory']['shim_mib']:.1f} MiB containerd shim on the host"
     )
-    if args.json:
-        with open(args.json, "w") as f:
+    figures["load_average"]["end"] = os.getloadavg()[0]
+    _write(args.json, figures)
+
+
+def _write(path: str | None, figures: dict) -> None:
+    if path:
+        with open(path, "w") as f:
             json.dump(figures, f, indent=2)
 
 

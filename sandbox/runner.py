@@ -348,12 +348,27 @@ def _remove_entry(root_fd: int, name: str, moved: int, until: float) -> int:
     return moved
 
 
-def _can_open(path: str) -> bool:
+def _pipe_empty(fd: int) -> bool:
+    """Whether nothing is buffered in the pipe `fd` belongs to (either end); False if that is unknown."""
+    import fcntl
+    import termios
+
+    count = ctypes.c_int(-1)
     try:
-        os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))
-        return True
+        fcntl.ioctl(fd, termios.FIONREAD, count)
     except OSError:
         return False
+    return count.value == 0
+
+
+def _discard(fd: int) -> None:
+    """Read and drop what a non-blocking pipe holds."""
+    while True:
+        try:
+            if not os.read(fd, 1 << 16):
+                return
+        except (BlockingIOError, InterruptedError, OSError):
+            return
 
 
 # --------------------------------------------------------------------------------------------- worker
@@ -415,8 +430,9 @@ def _reap_children(pids: list[int]) -> None:
             os.waitpid(pid, os.WNOHANG)
 
 
-def worker_main(ctl_in: int, ctl_out: int, forked: bool = False) -> None:
-    """Serve calls on the control pipes until they close. forked: a spare made by the template (below)."""
+def worker_main(ctl_in: int, ctl_out: int, forked: bool = False, secret: bytes = b"") -> None:
+    """Serve calls on the control pipes until they close. forked: a spare made by the template (below),
+    whose first frame must be the supervisor's ping carrying `secret`; anything else ends it."""
     worker_pid = os.getpid()
     libc = _libc()
     if libc is not None and sys.platform.startswith("linux") and not forked:
@@ -439,6 +455,7 @@ def worker_main(ctl_in: int, ctl_out: int, forked: bool = False) -> None:
     _track_popens()
     namespace: dict = {"__name__": "__main__", "__builtins__": builtins}
     cell = 0
+    greeted = not forked
 
     while True:
         try:
@@ -447,6 +464,10 @@ def worker_main(ctl_in: int, ctl_out: int, forked: bool = False) -> None:
             continue
         if request is None:
             os._exit(0)
+        if not greeted:  # only the supervisor knows the secret: a frame someone else queued ends the spare
+            if request.get("op") != "ping" or request.get("secret") != secret.hex():
+                os._exit(1)
+            greeted = True
         if request.get("op") == "ping":  # the supervisor checks that a spare lives before handing it over
             try:
                 _write_all(ctl_out, encode_frame({"status": "ok"}))
@@ -551,6 +572,11 @@ def worker_main(ctl_in: int, ctl_out: int, forked: bool = False) -> None:
 # code's kill(-1) hit may still be exiting when it is handed over (waitpid cannot tell it from a live one,
 # least of all on a busy machine), but a process with SIGKILL pending never runs Python again, so only a
 # spare that answers the supervisor, after every process of the code is gone, is handed over.
+# Under gVisor the code can open a spare's pipes through /proc (non-dumpable does not guard them there).
+# So each spare gets a secret from the template (over a socket, which /proc cannot open) and ends itself
+# unless its first frame is the supervisor's ping with that secret; and before that ping, once every
+# process of the code is gone, the supervisor checks that nothing is queued to the spare and throws away
+# whatever was written into the pipes it reads. Nothing the code wrote there can reach the next session.
 
 
 def template_main(sock_fd: int, workdir: str, preimport: list[str]) -> None:
@@ -595,6 +621,7 @@ def template_main(sock_fd: int, workdir: str, preimport: list[str]) -> None:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         pid_r, pid_w = os.pipe()
+        secret = os.urandom(16)
         middle = os.fork()
         if middle == 0:  # double fork: the worker is re-parented to the supervisor, which can wait for it
             try:
@@ -609,7 +636,7 @@ def template_main(sock_fd: int, workdir: str, preimport: list[str]) -> None:
                     for fd in (devnull, out_w, err_w):
                         os.close(fd)
                     os.chdir(workdir)
-                    worker_main(to_worker_r, from_worker_w, forked=True)
+                    worker_main(to_worker_r, from_worker_w, forked=True, secret=secret)
                     os._exit(0)
                 os.write(pid_w, struct.pack(">I", worker))
             finally:
@@ -620,7 +647,7 @@ def template_main(sock_fd: int, workdir: str, preimport: list[str]) -> None:
         mine = (to_worker_w, from_worker_r, out_r, err_r)
         try:
             if worker_pid is not None:
-                socket.send_fds(sock, [worker_pid], list(mine))
+                socket.send_fds(sock, [worker_pid + secret], list(mine))
         finally:
             for fd in (to_worker_r, from_worker_w, out_w, err_w, pid_r, *mine):
                 os.close(fd)
@@ -725,7 +752,7 @@ class Supervisor:
         self.preimport = preimport
         self.template: subprocess.Popen | None = None
         self.template_sock = None
-        self.spare: tuple[_Forked, list[int]] | None = None  # a forked, idle worker and its pipes
+        self.spare: tuple[_Forked, list[int], bytes] | None = None  # a forked, idle worker, pipes, secret
         self.spare_requested = False  # the template is forking one; its answer is unread
         self.mode = mode
         self.python = python
@@ -741,10 +768,6 @@ class Supervisor:
         self.key: ChannelKey | None = None  # from the host's first frame
         self.deferred: list[dict] = []  # host requests that arrived during a call
         self.denied: list[str] = []  # what the syscall filter denies (set by main)
-        # Fork the next session's worker while this session runs, or only after its processes are gone?
-        # Ahead is safe only where the code cannot reach a non-dumpable spare's pipes through /proc
-        # (runc: it cannot; gVisor: it can). Probed when the template starts.
-        self.spare_ahead = True
         # Signals from the code: PID 1 of a container only receives those it handles, and Python handles
         # SIGINT (KeyboardInterrupt). A no-op handler (not SIG_IGN, which children would inherit) makes
         # every one of these harmless here.
@@ -824,9 +847,6 @@ class Supervisor:
             mine.close()
             return
         self.template, self.template_sock = process, mine
-        # same user, non-dumpable template: if even this process can open its descriptors, so can the code
-        # (LocalSandbox is no boundary: it always forks ahead)
-        self.spare_ahead = self.mode != "docker" or not _can_open(f"/proc/{process.pid}/fd/0")
 
     def stop_template(self) -> None:
         """End the template and its spare. (A spare it was still forking reads end-of-file on its control
@@ -838,7 +858,7 @@ class Supervisor:
                 self.template.wait(timeout=5)
             self.template_sock.close()
         if self.spare is not None:
-            handle, fds = self.spare
+            handle, fds, _ = self.spare
             with contextlib.suppress(OSError):
                 handle.kill()
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -858,13 +878,13 @@ class Supervisor:
         import socket
 
         self.template_sock.settimeout(5)
-        message, fds, _, _ = socket.recv_fds(self.template_sock, 4, 4)
+        message, fds, _, _ = socket.recv_fds(self.template_sock, 20, 4)
         self.spare_requested = False
-        if len(message) != 4 or len(fds) != 4:
+        if len(message) != 20 or len(fds) != 4:
             for fd in fds:
                 os.close(fd)
             raise OSError("the template answered with a short message")
-        self.spare = (_Forked(_LEN.unpack(message)[0]), fds)
+        self.spare = (_Forked(_LEN.unpack(message[:4])[0]), fds, message[4:])
 
     def fork_worker(self) -> bool:
         """Hand over the template's spare worker (and have it fork the next one); False (and the
@@ -877,11 +897,16 @@ class Supervisor:
                     if not self.spare_requested:
                         self._request_spare()
                     self._collect_spare()
-                handle, fds = self.spare
+                handle, fds, secret = self.spare
                 self.spare = None
+                # nothing of the code runs now: what sits in the spare's pipes was not written by it
+                untouched = _pipe_empty(fds[0])
+                for fd in fds[1:]:
+                    os.set_blocking(fd, False)
+                    _discard(fd)
                 with contextlib.suppress(OSError):
                     os.kill(handle.pid, signal.SIGCONT)
-                if handle.poll() is None and self._answers(fds[0], fds[1]):
+                if untouched and handle.poll() is None and self._answers(fds[0], fds[1], secret=secret):
                     break
                 if handle.returncode is None:  # dying or mute: it must not linger
                     with contextlib.suppress(OSError):
@@ -897,18 +922,18 @@ class Supervisor:
         for fd in (self.out_r, self.err_r, self.ctl_r, self.ctl_w):
             os.set_blocking(fd, False)
         self.worker = handle
-        if self.spare_ahead:
-            try:
-                self._request_spare()  # the next one is forked while this session runs
-            except OSError:
-                self.stop_template()
+        try:
+            self._request_spare()  # the next one is forked while this session runs
+        except OSError:
+            self.stop_template()
         return True
 
     @staticmethod
-    def _answers(ctl_w: int, ctl_r: int, timeout_s: float = 5.0) -> bool:
-        """Whether a spare answers a ping on its (blocking) control pipes: a dying one closes them instead."""
+    def _answers(ctl_w: int, ctl_r: int, timeout_s: float = 5.0, secret: bytes = b"") -> bool:
+        """Whether a spare answers a ping on its control pipes: a dying one closes them instead."""
+        ping = {"op": "ping", "secret": secret.hex()} if secret else {"op": "ping"}
         try:
-            _write_all(ctl_w, encode_frame({"op": "ping"}))
+            _write_all(ctl_w, encode_frame(ping))
         except OSError:
             return False
         until = time.monotonic() + timeout_s
@@ -1286,7 +1311,6 @@ class Supervisor:
             "uid": os.getuid(),
             "python": sys.version.split()[0],
             "denied": self.denied,
-            "spare_ahead": self.spare_ahead,
         }
 
     def _send(self, header: dict, out: bytes = b"", err: bytes = b"") -> None:

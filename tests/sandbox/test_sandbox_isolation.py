@@ -213,6 +213,51 @@ def test_ipc_objects_and_locked_folders_do_not_survive(box):
         assert (r.status, r.stdout) == ("ok", "120\n"), r
 
 
+PRIME_SPARE = """
+import json, os, signal
+attack_state = 1
+def frame(header):
+    payload = json.dumps(header).encode()
+    return len(payload).to_bytes(4, "big") + payload
+def session_of(pid):
+    return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[3]
+reached = []
+for pid in [p for p in os.listdir("/proc") if p.isdigit() and p != "1" and int(p) != os.getpid()]:
+    try:
+        if session_of(pid) != session_of(1):
+            continue  # not the runner's template or spare
+        os.kill(int(pid), signal.SIGSTOP)  # what is written now stays queued until the runner wakes it
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        continue
+    for fd in fds:
+        for data in (
+            frame({"op": "ping", "secret": "00" * 16}) + frame({"code": "print('INJECTED')", "call": 1}),
+            frame({"status": "ok"}),
+            b"INJECTED\\n",
+        ):
+            try:
+                f = os.open(f"/proc/{pid}/fd/{fd}", os.O_WRONLY | os.O_NONBLOCK)
+                os.write(f, data)
+                os.close(f)
+                reached.append(f"{pid}/{fd}")
+            except OSError:
+                pass
+print(sorted(set(reached)))
+"""
+
+
+def test_the_next_sessions_worker_cannot_be_primed(box):
+    """Under gVisor the code can open the template's and the spare's pipes through /proc: it stops them,
+    queues a request and output, forges a ping answer. None of it may reach the next session."""
+    with box.session() as s:
+        r = s.run(PRIME_SPARE)
+        assert r.status == "ok", r
+        if not box.gvisor:
+            assert r.stdout == "[]\n"  # runc: the runner's processes are closed to the code
+    assert_next_session_sees_nothing(box)
+
+
 # ------------------------------------------------------------------------ 3. close while a call runs
 
 SLOW = "import time\nattack_state = 1\nprint('A start', flush=True)\ntime.sleep(4)\nprint('A end')"
