@@ -10,9 +10,10 @@ The driver splits the step batch into updates and token-budget micro-batches exa
 would (`split_step`) and deals each update's micro-batches out to the workers round-robin. The workers
 sum their loss normalisers, entropy and metric sums with all-reduce, gather the surprisal when STARE's
 scope is "batch", and sum their gradients before clipping and AdamW, so every replica takes the same
-update as one learner on the whole batch (to float summation order). gloo on CPU (tested here), NCCL on
-GPU; `fsdp=True` shards the model with FSDP2 (`fully_shard`) for models that do not fit one GPU. The NCCL
-and FSDP paths have not been run: this project's CI machine has no GPU.
+update as one learner on the whole batch (to float summation order). gloo on CPU, NCCL on GPU;
+`fsdp=True` shards the model with FSDP2 (`fully_shard`: each decoder layer, then the whole policy) for
+models that do not fit one GPU. Tested here: gloo, with and without FSDP (on CPU). Not run: NCCL and FSDP
+on GPUs (no GPU on this project's machines).
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ class ProcessGroupCollective(Collective):
         self.world_size = dist.get_world_size()
         self.rank = dist.get_rank()
         self.shards_gradients = shards_gradients
+        # FSDP averages the gradients over ranks; the loss is already normalised over the whole step, so
+        # each rank's loss is scaled by the world size to make that average the sum
+        self.loss_scale = float(self.world_size) if shards_gradients else 1.0
         # NCCL reduces CUDA tensors only; gloo, CPU tensors
         self.device = (
             torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
@@ -89,7 +93,7 @@ class ProcessGroupCollective(Collective):
 class DistributedConfig:
     num_workers: int = 2
     backend: str = "auto"  # "auto": NCCL when the workers have GPUs, else gloo
-    fsdp: bool = False  # shard the model with FSDP2 (GPU, NCCL); untested here
+    fsdp: bool = False  # shard the model with FSDP2 (tested on CPU with gloo; NCCL untested)
     num_cpus_per_worker: float = 1.0
     num_gpus_per_worker: float = 0.0
     threads_per_worker: int = 1  # torch intra-op threads in each worker
@@ -100,10 +104,6 @@ class DistributedConfig:
         if self.num_workers < 1 or self.threads_per_worker < 1:
             raise ValueError(
                 f"need num_workers >= 1 and threads_per_worker >= 1, got {self.num_workers}, {self.threads_per_worker}"
-            )
-        if self.fsdp and self.num_gpus_per_worker <= 0:
-            raise ValueError(
-                "fsdp=True shards over GPUs: set num_gpus_per_worker (e.g. 1) and run on GPU workers"
             )
 
     @property
@@ -132,7 +132,7 @@ def deal_micro_batches(
 
 def _masked_copy(mb: MicroBatch) -> MicroBatch:
     batch = Batch(**{**mb.batch.__dict__, "action_mask": torch.zeros_like(mb.batch.action_mask)})
-    return MicroBatch(batch, mb.advantages, [])
+    return MicroBatch(batch, mb.advantages, [], filler=True)
 
 
 class LearnerWorker:
@@ -197,15 +197,13 @@ def _fully_shard(policy: PolicyModel) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    mesh = init_device_mesh("cuda", (dist.get_world_size(),))
+    mesh = init_device_mesh("cuda" if dist.get_backend() == "nccl" else "cpu", (dist.get_world_size(),))
     layers = getattr(policy.decoder, "layers", None)
     if layers is None:
         raise ValueError(f"FSDP: {type(policy.decoder).__name__} has no `layers` to shard one by one")
     for layer in layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(policy, mesh=mesh)
-    # the loss is already normalised over the whole step on every rank: sum the gradients, do not average
-    policy.set_gradient_divide_factor(1.0)
 
 
 class LearnerGroup:

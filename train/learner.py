@@ -137,6 +137,7 @@ class Collective:
     world_size = 1
     rank = 0
     shards_gradients = False  # True under FSDP: the wrapper reduces gradients itself
+    loss_scale = 1.0  # what each worker's loss is multiplied by before backward (FSDP averages gradients)
 
     def all_reduce_sum(self, tensor: Tensor) -> Tensor:
         return tensor
@@ -308,9 +309,10 @@ class Learner:
             else:  # token-mean (a per-sequence sum of entropies is no entropy level: token-mean too)
                 local["entropy_sum"] += float(stats.entropy[mask].sum())
                 local["entropy_count"] += float(mask.sum())
-            local["tokens"] += float(mb.batch.attention_mask.sum())
+            if not mb.filler:
+                local["tokens"] += float(mb.batch.attention_mask.sum())
+                local["micro_batches"] += 1
             local["action_tokens"] += float(mask.sum())
-            local["micro_batches"] += 1
             diff = (stats.logprob - mb.batch.rollout_logprobs)[mask].clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
             local["abs_diff"] += float(diff.abs().sum())
             local["outside"] += float(((diff.exp() < 0.9) | (diff.exp() > 1.1)).sum())
@@ -391,7 +393,7 @@ class Learner:
             normalizer=normalizer,
             generator=self.generator,
         )
-        loss.backward()
+        (loss * self.collective.loss_scale if self.collective.loss_scale != 1.0 else loss).backward()
         sums["loss"] += float(loss.detach())
         for name in ("clipfrac", "approx_kl", "ratio_mean"):
             sums[name] += float(metrics[f"policy/{name}"]) * num_actions

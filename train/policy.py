@@ -272,13 +272,14 @@ class MicroBatch:
     batch: Batch
     advantages: Tensor
     rows: list[int] = field(default_factory=list)  # indices into the step batch
+    filler: bool = False  # an all-masked stand-in that keeps collective forwards in step (FSDP); not counted
 
     @property
     def num_action_tokens(self) -> int:
         return int((self.batch.action_mask > 0).sum())
 
     def to(self, device: torch.device) -> MicroBatch:
-        return MicroBatch(self.batch.to(device), self.advantages.to(device), self.rows)
+        return MicroBatch(self.batch.to(device), self.advantages.to(device), self.rows, self.filler)
 
 
 def row_lengths(batch: Batch) -> tuple[list[int], list[int]]:

@@ -33,14 +33,18 @@ def _config():
     return LearnerConfig(optimizer=OptimizerConfig(lr=1e-3, eps=1e-5), micro_batch_tokens=100)
 
 
-@pytest.mark.parametrize("scope", ["micro-batch", "batch"])
-def test_two_gloo_workers_take_the_same_update_as_one_learner(ray_cluster, tiny_model_dir, scope):
+@pytest.mark.parametrize(("scope", "fsdp"), [("micro-batch", False), ("batch", True)])
+def test_two_gloo_workers_take_the_same_update_as_one_learner(ray_cluster, tiny_model_dir, scope, fsdp):
+    """Plain data parallel (gradients summed by the learner) and FSDP2 on CPU (sharded parameters,
+    gradients reduce-scattered); scope "batch" also gathers the surprisal of both workers."""
     _, batch, advantages = step_inputs(14, groups=3)
     algorithm = AlgorithmConfig(stare=StareConfig(scope=scope, target_entropy=100.0, variant="C2"))
-    group = LearnerGroup(tiny_model_dir, algorithm, _config(), DistributedConfig(num_workers=2))
+    group = LearnerGroup(tiny_model_dir, algorithm, _config(), DistributedConfig(num_workers=2, fsdp=fsdp))
     try:
         single = Learner.from_pretrained(tiny_model_dir, algorithm, _config())
-        for _ in range(2):  # two steps: the second starts from the synchronised replicas
+        for step in range(3):  # later steps start from the synchronised replicas
+            if step == 2:  # and a checkpoint round trip on the workers changes nothing
+                group.load_state_dict(group.state_dict())
             expected = single.step(batch, advantages)
             got = group.step(batch, advantages)
             assert got["learner/micro_batches"] >= 3 and got["stare/gate_on"] == 1.0
@@ -48,7 +52,7 @@ def test_two_gloo_workers_take_the_same_update_as_one_learner(ray_cluster, tiny_
         replica = make_learner(algorithm)
         replica.model.load_state_dict(group.model_state_dict())
         assert max_param_diff(single.model, replica.model) < 2e-6
-        assert group.state_dict()["step_count"] == 2
+        assert group.state_dict()["step_count"] == 3
     finally:
         group.close()
 
@@ -62,15 +66,14 @@ def test_micro_batches_are_dealt_round_robin_and_padded_for_fsdp():
     odd = [plan[0][:3]]
     padded = deal_micro_batches(odd, 2, equal_counts=True)
     assert [len(p[0]) for p in padded] == [2, 2]
-    assert padded[1][0][1].num_action_tokens == 0 and torch.equal(
-        padded[1][0][1].batch.input_ids, odd[0][0].batch.input_ids
-    )
+    assert padded[1][0][1].filler and padded[1][0][1].num_action_tokens == 0
+    assert torch.equal(padded[1][0][1].batch.input_ids, odd[0][0].batch.input_ids)
 
 
 def test_distributed_config_is_checked():
     with pytest.raises(ValueError, match="backend"):
         DistributedConfig(backend="mpi")
-    with pytest.raises(ValueError, match="num_gpus_per_worker"):
-        DistributedConfig(fsdp=True)
+    with pytest.raises(ValueError, match="num_workers"):
+        DistributedConfig(num_workers=0)
     assert DistributedConfig().resolved_backend == "gloo"
     assert DistributedConfig(num_gpus_per_worker=1).resolved_backend == "nccl"

@@ -116,4 +116,7 @@ def test_resuming_with_another_configuration_is_refused(tmp_path):
     Trainer(config)  # writes config.yaml
     Trainer(load_config(recipe="tiny", overrides=[f"out_dir={tmp_path / 'run'}", "rl.steps=9"]), resume=True)
     with pytest.raises(FileExistsError, match=r"rl\.prompts_per_step"):
-        Trainer(load_config(recipe="tiny", overrides=[f"out_dir={tmp_path / 'run'}", "rl.prompts_per_step=5"]), resume=True)
+        Trainer(
+            load_config(recipe="tiny", overrides=[f"out_dir={tmp_path / 'run'}", "rl.prompts_per_step=5"]),
+            resume=True,
+        )
