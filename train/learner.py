@@ -38,6 +38,7 @@ from stare_agents.algo import (
     sensitivity_from_statistics,
 )
 from stare_agents.train.policy import (
+    PRECISIONS,
     MicroBatch,
     OptimizerConfig,
     PolicyModel,
@@ -75,7 +76,7 @@ LEARNER_METRICS = (
     "learner/micro_batches",  # micro-batches in the step (all workers)
     "learner/tokens_per_s",  # learner/tokens / learner/step_s
     "learner/step_s",  # wall time of the step
-    "learner/pre_update_s",  # wall time of the pre-update pass
+    "learner/pre_update_s",  # wall time of the pre-update pass (of the shared forward when fused)
     "learner/skipped_updates",  # cumulative optimiser updates skipped for a non-finite gradient norm
     "policy/clipfrac",  # share of action tokens whose gradient a clip stopped
     "policy/approx_kl",  # k3 estimate of KL(old || new) over action tokens
@@ -116,6 +117,8 @@ class LearnerConfig:
     def __post_init__(self) -> None:
         if isinstance(self.optimizer, dict):
             self.optimizer = OptimizerConfig(**self.optimizer)
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
         if self.old_logprobs not in OLD_LOGPROB_SOURCES:
             raise ValueError(f"old_logprobs must be one of {OLD_LOGPROB_SOURCES}, got {self.old_logprobs!r}")
         if self.tis_cap is not None and (self.old_logprobs != "recompute" or not self.tis_cap > 0):
@@ -294,7 +297,7 @@ class Learner:
 
     def _step_totals(self, micro_batches: list[MicroBatch], pre: list[TokenStats], plan) -> dict:
         """Step-level sums over all workers, in one all-reduce: entropy for the gate, token counts, the
-        loss normaliser of each update, the rollout/learner mismatch and the Phi quadrant counts."""
+        loss normaliser of each update and the rollout/learner mismatch."""
         aggregation = self.algorithm.loss.aggregation
         names = ["entropy_sum", "entropy_count", "tokens", "action_tokens", "micro_batches"]
         names += ["abs_diff", "outside"]

@@ -24,6 +24,7 @@ from torch import nn
 
 from stare_agents.algo import aggregate
 from stare_agents.train.policy import (
+    PRECISIONS,
     OptimizerConfig,
     PolicyModel,
     build_optimizer,
@@ -65,6 +66,8 @@ class SFTConfig:
     def __post_init__(self) -> None:
         if isinstance(self.optimizer, dict):
             self.optimizer = OptimizerConfig(**self.optimizer)
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
         if self.epochs < 1 or self.batch_size < 1 or self.micro_batch_tokens < 1:
             raise ValueError(
                 f"need epochs, batch_size and micro_batch_tokens >= 1; got {self.epochs}, {self.batch_size}, "

@@ -320,8 +320,12 @@ def test_hostile_inputs_are_refused_with_the_value_and_the_remedy():
     capped.config.final_logit_softcapping = 30.0
     with pytest.raises(ValueError, match="final_logit_softcapping"):
         Learner(capped, AlgorithmConfig.preset("stare"))
+    with pytest.raises(FileNotFoundError, match="not a Hugging Face model directory"):
+        Learner.from_pretrained("/nonexistent/model", AlgorithmConfig.preset("stare"))
     with pytest.raises(ValueError, match="precision"):
-        LearnerConfig(precision="fp8") and PolicyModel(tiny_model(), precision="fp8")
+        LearnerConfig(precision="fp8")
+    with pytest.raises(ValueError, match="precision"):
+        PolicyModel(tiny_model(), precision="fp8")
 
 
 @pytest.mark.parametrize("scope", ["micro-batch", "batch"])
