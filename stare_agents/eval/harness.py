@@ -225,17 +225,20 @@ class RolloutRunner:
         }
 
     def collect(self, specs: Sequence[SampleSpec]) -> list[Trajectory]:
-        tasks = [
-            self.task_class(
-                env_id=self.protocol.env_id,
-                options={"problem": s.task.problem, "answer": s.task.answer, "id": s.task.id},
-                seed=s.seed,
-                env_kwargs=self.env_kwargs,
-                group_id=s.group_id,
-                sample_index=s.sample_index,
+        tasks = []
+        for s in specs:
+            row = {"problem": s.task.problem, "answer": s.task.answer, "id": s.task.id}
+            tasks.append(
+                self.task_class(
+                    env_id=self.protocol.env_id,
+                    options=row,  # pins the episode to this problem
+                    seed=s.seed,
+                    # the problem is also the env's whole dataset (so it never falls back to demo problems)
+                    env_kwargs={**self.env_kwargs, "dataset": [row]},
+                    group_id=s.group_id,
+                    sample_index=s.sample_index,
+                )
             )
-            for s in specs
-        ]
         return self.group.collect(tasks, self.rollout_config, progress=False)
 
     def close(self) -> None:

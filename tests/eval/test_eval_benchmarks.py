@@ -209,7 +209,8 @@ def test_protocol_env_kwargs_take_effect_in_the_environment() -> None:
 
     protocol = PROTOCOLS["simpletir"]
     with make_sandbox("local", pool_size=1) as sandbox:
-        env = gym.make(protocol.env_id, sandbox=sandbox, **protocol.make_env_kwargs())
+        # a generous tool time limit: this test checks formatting and statelessness, not speed under load
+        env = gym.make(protocol.env_id, sandbox=sandbox, tool_timeout_s=60.0, **protocol.make_env_kwargs())
         try:
             env.reset(options={"problem": "p", "answer": "1", "id": "x"})
             assert env.unwrapped.max_turns == 10
