@@ -59,6 +59,9 @@ def test_compare_command(app: typer.Typer, tmp_path: Path) -> None:
         (["--benchmark", "X", "--top-p", "0"], "top_p must be in (0, 1]"),
         (["--benchmark", "X", "--protocol", "cot", "--max-turns", "3"], "single-turn"),
         (["--benchmark", "X", "--field", "answer"], "TASK_FIELD=COLUMN"),
+        (["--benchmark", "X", "--engine", "tgi"], "engine must be one of ('vllm', 'hf')"),
+        (["--benchmark", "X", "--sandbox", "none"], "sandbox must be one of"),
+        (["--benchmark", "X", "--chunk-size", "0"], "chunk_size must be >= 1"),
     ],
 )
 def test_eval_command_user_errors(app: typer.Typer, tmp_path: Path, args: list[str], message: str) -> None:
