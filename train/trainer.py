@@ -619,7 +619,16 @@ def plot_run(folder: Path, summary: dict[str, Any], compare: str | None = None) 
         axes[0].axhline(target, color="tab:green", linestyle="--", linewidth=1)
     for name, records in curves.items():
         steps = [r["step"] for r in records]
-        axes[0].plot(steps, [r.get("learner/entropy") for r in records], marker="o", label=name)
+        line = axes[0].plot(
+            steps, [r.get("learner/entropy") for r in records], marker="o", label=f"{name} (learner)"
+        )
+        axes[0].plot(
+            steps,
+            [r.get("rollout/sampler_entropy") for r in records],
+            linestyle=":",
+            color=line[0].get_color(),
+            label=f"{name} (sampler, mean surprisal)",
+        )
         axes[1].plot(steps, [r.get("rollout/mean_reward") for r in records], marker="o", label=name)
         axes[2].plot(steps, [r.get("rollout/response_tokens") for r in records], marker="o", label=name)
     for ax, title in zip(
