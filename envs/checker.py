@@ -8,7 +8,8 @@ observations are lists of messages. It checks:
   strings with a known role, the observation is in the observation space, `info` has the standard keys;
 * seeding: the same seed gives the same prompt and info; `options={"problem", "answer"}` pins the task;
 * `step`: returns a 5-tuple of (messages, finite float reward within `reward_range`, bool, bool, dict);
-  an episode ends within `max_turns` steps; the final observation is `[]`; `step` after the end raises;
+  an episode ends within `max_turns` steps; the final observation is `[]` and the final info has the
+  `FINAL_INFO_KEYS` with no `reward_violation`; `step` after the end raises `gymnasium.error.ResetNeeded`;
   the same seed and actions replay the same transitions;
 * `close()`: works, twice.
 
@@ -124,10 +125,16 @@ def _run_episode(env: gym.Env, seed: int, actions: list[str]) -> list[tuple[Any,
                 )
             try:
                 env.step(actions[0])
-            except (RuntimeError, gym.error.ResetNeeded):
+            except gym.error.ResetNeeded:
                 pass
+            except Exception as error:
+                _fail(
+                    f"step() after the episode ended must raise gymnasium.error.ResetNeeded, not {error!r:.100}"
+                )
             else:
-                _fail("step() after the episode ended must raise (call reset() first)")
+                _fail(
+                    "step() after the episode ended must raise gymnasium.error.ResetNeeded (call reset() first)"
+                )
             return transitions
         if reward != 0.0:
             _fail(f"{where}: rewards come at the end of the episode; got {reward} mid-episode")

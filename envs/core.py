@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 import math
 import string
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -41,6 +42,8 @@ from typing import Any, ClassVar, Literal
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
+from gymnasium.envs.registration import EnvSpec
+from gymnasium.wrappers import TimeLimit
 
 from stare_agents.envs.grading import MathGrader, _last_box, default_grader, grading_clock
 from stare_agents.envs.parsing import (
@@ -113,13 +116,27 @@ class UnicodeText(spaces.Text):
     """A `gymnasium.spaces.Text` that contains any Unicode string of allowed length.
 
     `spaces.Text.contains` accepts only characters of its charset; model output is arbitrary Unicode, so
-    here membership checks type and length only. `sample()` still draws from printable ASCII.
+    here membership checks type and length only. `sample()` still draws from printable ASCII, and only up to
+    `sample_max_length` characters.
     """
 
     def __init__(
-        self, max_length: int, *, min_length: int = 0, seed: int | np.random.Generator | None = None
+        self,
+        max_length: int,
+        *,
+        min_length: int = 0,
+        sample_max_length: int = 256,
+        seed: int | np.random.Generator | None = None,
     ):
         super().__init__(max_length=max_length, min_length=min_length, charset=string.printable, seed=seed)
+        self.sample_max_length = max(min_length, min(max_length, sample_max_length))
+
+    def sample(self, mask: Any = None, probability: Any = None) -> str:
+        """Printable ASCII of a length drawn up to `sample_max_length` (256), not up to `max_length`: a
+        space that holds 16 M characters need not sample them (a mask or probability picks as in `Text`)."""
+        if mask is None and probability is None:
+            mask = (int(self.np_random.integers(self.min_length, self.sample_max_length + 1)), None)
+        return super().sample(mask=mask, probability=probability)
 
     def contains(self, x: Any) -> bool:
         return isinstance(x, str) and self.min_length <= len(x) <= self.max_length
@@ -256,7 +273,7 @@ class TextEnv(gym.Env[list[Message], str]):
         max_response_tokens: a hint for the rollout layer: tokens to generate per turn (None: its default).
     """
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"]}
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 1}
     reward_range: tuple[float, float] = (0.0, 1.0)
     uses_sandbox: ClassVar[bool] = False  # True where the constructor takes sandbox= (tools, unit tests)
     # reset(options=...) that pins a valid task of this environment (check_env pins with it)
@@ -288,6 +305,9 @@ class TextEnv(gym.Env[list[Message], str]):
         else:
             self.dataset = TaskDataset(dataset, fields=fields, split=split)
         self.max_turns = max_turns
+        self.turn_limit = (
+            max_turns  # this episode's: max_turns, or a smaller TimeLimit around the environment
+        )
         self.system_prompt = system_prompt if system_prompt is not None else self.default_system_prompt
         self.prompt_template = (
             prompt_template if prompt_template is not None else self.default_prompt_template
@@ -370,8 +390,10 @@ class TextEnv(gym.Env[list[Message], str]):
                 f"{type(self).__name__}.sample_task() must return a Task, got {type(task).__name__}"
             )
         self.validate_task(task)
+        outer_limit = self._outer_time_limit()
         self.end_episode()
         self.task = task
+        self.turn_limit = self.max_turns if outer_limit is None else min(self.max_turns, outer_limit)
         self.turn = 0
         self.responses = []
         self.stats = EpisodeStats()
@@ -383,7 +405,7 @@ class TextEnv(gym.Env[list[Message], str]):
         """Apply one turn of policy text. Returns (observation, reward, terminated, truncated, info).
 
         Nothing the policy writes makes this raise: parse errors, bad tool calls and tool failures become
-        observations. What does raise: calling it outside an episode (`ResetNeeded`), an action that is not
+        observations. What does raise: calling it outside an episode (`gymnasium.error.ResetNeeded`), an action that is not
         text within the action space (TypeError / ValueError), and failures that are not the policy's doing
         (the sandbox itself failing, a bug in a subclass); then the environment's state is as it was before
         the call.
@@ -400,9 +422,11 @@ class TextEnv(gym.Env[list[Message], str]):
 
     def _check_action(self, action: Any) -> None:
         if self.task is None:
-            raise RuntimeError(f"{type(self).__name__}.step() called before reset()")
+            raise gym.error.ResetNeeded(f"{type(self).__name__}.step() called before reset()")
         if self._episode_over:
-            raise RuntimeError(f"{type(self).__name__}.step() called after the episode ended; call reset()")
+            raise gym.error.ResetNeeded(
+                f"{type(self).__name__}.step() called after the episode ended; call reset()"
+            )
         if not isinstance(action, str):
             raise TypeError(f"the action must be the policy's text (str), got {type(action).__name__}")
         if len(action) > MAX_ACTION_CHARS:
@@ -418,7 +442,7 @@ class TextEnv(gym.Env[list[Message], str]):
         if outcome.void:
             self.stats.void_turns += 1
         terminated = outcome.done
-        truncated = not terminated and self.turn >= self.max_turns
+        truncated = not terminated and self.turn >= self.turn_limit
         reward = 0.0
         observation = outcome.observation
         info_extra: dict[str, Any] = {}
@@ -459,7 +483,36 @@ class TextEnv(gym.Env[list[Message], str]):
     # -- helpers --------------------------------------------------------------------------------------------
     @property
     def turns_left(self) -> int:
-        return self.max_turns - self.turn
+        return self.turn_limit - self.turn
+
+    @property
+    def spec(self) -> EnvSpec | None:
+        """The spec `gymnasium.make` gave this environment, with `max_episode_steps` = `max_turns`."""
+        spec = self.__dict__.get("_spec")
+        return None if spec is None else replace(spec, max_episode_steps=self.max_turns)
+
+    @spec.setter
+    def spec(self, value: EnvSpec | None) -> None:
+        self.__dict__["_spec"] = value
+
+    def _outer_time_limit(self) -> int | None:
+        """The limit of a `gymnasium.wrappers.TimeLimit` this reset came through, if any.
+
+        `gym.make(..., max_episode_steps=k)` and `TimeLimit(env, k)` cut episodes from outside, where the
+        environment cannot see them: an episode cut there would end ungraded, `info["truncated"]` False and its
+        sandbox session open. Gymnasium gives an environment no handle on its wrappers, so `reset` looks for
+        the TimeLimit among its callers (the wrapper chain) and adopts its limit when it is the smaller one.
+        """
+        frame = sys._getframe(2)
+        for _ in range(24):
+            if frame is None:
+                return None
+            wrapper = frame.f_locals.get("self")
+            if isinstance(wrapper, TimeLimit) and wrapper.unwrapped is self:
+                limit = getattr(wrapper, "_max_episode_steps", None)
+                return limit if isinstance(limit, int) and limit > 0 else None
+            frame = frame.f_back
+        return None
 
     def response_text(self) -> str:
         """All of the policy's text this episode, turns joined with newlines (what `score` grades)."""

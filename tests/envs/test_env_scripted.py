@@ -140,7 +140,7 @@ def test_mathtir_turn_limit_truncates_without_running_the_last_call(sandbox) -> 
     obs, reward, terminated, truncated, info = env.step(CODE.format("print(2)"))
     assert (obs, reward, terminated, truncated) == ([], 0.0, False, True)
     assert info["truncated"] and not info["finished"] and info["tool_calls"] == 1
-    with pytest.raises(RuntimeError, match="after the episode ended"):
+    with pytest.raises(gym.error.ResetNeeded, match="after the episode ended"):
         env.step("\\boxed{42}")
     env.close()
 
@@ -214,7 +214,7 @@ def test_tool_answer_accepted_only_where_enabled(sandbox) -> None:
 
 def test_api_misuse_raises_clear_errors(sandbox) -> None:
     env = MathTIREnv(sandbox=sandbox)
-    with pytest.raises(RuntimeError, match="before reset"):
+    with pytest.raises(gym.error.ResetNeeded, match="before reset"):
         env.step("\\boxed{1}")
     env.reset(seed=0)
     with pytest.raises(TypeError, match="str"):
