@@ -20,7 +20,7 @@ import re
 from typing import Any, ClassVar
 
 from stare_agents.envs.core import Score, ToolEnv, load_prompt
-from stare_agents.envs.grading import _last_box
+from stare_agents.envs.grading import final_boxes, normalize_thousands
 from stare_agents.envs.tasks import Task
 
 _INTEGER = re.compile(r"-?[0-9]+")
@@ -108,16 +108,29 @@ class ArithmeticTIREnv(ToolEnv):
             )
 
     def score(self, task: Task, response: str) -> Score:
-        """1.0 when the last `\\boxed{}` holds exactly the reference integer."""
-        boxed, unterminated = _last_box(response)
-        if boxed is None and self.tool_answers:
-            boxed, unterminated = self.tool_answers[-1], False
+        """1.0 when the final `\\boxed{}` holds exactly the reference integer (thousands separators allowed;
+        several different boxed integers in the final run of boxes are a hedge and score 0)."""
+        boxes, unterminated = final_boxes(response)
+        if not boxes and not unterminated and self.tool_answers:
+            boxes = [self.tool_answers[-1]]
         if unterminated:
             return Score(0.0, "parse_failure", details={"detail": "the last \\boxed{ is never closed"})
-        if boxed is None:
+        if not boxes:
             return Score(0.0, "no_answer")
-        cleaned = boxed.replace("{,}", "").replace("\\,", "").replace(",", "").replace(" ", "").strip("$")
-        if len(cleaned) > 4000 or not _INTEGER.fullmatch(cleaned):
-            return Score(0.0, "parse_failure", extracted=boxed, details={"detail": "not an integer"})
-        correct = int(cleaned) == int(str(task.answer).strip())
-        return Score(float(correct), "correct" if correct else "wrong", correct, boxed)
+        values = []
+        for boxed in boxes:
+            cleaned = normalize_thousands(boxed.strip().strip("$").strip()).replace(",", "").replace(" ", "")
+            if len(cleaned) > 4000 or not _INTEGER.fullmatch(cleaned):
+                return Score(0.0, "parse_failure", extracted=boxed, details={"detail": "not an integer"})
+            values.append(int(cleaned))
+        extracted = ", ".join(boxes)
+        if len(set(values)) > 1:
+            return Score(
+                0.0,
+                "wrong",
+                False,
+                extracted,
+                {"detail": f"{len(set(values))} different boxed integers (a hedge)"},
+            )
+        correct = values[-1] == int(str(task.answer).strip())
+        return Score(float(correct), "correct" if correct else "wrong", correct, boxes[-1])

@@ -62,35 +62,133 @@ def extract_boxed(text: str) -> str | None:
 
 def _last_box(text: str) -> tuple[str | None, bool]:
     """(content of the last box or None, whether that box is unterminated)."""
-    start = -1
-    command = ""
-    for name in _BOX_COMMANDS:
-        position = text.rfind(name)
-        if position > start:
-            start, command = position, name
+    start, command = _rfind_box(text, len(text))
     if start < 0:
         return None, False
+    content, _, unterminated = _box_at(text, start, command, len(text))
+    return content, unterminated
+
+
+def _rfind_box(text: str, before: int) -> tuple[int, str]:
+    """(start, command) of the last box command that starts before `before`; (-1, "") if none."""
+    start, command = -1, ""
+    for name in _BOX_COMMANDS:
+        position = text.rfind(name, 0, before)
+        if position > start:
+            start, command = position, name
+    return start, command
+
+
+def _box_at(text: str, start: int, command: str, limit: int) -> tuple[str | None, int, bool]:
+    """(content, end, unterminated) of the box whose command starts at `start`, reading before `limit`.
+
+    `\\boxed{...}` with balanced braces, or `\\boxed 5` (the next token). Content None when the command
+    has no argument; unterminated when its brace does not close before `limit`.
+    """
     i = start + len(command)
-    n = len(text)
-    if i < n and text[i] == " ":  # "\boxed 5": the argument is the next token
-        j = i + 1
-        while j < n and not text[j].isspace() and text[j] != "$":
-            j += 1
-        return text[i + 1 : j], False
-    while i < n and text[i] in " \t\n":
-        i += 1
-    if i >= n or text[i] != "{":
-        return None, False
+    j = i
+    while j < limit and text[j] in " \t\n":
+        j += 1
+    if j < limit and text[j] == "{":
+        depth = 0
+        for k in range(j, limit):
+            ch = text[k]
+            if ch == "{":
+                depth += 1
+            elif ch == "}":
+                depth -= 1
+                if depth == 0:
+                    return text[j + 1 : k], k + 1, False
+        return None, limit, True
+    if j > i and j < limit:  # "\boxed 5": the argument is the next token
+        k = j
+        while k < limit and not text[k].isspace() and text[k] != "$":
+            k += 1
+        return text[j:k], k, False
+    return None, i, False
+
+
+MAX_BOX_RUN = 8
+# What may stand between boxes that form one answer: blanks, commas, semicolons, $, &, LaTeX spaces, and/or.
+_RUN_SEPARATOR = re.compile(
+    r"(?:[\s,;$&~]|\\q?quad|\\[,;:! ]|\\(?:text|mbox|textrm)\{\s*(?:and|or|,)?\s*\}|\band\b|\bor\b)*"
+)
+
+
+def final_boxes(text: str) -> tuple[list[str], bool]:
+    """The final run of boxes: (their contents in order, whether the last box is unterminated).
+
+    A run is the last box and the boxes right before it, separated only by blanks, commas, `$`, LaTeX
+    spaces, "and" or "or" (`\\boxed{1}, \\boxed{2} and \\boxed{3}`); at most MAX_BOX_RUN + 1 boxes.
+    Linear in `len(text)`: each box is read only up to the start of the next.
+    """
+    start, command = _rfind_box(text, len(text))
+    if start < 0:
+        return [], False
+    content, _, unterminated = _box_at(text, start, command, len(text))
+    if content is None:
+        return [], unterminated
+    boxes = [content]
+    while len(boxes) <= MAX_BOX_RUN:
+        previous, command = _rfind_box(text, start)
+        if previous < 0:
+            break
+        content, end, unterminated = _box_at(text, previous, command, start)
+        gap = text[end:start]
+        if content is None or unterminated or len(gap) > 40 or not _RUN_SEPARATOR.fullmatch(gap):
+            break
+        boxes.insert(0, content)
+        start = previous
+    return boxes, False
+
+
+_THOUSANDS = re.compile(
+    r"(?P<pre>\s*(?:\\\$|\$)?\s*)(?P<lead>[+-]?\d{1,3})(?P<groups>(?:(?:\\[,;: ]|\{,\}|[ ,~])\d{3})+)"
+    r"(?P<post>(?:\.\d+)?\s*(?:\\%|%)?\s*)"
+)
+_GROUP_SEPARATORS = re.compile(r"\\[,;: ]|\{,\}|[ ,~]")
+
+
+def normalize_thousands(answer: str) -> str:
+    """`1\\,000`, `1 000`, `1{,}000`, `12,345,678` -> `1000`, ..., `12345678` when the whole answer is one
+    such number (optionally with `\\$` before or `\\%` after); anything else is returned unchanged."""
+    match = _THOUSANDS.fullmatch(answer)
+    if match is None:
+        return answer
+    groups = _GROUP_SEPARATORS.sub("", match["groups"])
+    return match["pre"] + match["lead"] + groups + match["post"]
+
+
+def _is_multi_valued(reference: str) -> bool:
+    """Whether the reference lists several values: a comma outside brackets, once an outer pair of
+    (), [], \\{ \\} (with or without \\left/\\right) that encloses all of it is removed. `1,000` is one
+    number; `(1,2) \\cup (3,4)` is one set."""
+    text = normalize_thousands(reference.strip())
+    text = re.sub(r"\\(?:left|right|big|Big)\b", "", text).replace("\\{", "{").replace("\\}", "}").strip()
+    if len(text) >= 2 and text[0] in "([{" and text[-1] in ")]}" and _closes_at(text, 0) == len(text) - 1:
+        text = text[1:-1]
     depth = 0
-    for j in range(i, n):
-        ch = text[j]
-        if ch == "{":
+    for ch in text:
+        if ch in "([{":
             depth += 1
-        elif ch == "}":
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            return True
+    return False
+
+
+def _closes_at(text: str, start: int) -> int:
+    """Where the bracket opened at `start` closes (any of )]} closes any of ([{, as intervals mix them)."""
+    depth = 0
+    for index in range(start, len(text)):
+        if text[index] in "([{":
+            depth += 1
+        elif text[index] in ")]}":
             depth -= 1
             if depth == 0:
-                return text[i + 1 : j], False
-    return None, True
+                return index
+    return -1
 
 
 _BASE_NUMBER = re.compile(r"^\s*([0-9A-Za-z]+)_\{?\s*(\d+)\s*\}?\s*$")
@@ -269,26 +367,58 @@ class MathGrader:
 
     # -- public API -----------------------------------------------------------------------------------------
     def grade(self, response: str, reference: str) -> GradeResult:
-        """Grade the last boxed answer in `response` against `reference` (a LaTeX answer string)."""
-        boxed, unterminated = _last_box(response)
+        """Grade the final boxed answer in `response` against `reference` (a LaTeX answer string).
+
+        The last box is the answer. When boxes right before it form a run with it (`final_boxes`): against
+        a reference that lists several values (`\\{1,2,3\\}`, `(1, 2)`, `-2, 3`) the run is that list;
+        against a single value, every different box must be correct (`\\boxed{2} or \\boxed{3}` is a hedge
+        and is wrong).
+        """
+        boxes, unterminated = final_boxes(response)
         if unterminated:
             return GradeResult(False, "parse_failure", None, "the last \\boxed{ is never closed")
-        if boxed is None:
+        if not boxes:
             return GradeResult(False, "no_answer", None)
-        return self.compare(boxed, reference)
+        distinct = list(dict.fromkeys(box.strip() for box in boxes))
+        if len(distinct) == 1:
+            return self.compare(boxes[-1], reference)
+        joined = ", ".join(box.strip() for box in boxes)
+        if _is_multi_valued(str(reference)):
+            result = self.compare(joined, reference)
+            return GradeResult(result.correct, result.reason, joined, f"{len(boxes)} boxes read as one list")
+        results = [self.compare(box, reference) for box in distinct]
+        if all(result.correct for result in results):
+            return GradeResult(True, "correct", joined, f"{len(distinct)} boxes, all equal to the reference")
+        return GradeResult(
+            False,
+            "wrong",
+            joined,
+            f"{len(distinct)} different boxed answers to a single-valued question (a hedge)",
+        )
 
     def compare(self, answer: str, reference: str) -> GradeResult:
-        """Compare an already extracted answer with `reference` (no box extraction)."""
+        """Compare an already extracted answer with `reference` (no box extraction).
+
+        Literal equality (after stripping blanks and normalising thousands separators) is correct without a
+        worker, whatever its length; otherwise answers longer than `max_answer_chars` are a parse failure.
+        """
+        reference = str(reference)
         if not answer.strip():
             return GradeResult(False, "parse_failure", answer, "empty answer")
+        normal_answer, normal_reference = (
+            normalize_thousands(answer.strip()),
+            normalize_thousands(reference.strip()),
+        )
+        if normal_answer == normal_reference:
+            return GradeResult(True, "correct", answer, "")
         if len(answer) > self.max_answer_chars:
             return GradeResult(
                 False, "parse_failure", answer, f"answer longer than {self.max_answer_chars} characters"
             )
-        base_mismatch = _base_subscript_mismatch(answer, str(reference))
+        base_mismatch = _base_subscript_mismatch(normal_answer, normal_reference)
         if base_mismatch:
             return GradeResult(False, "wrong", answer, base_mismatch)
-        reply = self._request({"answer": answer, "reference": str(reference)})
+        reply = self._request({"answer": normal_answer, "reference": normal_reference})
         reason = reply["reason"]
         return GradeResult(reason == "correct", reason, answer, reply.get("detail", ""))
 

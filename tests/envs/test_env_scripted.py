@@ -391,6 +391,20 @@ def test_arithmetic_failures(sandbox, action: str, reason: str) -> None:
     assert (reward, terminated, info["grade_reason"]) == (0.0, True, reason)
 
 
+def test_arithmetic_separators_and_hedges(sandbox) -> None:
+    env = make("stare_agents/ArithmeticTIR-v0", sandbox)
+    for action, reward in [
+        ("\\boxed{1\\,234\\,567}", 1.0),
+        ("\\boxed{1 234 567}", 1.0),
+        ("\\boxed{1{,}234{,}567}", 1.0),
+        ("\\boxed{1234567}, \\boxed{1,234,567}", 1.0),  # the same integer twice
+        ("\\boxed{1234566} or \\boxed{1234567}", 0.0),  # a hedge
+        ("\\boxed{7} then I see it is \\boxed{1234567}", 1.0),  # a correction: the last box
+    ]:
+        env.reset(options={"problem": "p", "answer": "1234567"})
+        assert env.step(action)[1] == reward, action
+
+
 def test_arithmetic_turn_limit_and_timeout(sandbox) -> None:
     env = make("stare_agents/ArithmeticTIR-v0", sandbox, max_turns=2, tool_timeout_s=1.0)
     env.reset(seed=2)
