@@ -267,7 +267,10 @@ def run_settings(
         "protocol": protocol.to_dict(),
         "preset": config.preset,
         "samples": {b.name: config.samples_for(b.name) for b in benchmarks},
-        "benchmarks": {b.name: {"source": b.source, "problems": len(b)} for b in benchmarks},
+        "benchmarks": {
+            b.name: {"source": b.source, "problems": len(b), "content": benchmark_fingerprint(b)}
+            for b in benchmarks
+        },
         "limit": config.limit,
         "fields": config.fields,
         "split": config.split,
@@ -282,6 +285,20 @@ def run_settings(
     }
 
 
+def benchmark_fingerprint(benchmark: Benchmark) -> str:
+    """A hash of a benchmark's problems (ids, texts, answers): the data, wherever its file lives."""
+    rows = [[t.id, t.problem, str(t.answer)] for t in benchmark.tasks]
+    return hashlib.sha256(json.dumps(rows, ensure_ascii=False).encode()).hexdigest()[:16]
+
+
+def _resume_key(settings: dict[str, Any]) -> dict[str, Any]:
+    """The settings a resume must match: all of them, except where the benchmark files live."""
+    key = json.loads(json.dumps(settings))
+    for entry in (key.get("benchmarks") or {}).values():
+        entry.pop("source", None)
+    return key
+
+
 def _check_resume(out: Path, settings: dict[str, Any]) -> None:
     run_file = out / RUN_FILE
     samples_file = out / SAMPLES_FILE
@@ -292,7 +309,8 @@ def _check_resume(out: Path, settings: dict[str, Any]) -> None:
                 "Use another --out folder."
             )
         return
-    previous = json.loads(run_file.read_text(encoding="utf-8"))["settings"]
+    previous = _resume_key(json.loads(run_file.read_text(encoding="utf-8"))["settings"])
+    settings = _resume_key(settings)
     differing = sorted(key for key in set(previous) | set(settings) if previous.get(key) != settings.get(key))
     if differing:
         details = "; ".join(

@@ -412,3 +412,20 @@ def test_samples_file_hostile_content(tmp_path: Path) -> None:
     assert drop_torn_tail(path) == len("no newline at all") and path.read_text() == ""
     assert read_samples(tmp_path / "missing.jsonl") == []
     assert report.drop_torn_tail(tmp_path / "missing.jsonl") == 0
+
+
+def test_resume_follows_the_data_not_its_path(setup: dict, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    config = EvalConfig(protocol="tir", samples=2, chunk_size=3, bootstrap=0)
+    evaluate(
+        setup["model"], setup["benchmarks"][:1], config, out=out, runner=ScriptedRunner(), progress=False
+    )
+    moved = tmp_path / "elsewhere"
+    moved.mkdir()
+    copy = Path(shutil.copy(setup["benchmarks"][0], moved / "alpha.jsonl"))
+    again = ScriptedRunner()
+    evaluate(setup["model"], [str(copy)], config, out=out, runner=again, progress=False)
+    assert again.calls == []  # the same problems from another folder: nothing to redo
+    copy.write_text(copy.read_text().replace("Problem q1?", "Problem q1, edited?"))
+    with pytest.raises(ValueError, match="benchmarks: was"):
+        evaluate(setup["model"], [str(copy)], config, out=out, runner=ScriptedRunner(), progress=False)
