@@ -1,21 +1,27 @@
-"""Environment benchmarks: MathTIR steps/s through the sandbox, and grader latency on MATH-500 answers.
+"""Environment benchmarks: MathTIR steps/s through the sandbox, and grading throughput on MATH-500.
 
     .venv/bin/python benchmarks/bench_envs.py [--backend auto|docker|local] [--episodes 60] [--envs 1,4]
+        [--only mathtir|grader] [--concurrency 16] [--json FILE]
 
 1. MathTIR-v0 throughput. Each scripted episode is three steps: two Python tool calls (the second reads a
    variable the first set, so the session must be stateful) and a boxed final answer that is graded. With
    `--envs 1,4` it runs one environment, then four environments in threads sharing one sandbox pool of
    four interpreters. Reports steps/s, and p50/p99 latency of tool steps and of answer steps.
-2. Grader latency. Every MATH-500 reference answer is graded against itself (must be "correct") and against
-   a perturbed copy (must not be), through the default long-lived grading worker. Reports accuracy and
-   p50/p99 per call. Uses ../shared/data/benchmarks/math500.jsonl when present, else the built-in demo set
-   (and says so).
+2. Grading throughput, side by side: a pool of 1 worker (the old single grader) and the default pool
+   (`default_workers()`, from the core count). Each grades the 500 MATH-500 answers, every reference against
+   a perturbed copy (last integer + 1, or "+1" appended: a real math-verify comparison, never the literal
+   fast path), with one pathological answer (`9^{9^{9^{9^{9}}}}`) in every 50, all submitted at once through
+   `agrade` from `--concurrency` coroutines (many trajectories in flight). Reports grades/s, timeouts and the
+   p50/p99 latency of the ordinary grades. Needs ../shared/data/benchmarks/math500.jsonl (skipped, saying
+   so, when it is absent).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import os
 import platform
 import re
 import statistics
@@ -26,8 +32,8 @@ from pathlib import Path
 import gymnasium as gym
 
 import stare_agents.envs  # noqa: F401  (registers the ids)
-from stare_agents.envs import MathGrader, grade_answer
-from stare_agents.envs.math_envs import DEMO_MATH_ROWS
+from stare_agents.envs import MathGrader
+from stare_agents.envs.grading import default_workers
 
 MATH500 = Path(__file__).resolve().parents[2] / "shared" / "data" / "benchmarks" / "math500.jsonl"
 PINNED = {"problem": "What is 6 times 7?", "answer": "42"}
@@ -120,52 +126,72 @@ def perturb(answer: str) -> str:
     return answer + "+1"
 
 
-def bench_grader(limit: int | None) -> dict:
-    if MATH500.exists():
-        rows = [json.loads(line) for line in MATH500.read_text().splitlines() if line.strip()]
-        source = "MATH-500"
-    else:
-        rows, source = DEMO_MATH_ROWS, "built-in demo set (../shared/data absent)"
-        print(f"note: {MATH500} not found; grading the {len(rows)} demo answers instead")
-    rows = rows[:limit] if limit else rows
-    grader = MathGrader()
-    started = time.perf_counter()
-    grade_answer("\\boxed{1}", "1", grader=grader)  # start the worker outside the timings
-    startup = time.perf_counter() - started
-    same_lat, perturbed_lat = [], []
-    same_correct = perturbed_rejected = 0
-    reasons: dict[str, int] = {}
-    for row in rows:
-        reference = row["answer"]
-        t0 = time.perf_counter()
-        same = grade_answer(f"The answer is \\boxed{{{reference}}}.", reference, grader=grader)
-        same_lat.append(time.perf_counter() - t0)
-        same_correct += same.correct
-        wrong = perturb(reference)
-        t0 = time.perf_counter()
-        other = grade_answer(f"The answer is \\boxed{{{wrong}}}.", reference, grader=grader)
-        perturbed_lat.append(time.perf_counter() - t0)
-        perturbed_rejected += not other.correct
-        reasons[other.reason] = reasons.get(other.reason, 0) + 1
-    grader.close()
-    result = {
-        "source": source,
-        "answers": len(rows),
-        "worker_startup_s": startup,
-        "self_correct": same_correct,
-        "perturbed_rejected": perturbed_rejected,
-        "perturbed_reasons": reasons,
-        "self_p50_ms": 1000 * statistics.median(same_lat),
-        "self_p99_ms": 1000 * percentile(same_lat, 99),
-        "perturbed_p50_ms": 1000 * statistics.median(perturbed_lat),
-        "perturbed_p99_ms": 1000 * percentile(perturbed_lat, 99),
-        "all_p50_ms": 1000 * statistics.median(same_lat + perturbed_lat),
-        "all_p99_ms": 1000 * percentile(same_lat + perturbed_lat, 99),
-        "max_ms": 1000 * max(same_lat + perturbed_lat),
-        "restarts": grader.restarts,
-    }
-    print(json.dumps(result), flush=True)
-    return result
+PATHOLOGICAL = "9^{9^{9^{9^{9}}}}"
+
+
+def grading_workload(rows: list[dict]) -> list[tuple[str, str, bool]]:
+    """(response, reference, pathological) for every row: a perturbed answer, and every 50th a pathological one."""
+    work = []
+    for index, row in enumerate(rows):
+        pathological = index % 50 == 49
+        answer = PATHOLOGICAL if pathological else perturb(row["answer"])
+        work.append((f"The answer is \\boxed{{{answer}}}.", row["answer"], pathological))
+    return work
+
+
+async def grade_all(grader: MathGrader, work: list, concurrency: int) -> tuple[list, list[float]]:
+    semaphore = asyncio.Semaphore(concurrency)
+    latencies: list[float] = [0.0] * len(work)
+
+    async def one(index: int, response: str, reference: str):
+        async with semaphore:
+            started = time.perf_counter()
+            result = await grader.agrade(response, reference)
+            latencies[index] = time.perf_counter() - started
+            return result
+
+    results = await asyncio.gather(*(one(i, r, ref) for i, (r, ref, _) in enumerate(work)))
+    return results, latencies
+
+
+def bench_grader_throughput(concurrency: int, timeout_s: float) -> list[dict] | None:
+    if not MATH500.exists():
+        print(f"grading throughput: skipped, {MATH500} not found (the shared data folder is optional)")
+        return None
+    rows = [json.loads(line) for line in MATH500.read_text().splitlines() if line.strip()]
+    work = grading_workload(rows)
+    results = []
+    for workers in (1, default_workers()):
+        grader = MathGrader(timeout_s=timeout_s, workers=workers)
+        started = time.perf_counter()
+        grader.start()
+        startup = time.perf_counter() - started
+        started = time.perf_counter()
+        graded, latencies = asyncio.run(grade_all(grader, work, concurrency))
+        wall = time.perf_counter() - started
+        grader.close()
+        ordinary = [lat for lat, (_, _, bad) in zip(latencies, work, strict=True) if not bad]
+        reasons: dict[str, int] = {}
+        for result in graded:
+            reasons[result.reason] = reasons.get(result.reason, 0) + 1
+        results.append(
+            {
+                "workers": workers,
+                "grades": len(work),
+                "pathological": sum(bad for *_, bad in work),
+                "wall_s": wall,
+                "grades_per_s": len(work) / wall,
+                "timeouts": grader.stats.timeouts,
+                "worker_starts": grader.stats.worker_starts,
+                "startup_s": startup,
+                "ordinary_p50_ms": 1000 * statistics.median(ordinary),
+                "ordinary_p99_ms": 1000 * percentile(ordinary, 99),
+                "wrongly_accepted": sum(r.correct for r in graded),
+                "reasons": reasons,
+            }
+        )
+        print(json.dumps(results[-1]), flush=True)
+    return results
 
 
 def main() -> None:
@@ -177,30 +203,39 @@ def main() -> None:
         "--episodes", type=int, default=60, help="scripted MathTIR episodes per configuration"
     )
     parser.add_argument("--envs", default="1,4", help="comma-separated environment counts (threads)")
-    parser.add_argument("--grader-limit", type=int, default=None, help="grade only the first N answers")
+    parser.add_argument("--only", choices=("mathtir", "grader"), default=None, help="run one part only")
+    parser.add_argument("--concurrency", type=int, default=16, help="grades in flight at once")
+    parser.add_argument("--grader-timeout", type=float, default=5.0, help="MathGrader timeout_s")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = parser.parse_args()
-    print(f"host: {platform.platform()}, python {platform.python_version()}")
-    mathtir = bench_mathtir(args.backend, args.episodes, [int(n) for n in args.envs.split(",")])
-    grader = bench_grader(args.grader_limit)
-    print("\n| sandbox | envs | steps | steps/s | tool step p50 / p99 (ms) | answer step p50 / p99 (ms) |")
-    print("| --- | --- | --- | --- | --- | --- |")
-    for r in mathtir:
+    print(f"host: {platform.platform()}, python {platform.python_version()}, {os.cpu_count()} cores")
+    mathtir = grader = None
+    if args.only in (None, "mathtir"):
+        mathtir = bench_mathtir(args.backend, args.episodes, [int(n) for n in args.envs.split(",")])
         print(
-            f"| {r['sandbox']} | {r['envs']} | {r['steps']} | {r['steps_per_s']:.1f} | "
-            f"{r['tool_step_p50_ms']:.1f} / {r['tool_step_p99_ms']:.1f} | "
-            f"{r['answer_step_p50_ms']:.1f} / {r['answer_step_p99_ms']:.1f} |"
+            "\n| sandbox | envs | steps | steps/s | tool step p50 / p99 (ms) | answer step p50 / p99 (ms) |"
         )
-    g = grader
-    print(
-        f"\ngrader on {g['source']} ({g['answers']} answers; worker start-up {g['worker_startup_s']:.2f} s):"
-    )
-    print(
-        f"  self-graded correct: {g['self_correct']}/{g['answers']}, perturbed rejected: {g['perturbed_rejected']}/{g['answers']} {g['perturbed_reasons']}"
-    )
-    print(
-        f"  self p50/p99: {g['self_p50_ms']:.2f} / {g['self_p99_ms']:.2f} ms; perturbed p50/p99: {g['perturbed_p50_ms']:.2f} / {g['perturbed_p99_ms']:.2f} ms; max {g['max_ms']:.1f} ms"
-    )
+        print("| --- | --- | --- | --- | --- | --- |")
+        for r in mathtir:
+            print(
+                f"| {r['sandbox']} | {r['envs']} | {r['steps']} | {r['steps_per_s']:.1f} | "
+                f"{r['tool_step_p50_ms']:.1f} / {r['tool_step_p99_ms']:.1f} | "
+                f"{r['answer_step_p50_ms']:.1f} / {r['answer_step_p99_ms']:.1f} |"
+            )
+    if args.only in (None, "grader"):
+        grader = bench_grader_throughput(args.concurrency, args.grader_timeout)
+        if grader:
+            print(
+                f"\ngrading MATH-500 ({grader[0]['grades']} grades, {grader[0]['pathological']} pathological, "
+                f"{args.concurrency} in flight, timeout {args.grader_timeout:g} s):"
+            )
+            print("| workers | grades/s | wall s | timeouts | ordinary p50 / p99 (ms) | wrongly accepted |")
+            print("| --- | --- | --- | --- | --- | --- |")
+            for r in grader:
+                print(
+                    f"| {r['workers']} | {r['grades_per_s']:.1f} | {r['wall_s']:.1f} | {r['timeouts']} | "
+                    f"{r['ordinary_p50_ms']:.1f} / {r['ordinary_p99_ms']:.1f} | {r['wrongly_accepted']} |"
+                )
     if args.json:
         args.json.write_text(json.dumps({"mathtir": mathtir, "grader": grader}, indent=2))
 

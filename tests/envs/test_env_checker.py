@@ -40,6 +40,9 @@ def test_every_registered_env_passes(env_id: str, sandbox) -> None:
 def test_readme_example_is_short_and_passes(local_sandbox) -> None:
     source = EXAMPLE.read_text()
     assert len(source.splitlines()) <= 30
+    readme = (EXAMPLE.parents[1] / "README.md").read_text()
+    section = readme[readme.index("### Adding an environment") :]
+    assert section[section.index("```python\n") + 10 :].startswith(source)  # the README shows this file
     spec = importlib.util.spec_from_file_location("custom_env_example", EXAMPLE)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)  # registers my_envs/NthPrime-v0
