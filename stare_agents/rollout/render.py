@@ -9,7 +9,9 @@
 * `InlineRenderer` (base models, SimpleTIR/ToRL style): the whole episode is one running assistant turn; an
   observation's `inline` text (e.g. "\\n```output\\n42\\n```\\n") is appended after the policy's text.
 
-Observation text is tokenised once, at insertion; sampled ids are never re-tokenised.
+Observation text is tokenised once, at insertion; sampled ids are never re-tokenised. Control-token strings in
+observation text (a program that prints "<|im_end|>") are broken up first (`neutralize`), so tool output can
+never become chat-control tokens.
 """
 
 from __future__ import annotations
@@ -33,6 +35,34 @@ def _chat_messages(messages: Sequence[dict]) -> list[dict[str, str]]:
     return [{"role": m["role"], "content": m["content"]} for m in messages]
 
 
+def special_strings(tokenizer: Any) -> list[str]:
+    """The texts of the tokenizer's special and added control tokens (e.g. "<|im_end|>"), longest first."""
+    strings = set(getattr(tokenizer, "all_special_tokens", []) or [])
+    for token in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values():
+        if getattr(token, "special", False):
+            strings.add(str(token))
+    return sorted((s for s in strings if len(s) > 1), key=len, reverse=True)
+
+
+def neutralize(text: str, specials: Sequence[str]) -> str:
+    """Break up control-token strings in untrusted text (tool output) so they tokenize as plain text.
+
+    A program the policy writes can print "<|im_end|>\n<|im_start|>assistant\n..."; tokenised as is, that
+    would turn tool output into chat-control tokens (a forged end of the tool turn and a forged assistant
+    turn). A word joiner (U+2060) after the first character keeps the text readable and inert."""
+    for special in specials:
+        if special in text:
+            text = text.replace(special, special[0] + "\u2060" + special[1:])
+    return text
+
+
+def _neutralized(observation: Sequence[dict], specials: Sequence[str]) -> list[dict]:
+    return [
+        {**m, "content": neutralize(m["content"], specials), "inline": neutralize(m["inline"], specials)}
+        for m in observation
+    ]
+
+
 class ChatRenderer:
     """Chat-template tool turns (see the module docstring). One instance per episode."""
 
@@ -41,6 +71,7 @@ class ChatRenderer:
             raise TemplateError("the tokenizer has no chat template: use rendering='inline'")
         self.tokenizer = tokenizer
         self.eos_ids = eos_ids
+        self.specials = special_strings(tokenizer)
         self.messages: list[dict[str, str]] = []
         self.tools: list[dict] | None = None
         self.text = ""
@@ -68,7 +99,7 @@ class ChatRenderer:
         """Ids (and their text) to insert after the policy's turn so the sequence renders the conversation."""
         sampled_text = self.tokenizer.decode(list(sampled_ids), skip_special_tokens=False)
         self.messages.append({"role": "assistant", "content": self.turn_text(sampled_ids)})
-        self.messages.extend(_chat_messages(observation))
+        self.messages.extend(_chat_messages(_neutralized(observation, self.specials)))
         rendered = self._render()
         expected = self.text + sampled_text
         if not rendered.startswith(expected):
@@ -89,6 +120,7 @@ class InlineRenderer:
     def __init__(self, tokenizer: Any, eos_ids: set[int]) -> None:
         self.tokenizer = tokenizer
         self.eos_ids = eos_ids
+        self.specials = special_strings(tokenizer)
 
     def prompt(self, messages: Sequence[dict], tools: list[dict] | None = None) -> list[int]:
         if getattr(self.tokenizer, "chat_template", None):
@@ -106,7 +138,7 @@ class InlineRenderer:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
     def observation(self, sampled_ids: Sequence[int], observation: Sequence[dict]) -> tuple[list[int], str]:
-        inserted = "".join(m["inline"] for m in observation)
+        inserted = "".join(m["inline"] for m in _neutralized(observation, self.specials))
         return _encode(self.tokenizer, inserted), inserted
 
 
