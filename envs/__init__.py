@@ -9,12 +9,14 @@
 
 Registered ids: stare_agents/MathTIR-v0, stare_agents/MathCoT-v0, stare_agents/ArithmeticTIR-v0,
 stare_agents/PythonUnitTest-v0. New environments subclass `TextEnv` or `ToolEnv` (see `core`), and
-`check_env` checks them.
+`check_env` checks them. Tools are objects (`PythonTool(sandbox, ...)`, `Tool`); environments made without a
+sandbox share `shared_sandbox()`; grading runs in a `MathGrader` pool (`default_grader()` per process).
 """
 
 from stare_agents.envs.arithmetic import ArithmeticTIREnv
 from stare_agents.envs.checker import EnvCheckError, check_env
 from stare_agents.envs.core import (
+    FINAL_INFO_KEYS,
     INFO_KEYS,
     MessagesSpace,
     Score,
@@ -23,7 +25,15 @@ from stare_agents.envs.core import (
     UnicodeText,
     load_prompt,
 )
-from stare_agents.envs.grading import GradeResult, MathGrader, extract_boxed, grade_answer
+from stare_agents.envs.grading import (
+    GradeResult,
+    GraderStats,
+    MathGrader,
+    default_grader,
+    extract_boxed,
+    final_boxes,
+    grade_answer,
+)
 from stare_agents.envs.math_envs import MathCoTEnv, MathTIREnv
 from stare_agents.envs.parsing import (
     Message,
@@ -44,10 +54,12 @@ register_envs()
 
 __all__ = [
     "ENVIRONMENTS",
+    "FINAL_INFO_KEYS",
     "INFO_KEYS",
     "ArithmeticTIREnv",
     "EnvCheckError",
     "GradeResult",
+    "GraderStats",
     "MathCoTEnv",
     "MathGrader",
     "MathTIREnv",
@@ -66,7 +78,9 @@ __all__ = [
     "ToolOutput",
     "UnicodeText",
     "check_env",
+    "default_grader",
     "extract_boxed",
+    "final_boxes",
     "find_tool_calls",
     "format_inline",
     "grade_answer",

@@ -10,16 +10,21 @@ The protocol, for both:
 * An observation is a list of `Message`s (`role`, `content`, `inline`; see `stare_agents.envs.parsing`):
   the prompt after `reset`, what the environment answers after each `step` (tool results, feedback), and
   `[]` once the episode is over.
-* The reward is 0 until the episode ends; the final step carries the episode's score.
+* The reward is 0 until the episode ends; the final step carries the episode's score, clipped into
+  `reward_range` (a violation is reported in `info["reward_violation"]`).
 * `terminated`: the episode ended on its own (a final answer, a void turn under the "end" policy, a tool's
-  final answer). `truncated`: the turn limit was reached first. Both end the episode; `step` afterwards
-  raises until `reset`.
+  final answer). `truncated`: the turn limit (`max_turns`, which is `spec.max_episode_steps`, or a smaller
+  `TimeLimit` around the environment) was reached first. Both end the episode; `step` afterwards raises
+  `gymnasium.error.ResetNeeded` until `reset`.
+* `step` never raises for what the policy writes; a step that raises (misuse, the sandbox failing) leaves
+  the state as it was. `reset` validates the seed, the options and the task, raising with the remedy.
 * `reset(options={"problem": ..., "answer": ...})` pins the task (extra keys go to `Task.data`);
   `options={"index": i}` picks row `i` of the dataset; `options={"task": Task(...)}` passes a task object.
 
 A new environment subclasses one of them and overrides a few methods:
 
     sample_task(self) -> Task             draw a task with self.np_random      (required unless a dataset is given)
+    validate_task(self, task) -> None     raise ValueError for an unusable task (default: it needs an answer)
     prompt(self, task) -> list[Message]   the first observation                (default: system prompt + template)
     score(self, task, response) -> Score  the episode's reward                 (default: math grading of \\boxed{})
     tools(self) -> dict[str, ToolLike]    ToolEnv only: the callable tools     (default: the tools given, PythonTool)
