@@ -1043,6 +1043,28 @@ class Supervisor:
 
         return self._pids(is_stray)
 
+    def _only_known_processes(self, keep_worker: bool) -> bool:
+        """In a container: whether /proc lists no process but this one, the template, its spare and (if
+        kept) the worker. Cheaper than reading every process's stat file (gVisor: 3 ms per call)."""
+        if self.mode != "docker":
+            return False
+        if self.spare_requested and self.spare is None and self.template_sock is not None:
+            with contextlib.suppress(OSError, ValueError):  # the spare forked meanwhile: learn its pid
+                if select.select([self.template_sock], [], [], 0)[0]:
+                    self._collect_spare()
+        known = {1, os.getpid()}
+        for handle in (
+            self.template,
+            self.spare[0] if self.spare else None,
+            self.worker if keep_worker else None,
+        ):
+            if handle is not None:
+                known.add(handle.pid)
+        try:
+            return all(int(name) in known for name in os.listdir("/proc") if name.isdigit())
+        except OSError:
+            return False
+
     def _reap(self) -> None:
         while True:
             try:
@@ -1063,6 +1085,8 @@ class Supervisor:
         until = time.monotonic() + budget_s
         while True:
             self._reap()
+            if self._only_known_processes(keep_worker):  # the common case, one directory read
+                break
             pids = self._stray_pids(keep_worker)
             if not pids or time.monotonic() > until:
                 break

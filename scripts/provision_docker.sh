@@ -107,7 +107,10 @@ config = {}
 if os.path.exists(path):
     with open(path) as f:
         text = f.read()
-    config = json.loads(text) if text.strip() else {}
+    try:
+        config = json.loads(text) if text.strip() else {}
+    except ValueError as exc:
+        sys.exit(f"[provision_docker] {path} is not valid JSON ({exc}): fix it by hand, then run this again")
 if config.get("runtimes", {}).get("runsc") == wanted:
     sys.exit(0)
 config.setdefault("runtimes", {})["runsc"] = wanted
