@@ -238,6 +238,9 @@ class DockerChannel(Channel):
             try:
                 chunk = self.sock.recv(1 << 16)
             except TimeoutError as exc:
+                # a cancel sent from another thread may have set a shorter timeout on the socket
+                if deadline is None or time.monotonic() < deadline:
+                    continue
                 raise ChannelTimeout("the container did not answer in time") from exc
             if not chunk:
                 return b""

@@ -39,6 +39,7 @@ class PipeChannel(Channel):
         assert process.stdin is not None and process.stdout is not None
         self._in = process.stdin.fileno()
         self._out = process.stdout.fileno()
+        os.set_blocking(self._in, False)  # a stopped runner must not block a send past its deadline
 
     def send(self, data: bytes, deadline: float) -> None:
         view = memoryview(data)
@@ -48,7 +49,8 @@ class PipeChannel(Channel):
                 raise ChannelTimeout("the local runner did not take the request in time")
             _, writable, _ = select.select([], [self._in], [], remaining)
             if writable:
-                view = view[os.write(self._in, view[: 1 << 16]) :]
+                with contextlib.suppress(BlockingIOError):
+                    view = view[os.write(self._in, view[: 1 << 16]) :]
 
     def _recv_some(self, deadline: float | None) -> bytes:
         while True:

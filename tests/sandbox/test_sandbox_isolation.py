@@ -506,6 +506,14 @@ def test_many_tasks_some_cancelled_mid_call_each_result_is_its_own(runtime):
     assert seen and max(seen) <= pool_size, seen
 
 
+def test_a_missing_runtime_is_a_clear_error():
+    require_runtime("runc")
+    with pytest.raises(SandboxError, match=r"no runtime 'no-such-runtime'.*provision_docker.sh"):
+        DockerSandbox(pool_size=1, runtime="no-such-runtime").start()
+    with pytest.raises(ValueError, match="runtime"):
+        DockerSandbox(runtime="")
+
+
 def test_lease_timeout_is_finite_and_says_what_to_do(box):
     assert box.lease_timeout_s is not None and math.isfinite(box.lease_timeout_s)
     with box.session() as held:

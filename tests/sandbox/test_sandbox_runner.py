@@ -361,3 +361,76 @@ def test_replacing_a_runner_twice_replaces_it_once(one):
     assert pool.live == 1 and runner not in pool._free
     with one.session() as s:
         assert s.runner is not runner and s.run("print(2)").stdout == "2\n"
+
+
+def test_threads_and_asyncio_tasks_share_one_sandbox():
+    """How the rollout layer uses it: one sandbox per process, sessions from threads and from an event
+    loop at the same time, more sessions than interpreters."""
+    errors: list[str] = []
+    with LocalSandbox(pool_size=2, preimport=()) as box:
+
+        def thread_worker(i: int) -> None:
+            for j in range(3):
+                with box.session() as s:
+                    s.run(f"v = {i * 10 + j}")
+                    out = s.run("print(v)").stdout
+                    if out != f"{i * 10 + j}\n":
+                        errors.append(f"thread {i}/{j}: {out!r}")
+
+        async def task(i: int) -> None:
+            for j in range(3):
+                async with box.asession() as s:
+                    await s.arun(f"w = {100 + i * 10 + j}")
+                    out = (await s.arun("print(w)")).stdout
+                    if out != f"{100 + i * 10 + j}\n":
+                        errors.append(f"task {i}/{j}: {out!r}")
+
+        async def tasks() -> None:
+            await asyncio.wait_for(asyncio.gather(*(task(i) for i in range(5))), 60)
+
+        threads = [threading.Thread(target=thread_worker, args=(i,)) for i in range(5)]
+        for t in threads:
+            t.start()
+        asyncio.run(tasks())
+        for t in threads:
+            t.join(60)
+        assert not any(t.is_alive() for t in threads)
+        assert box._pool.live == 2
+    assert errors == []
+
+
+def test_doctor_reads_limits_from_the_engine_where_gvisor_hides_them():
+    from stare_agents.sandbox import DockerLimits
+    from stare_agents.sandbox.docker_backend import GVISOR_EXTRA_PIDS
+    from stare_agents.sandbox.doctor import check_limits
+
+    limits = DockerLimits(memory_mb=256, pids=64, cpus=1.0)
+    hidden = {  # what code sees inside gVisor: no cgroup files, no NoNewPrivs line
+        "uid": 1000,
+        "interfaces": ["lo"],
+        "connects_out": False,
+        "root_writable": False,
+        "tmp_writable": True,
+        "memory_limit": None,
+        "pids_limit": None,
+        "cpu_quota": None,
+        "cap_eff": "0000000000000000",
+        "no_new_privs": None,
+        "host_env": [],
+    }
+    engine = {
+        "memory": 256 * 2**20,
+        "pids": 64 + GVISOR_EXTRA_PIDS,
+        "nano_cpus": 10**9,
+        "security_opt": ["no-new-privileges"],
+    }
+    assert [c.name for c in check_limits(hidden, limits, engine, gvisor=True) if not c.ok] == []
+    wrong = {**engine, "pids": 64, "memory": 512 * 2**20, "security_opt": []}  # gVisor without its headroom
+    failed = [c.name for c in check_limits(hidden, limits, wrong, gvisor=True) if not c.ok]
+    assert failed == ["memory limit", "pids limit", "no-new-privileges"]
+    assert [c.name for c in check_limits(hidden, limits) if not c.ok] == [
+        "memory limit",
+        "pids limit",
+        "cpu quota",
+        "no-new-privileges",
+    ]  # nothing from the engine: an unknown limit is a failed check, never a passed one
