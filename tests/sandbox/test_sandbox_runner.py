@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -434,3 +435,27 @@ def test_doctor_reads_limits_from_the_engine_where_gvisor_hides_them():
         "cpu quota",
         "no-new-privileges",
     ]  # nothing from the engine: an unknown limit is a failed check, never a passed one
+
+
+def test_a_container_that_cannot_be_made_clean_is_replaced(tmp_path, monkeypatch):
+    """The runner with no time for its wipe: any file left makes the reset fail its check, and the host
+    replaces the runner before the next session runs rather than lend it out."""
+    import stare_agents.sandbox.local as local
+    from stare_agents.sandbox import runner
+
+    source = Path(runner.__file__).read_text()
+    assert source.count("RESET_BUDGET_S = 5.0") == 1
+    patched = tmp_path / "runner.py"
+    patched.write_text(source.replace("RESET_BUDGET_S = 5.0", "RESET_BUDGET_S = -1.0"))
+    monkeypatch.setattr(local, "RUNNER_PATH", patched)
+    with LocalSandbox(pool_size=1, preimport=()) as box:
+        with box.session() as s:
+            s.run("print('nothing left')")
+            first = s.runner
+        with box.session() as s:  # an empty folder needs no time: the same runner
+            assert s.run("print(1)").stdout == "1\n" and s.runner is first
+            s.run("open('left-behind', 'w').write('x')")
+        with box.session() as s:
+            r = s.run("import os\nprint(os.listdir('.'))")
+            assert (r.status, r.stdout) == ("ok", "[]\n") and s.runner is not first
+        assert box._pool.replacements == 1
