@@ -677,7 +677,8 @@ class Session:
         """The runner died, hung or broke its protocol: replace it; this call reports what happened and the
         session goes on with a fresh interpreter."""
         pool, _ = self._drop_runner()
-        (pool or self.sandbox._pool_started()).replace(runner)
+        if pool is not None:
+            pool.replace(runner)
         self.used = False
         if isinstance(exc, ChannelTimeout):
             status = "timeout"
