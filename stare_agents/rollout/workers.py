@@ -128,14 +128,31 @@ class PackedWeights:
 
     @classmethod
     def pack(
-        cls, state_dict: Mapping[str, torch.Tensor], dtype: torch.dtype = torch.float32
+        cls,
+        state_dict: Mapping[str, torch.Tensor],
+        dtype: torch.dtype = torch.float32,
+        buffer: torch.Tensor | None = None,
     ) -> PackedWeights:
+        """One pass over the weights: each tensor is cast while it is copied into its slice of `flat`.
+        Pass the previous result's `buffer` to skip allocating (and page-faulting) a new one every sync."""
         names = list(state_dict)
-        tensors = [state_dict[name].detach().to("cpu", dtype).reshape(-1) for name in names]
-        flat = torch.cat(tensors) if tensors else torch.zeros(0, dtype=dtype)
-        bits = flat.view(torch.int16) if dtype == torch.bfloat16 else flat
+        total = sum(state_dict[name].numel() for name in names)
+        if buffer is None or buffer.numel() != total or buffer.dtype != dtype:
+            buffer = torch.empty(total, dtype=dtype)
+        offset = 0
+        for name in names:
+            tensor = state_dict[name].detach()
+            buffer[offset : offset + tensor.numel()].copy_(tensor.reshape(-1))
+            offset += tensor.numel()
+        bits = buffer.view(torch.int16) if dtype == torch.bfloat16 else buffer
         shapes = [tuple(state_dict[name].shape) for name in names]
         return cls(bits.numpy(), names, shapes, str(dtype).removeprefix("torch."))
+
+    @property
+    def buffer(self) -> torch.Tensor:
+        """The flat tensor behind `flat` (reusable by the next `pack`)."""
+        flat = torch.from_numpy(self.flat)
+        return flat.view(torch.bfloat16) if self.dtype == "bfloat16" else flat
 
     def unpack(self) -> dict[str, torch.Tensor]:
         import warnings
@@ -198,6 +215,7 @@ class RolloutWorkerGroup:
         self.restarts = 0
         self.last_sync_s: float | None = None
         self._weights_ref: Any = None
+        self._pack_buffer: torch.Tensor | None = None
         if not use_ray:
             if num_workers != 1:
                 raise ValueError("use_ray=False runs exactly one worker in this process")
@@ -314,19 +332,25 @@ class RolloutWorkerGroup:
         dtype: torch.dtype | None = None,
         timeout_s: float = 300.0,
     ) -> int:
-        """Push weights to every worker in one batched call; returns the new weight version."""
+        """Push weights to every worker in one batched call; returns the new weight version.
+
+        `dtype`: what travels (default: the workers' dtype; "auto" sends float32). The weights travel as one
+        flat array (`PackedWeights`), which Ray hands to the actors without copying; tied weights (an
+        `lm_head.weight` that is the embedding) are sent once. `version`: the version to set (a resumed run
+        restores its checkpoint's); default: the current one + 1."""
         started = time.perf_counter()
         version = self.weight_version + 1 if version is None else int(version)
-        if dtype is not None:
-            state_dict = {k: v.detach().to(dtype) for k, v in state_dict.items()}
-        else:
-            state_dict = {k: v.detach() for k, v in state_dict.items()}
+        if dtype is None:
+            dtype = torch.bfloat16 if self.spec.dtype == "bfloat16" else torch.float32
+        state_dict = _untied(state_dict)
         if self._local is not None:
-            self._local.update_weights(state_dict, version)
+            self._local.update_weights({k: v.detach().to(dtype) for k, v in state_dict.items()}, version)
         else:
             import ray
 
-            ref = ray.put(state_dict)
+            packed = PackedWeights.pack(state_dict, dtype, self._pack_buffer)
+            self._pack_buffer = packed.buffer  # ray.put copies it; the next sync refills the same memory
+            ref = ray.put(packed)
             ray.get([actor.update_weights.remote(ref, version) for actor in self._actors], timeout=timeout_s)
             self._weights_ref = ref  # kept so that a replaced worker can catch up
         self.weight_version = version

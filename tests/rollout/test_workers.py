@@ -97,3 +97,12 @@ def test_group_collects_in_order_syncs_weights_and_replaces_a_killed_worker(
         assert [t.task_id for t in results] == [f"q{i}" for i in range(24)]
         assert all(t.weight_version == 1 and t.turns[0].text != CODE_TURN for t in results)
         assert time.perf_counter() - started < 600
+
+
+def test_packing_into_a_reused_buffer():
+    state = {"a": torch.randn(3, 4), "b": torch.randn(5)}
+    first = PackedWeights.pack(state, torch.bfloat16)
+    state["a"] += 1
+    second = PackedWeights.pack(state, torch.bfloat16, first.buffer)
+    assert second.buffer.data_ptr() == first.buffer.data_ptr()  # no new allocation
+    assert torch.equal(second.unpack()["a"], state["a"].to(torch.bfloat16))
