@@ -456,6 +456,7 @@ def worker_main(ctl_in: int, ctl_out: int, forked: bool = False, secret: bytes =
     namespace: dict = {"__name__": "__main__", "__builtins__": builtins}
     cell = 0
     greeted = not forked
+    out = err = None  # text streams on fds 1 and 2, made again only when the code closed them
 
     while True:
         try:
@@ -482,7 +483,6 @@ def worker_main(ctl_in: int, ctl_out: int, forked: bool = False, secret: bytes =
                 sys.modules["numpy"].random.seed()
         cell += 1
         status = "error"
-        out = err = None
         if request.get("reap"):  # the supervisor killed processes the code forked: collect the zombies
             _reap_children(request["reap"])
         try:
@@ -490,12 +490,14 @@ def worker_main(ctl_in: int, ctl_out: int, forked: bool = False, secret: bytes =
             os.dup2(saved_err, 2)
             # line-buffered, as on a terminal: print() output keeps its place among the lines that
             # subprocesses and C code write straight to the file descriptors
-            out = io.TextIOWrapper(
-                io.FileIO(1, "w", closefd=False), "utf-8", "backslashreplace", line_buffering=True
-            )
-            err = io.TextIOWrapper(
-                io.FileIO(2, "w", closefd=False), "utf-8", "backslashreplace", line_buffering=True
-            )
+            if out is None or out.closed:
+                out = io.TextIOWrapper(
+                    io.FileIO(1, "w", closefd=False), "utf-8", "backslashreplace", line_buffering=True
+                )
+            if err is None or err.closed:
+                err = io.TextIOWrapper(
+                    io.FileIO(2, "w", closefd=False), "utf-8", "backslashreplace", line_buffering=True
+                )
             sys.stdout, sys.stderr = out, err
             scope = (
                 {"__name__": "__main__", "__builtins__": builtins} if request.get("stateless") else namespace
@@ -764,6 +766,7 @@ class Supervisor:
         self.reap_next: list[int] = []  # processes killed here that may be zombie children of the worker
         self.ctl_w = self.ctl_r = self.out_r = self.err_r = -1
         self.call = 0  # calls so far; the worker's reply must name the current one
+        self.pid = os.getpid()
         self.host = _HostInput(0)
         self.key: ChannelKey | None = None  # from the host's first frame
         self.deferred: list[dict] = []  # host requests that arrived during a call
@@ -1052,7 +1055,7 @@ class Supervisor:
             with contextlib.suppress(OSError, ValueError):  # the spare forked meanwhile: learn its pid
                 if select.select([self.template_sock], [], [], 0)[0]:
                     self._collect_spare()
-        known = {1, os.getpid()}
+        known = {1, self.pid}
         for handle in (
             self.template,
             self.spare[0] if self.spare else None,
@@ -1095,7 +1098,8 @@ class Supervisor:
                     os.kill(pid, signal.SIGKILL)
                     killed.add(pid)
             time.sleep(0.001)
-        self._reap()
+        if killed:
+            self._reap()
         return sorted(killed)
 
     # -- between sessions
@@ -1169,6 +1173,8 @@ class Supervisor:
         with contextlib.suppress(OSError):  # a thread of the code may have stopped it between calls
             os.kill(self.worker.pid, signal.SIGCONT)
         pending = memoryview(encode_frame(job))  # written as the worker reads, never blocking this loop
+        with contextlib.suppress(BlockingIOError, BrokenPipeError):  # most requests fit the pipe at once
+            pending = pending[os.write(self.ctl_w, pending[: 1 << 16]) :]
 
         deadline = started + timeout_s
         interrupted = hard_killed = died = cancelled = False
