@@ -73,7 +73,6 @@ def make_env(task: RolloutTask, sandbox: Any = None) -> Any:
     import gymnasium as gym
 
     import stare_agents.envs  # noqa: F401  (registers the stare_agents/* ids)
-    from stare_agents.envs import ToolEnv
 
     kwargs = dict(task.env_kwargs)
     if sandbox is not None and "sandbox" not in kwargs:
@@ -81,7 +80,7 @@ def make_env(task: RolloutTask, sandbox: Any = None) -> Any:
         creator = (
             entry_point if callable(entry_point) else gym.envs.registration.load_env_creator(entry_point)
         )
-        if isinstance(creator, type) and issubclass(creator, ToolEnv):
+        if getattr(creator, "uses_sandbox", False):  # tool environments and sandboxed graders
             kwargs["sandbox"] = sandbox
     return gym.make(task.env_id, **kwargs)
 
@@ -195,7 +194,9 @@ async def run_episode(
                     record, "tool_failure" if isinstance(error, SandboxError) else "env_error", error
                 )
             turn.tool_statuses = _tool_statuses(last_info, info)
-            turn.tool_calls = len(turn.tool_statuses)
+            turn.tool_calls = max(
+                len(turn.tool_statuses), int(info.get("tool_calls", 0)) - int(last_info.get("tool_calls", 0))
+            )
             last_info = info
             if terminated or truncated:
                 record.reward = float(reward)

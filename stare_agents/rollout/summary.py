@@ -22,7 +22,8 @@ def summarize(trajectories: Sequence[Trajectory], seconds: float | None = None) 
     action = sum(t.num_action_tokens for t in trajectories)
     observation = sum(len(t.response_ids) - t.num_action_tokens for t in trajectories)
     generated = sum(turn.num_tokens for turn in turns)
-    tool_calls = sum(statuses.values())
+    tool_calls = sum(turn.tool_calls for turn in turns)
+    reported = sum(statuses.values())  # calls past a turn's cap share one "error" status
     summary: dict[str, Any] = {
         "episodes": n,
         "failed": n - len(ran),
@@ -30,7 +31,7 @@ def summarize(trajectories: Sequence[Trajectory], seconds: float | None = None) 
         "mean_reward": sum(t.reward for t in ran) / len(ran) if ran else 0.0,
         "mean_turns": sum(t.num_turns for t in trajectories) / n if n else 0.0,
         "tool_calls_per_episode": tool_calls / n if n else 0.0,
-        "tool_error_rate": (tool_calls - statuses.get("ok", 0)) / tool_calls if tool_calls else 0.0,
+        "tool_error_rate": (reported - statuses.get("ok", 0)) / reported if reported else 0.0,
         "tool_statuses": dict(statuses),
         "stop_reasons": {
             reason: count
