@@ -23,7 +23,9 @@ import time
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--episodes", type=int, default=64)
@@ -44,7 +46,9 @@ def main() -> None:
     config = RolloutConfig(
         temperature=1.0, max_tokens_per_turn=args.max_tokens_per_turn, max_total_tokens=args.max_total_tokens
     )
-    tasks = [RolloutTask("stare_agents/ArithmeticTIR-v0", seed=i, group_id=str(i)) for i in range(args.episodes)]
+    tasks = [
+        RolloutTask("stare_agents/ArithmeticTIR-v0", seed=i, group_id=str(i)) for i in range(args.episodes)
+    ]
     figures: dict = {"model": args.model, "dtype": args.dtype, "episodes": args.episodes}
     with make_sandbox(args.sandbox, pool_size=8) as sandbox:
         collect(engine, tasks[:4], config, sandbox=sandbox)  # warm-up (engine kernels, sandbox pool)
@@ -56,12 +60,16 @@ def main() -> None:
 
     async def single_turn() -> float:
         requests = [
-            engine.generate(t.prompt_ids, SamplingParams(1.0, 1.0, max(1, t.num_action_tokens), ignore_eos=True))
+            engine.generate(
+                t.prompt_ids, SamplingParams(1.0, 1.0, max(1, t.num_action_tokens), ignore_eos=True)
+            )
             for t in trajectories
         ]
         begun = time.perf_counter()
         generations = await asyncio.gather(*requests)
-        assert sum(len(g.token_ids) for g in generations) == sum(max(1, t.num_action_tokens) for t in trajectories)
+        assert sum(len(g.token_ids) for g in generations) == sum(
+            max(1, t.num_action_tokens) for t in trajectories
+        )
         return time.perf_counter() - begun
 
     single_s = asyncio.run(single_turn())
@@ -78,6 +86,8 @@ def main() -> None:
         tool_calls_per_episode=round(summary["tool_calls_per_episode"], 2),
         stop_reasons=summary["stop_reasons"],
         accuracy=summary["accuracy"],
+        generate_s_per_turn=round(summary["generate_s_per_turn"], 3),
+        env_s_per_turn=round(summary["env_s_per_turn"], 3),
     )
     engine.close()
 

@@ -51,6 +51,8 @@ class TurnRecord:
         ("ok", "error", "timeout", "killed").
     observation: the text inserted after the turn (tool output, feedback, template boundary); "" if none.
     observation_tokens: how many ids that insertion added (action_mask 0).
+    generate_s / env_s: wall time of this turn's generation request and of the environment's step (tool
+        calls, grading).
     """
 
     text: str
@@ -60,6 +62,8 @@ class TurnRecord:
     tool_statuses: list[str] = field(default_factory=list)
     observation: str = ""
     observation_tokens: int = 0
+    generate_s: float = 0.0
+    env_s: float = 0.0
 
 
 @dataclass
@@ -99,7 +103,9 @@ class Trajectory:
         if any(bit not in (0, 1) for bit in self.action_mask):
             raise ValueError(f"trajectory {self.task_id!r}: action_mask must hold only 0 and 1")
         if any(lp != 0.0 for lp, bit in zip(self.rollout_logprobs, self.action_mask, strict=True) if not bit):
-            raise ValueError(f"trajectory {self.task_id!r}: rollout_logprobs must be 0.0 where action_mask is 0")
+            raise ValueError(
+                f"trajectory {self.task_id!r}: rollout_logprobs must be 0.0 where action_mask is 0"
+            )
         if self.stop_reason not in STOP_REASONS:
             raise ValueError(f"stop_reason must be one of {STOP_REASONS}, got {self.stop_reason!r}")
         if not math.isfinite(self.reward):
@@ -177,7 +183,9 @@ class Batch:
 
     def to(self, device: torch.device | str) -> Batch:
         moved = {
-            f.name: getattr(self, f.name).to(device) if isinstance(getattr(self, f.name), torch.Tensor) else getattr(self, f.name)
+            f.name: getattr(self, f.name).to(device)
+            if isinstance(getattr(self, f.name), torch.Tensor)
+            else getattr(self, f.name)
             for f in fields(self)
         }
         return Batch(**moved)
@@ -210,5 +218,12 @@ def collate(trajectories: Sequence[Trajectory], pad_token_id: int) -> Batch:
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     rewards = torch.tensor([float(t.reward) for t in trajectories])
     return Batch(
-        input_ids, attention_mask, position_ids, response_ids, action_mask, rollout_logprobs, rewards, prompt_len
+        input_ids,
+        attention_mask,
+        position_ids,
+        response_ids,
+        action_mask,
+        rollout_logprobs,
+        rewards,
+        prompt_len,
     )

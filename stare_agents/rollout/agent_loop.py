@@ -172,6 +172,7 @@ async def run_episode(
                 if task.seed is None
                 else hash((config.seed, task.seed, task.sample_index, record.num_turns))
             )
+            started = time.perf_counter()
             try:
                 generation = await engine.generate(
                     record.prompt_ids + record.response_ids, params, stop, seed=seed
@@ -184,7 +185,9 @@ async def run_episode(
             record.num_turns += 1
             text = renderer.turn_text(generation.token_ids)
             turn = TurnRecord(text, len(generation.token_ids), generation.finish_reason)
+            turn.generate_s = time.perf_counter() - started
             record.turns.append(turn)
+            started = time.perf_counter()
             try:
                 observation, reward, terminated, truncated, info = await off_loop(env.step, text)
             except Exception as error:
@@ -193,6 +196,7 @@ async def run_episode(
                 return _failed(
                     record, "tool_failure" if isinstance(error, SandboxError) else "env_error", error
                 )
+            turn.env_s = time.perf_counter() - started
             turn.tool_statuses = _tool_statuses(last_info, info)
             turn.tool_calls = max(
                 len(turn.tool_statuses), int(info.get("tool_calls", 0)) - int(last_info.get("tool_calls", 0))
