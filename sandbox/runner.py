@@ -1133,7 +1133,7 @@ class Supervisor:
         """What of the code is left: processes, IPC objects, files in the scratch folders."""
         problems = []
         self._reap()
-        pids = self._stray_pids(keep_worker=False)
+        pids = [] if self._only_known_processes(keep_worker=False) else self._stray_pids(keep_worker=False)
         if pids:
             problems.append(f"processes of the code are alive: {pids[:10]}")
         if self.mode == "docker":
