@@ -33,6 +33,9 @@ def main() -> None:
     parser.add_argument("--max-total-tokens", type=int, default=768)
     parser.add_argument("--sandbox", default="docker")
     parser.add_argument("--syncs", type=int, default=3)
+    parser.add_argument(
+        "--env-kwargs", default="{}", help='JSON for the environment, e.g. {"stateless": true}'
+    )
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
 

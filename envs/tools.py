@@ -109,7 +109,10 @@ class PythonTool:
         sandbox: a `stare_agents.sandbox` sandbox (e.g. `make_sandbox("docker", pool_size=8)`), shared with
             other tools and never closed here. None: the process-wide `shared_sandbox()`.
         timeout_s: time limit of one call; a timeout is an observation, never an exception.
-        stateless: each call starts from an empty namespace (SimpleTIR) instead of the episode's variables.
+        stateless: each call runs in a fresh interpreter leased for that call only (SimpleTIR), instead of
+            the episode's own interpreter, which a stateful tool holds from its first call to the episode's
+            end. Stateless episodes need no interpreter while the model generates, so a small pool serves
+            many episodes in flight; stateful ones need `pool_size` >= the episodes in flight or they wait.
         error_lines: keep only the last N lines of a traceback (None: all of it).
         accept_tool_answer: define `final_answer(x)` in the interpreter (it prints `\\boxed{x}`); a call whose
             output holds a box reports it as `ToolOutput.final_answer`, which ends the episode.
@@ -160,10 +163,14 @@ class PythonTool:
             return ToolOutput('Error: the python tool needs a string argument "code"', "error")
         if self.accept_tool_answer:
             code = FINAL_ANSWER_PREAMBLE + code
-        with self._lock:
-            if self._session is None:
-                self._session = self._open_session()
-            result = self._session.run(code, timeout_s=self.timeout_s)
+        if self.stateless:  # nothing to keep between calls: lease an interpreter for this call only
+            with self._open_session() as session:
+                result = session.run(code, timeout_s=self.timeout_s)
+        else:
+            with self._lock:
+                if self._session is None:
+                    self._session = self._open_session()
+                result = self._session.run(code, timeout_s=self.timeout_s)
         final_answer = _last_box(result.stdout)[0] if self.accept_tool_answer else None
         return ToolOutput(self.format_result(result), result.status, final_answer)
 

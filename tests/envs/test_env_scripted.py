@@ -266,15 +266,23 @@ def test_envs_without_a_sandbox_share_one_process_wide_pool() -> None:
 def test_python_tool_is_injected_and_owns_the_episode_session(sandbox) -> None:
     from stare_agents.envs import PythonTool
 
+    stateful = PythonTool(sandbox, timeout_s=2.0)
+    env = MathTIREnv(tools=[stateful])
+    env.reset(seed=0, options=PINNED)
+    env.step(CODE.format("x = 1"))
+    assert stateful._session is not None  # a stateful tool holds the episode's session
+    env.step("\\boxed{42}")
+    assert stateful._session is None  # the episode's end closed it; the sandbox is still up
+    env.close()
+
     tool = PythonTool(sandbox, timeout_s=2.0, stateless=True, error_lines=1)
     env = MathTIREnv(tools=[tool])
     env.reset(seed=0, options=PINNED)
     obs, *_ = env.step(CODE.format("x = 1"))
-    assert tool._session is not None  # the tool holds the episode's session
+    assert tool._session is None  # stateless: the interpreter went back to the pool after the call
     obs, *_ = env.step(CODE.format("print(x)"))  # stateless: x is gone
     assert obs[0]["content"] == "NameError: name 'x' is not defined"  # error_lines=1
     env.step("\\boxed{42}")
-    assert tool._session is None  # the episode's end closed it; the sandbox is still up
     with pytest.raises(ValueError, match="already serves another environment"):
         MathTIREnv(tools=[tool])
     with pytest.raises(
