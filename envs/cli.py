@@ -62,3 +62,44 @@ def check(
         if sandbox is not None:
             sandbox.close()
     console.print(f"[green]ok[/green] {env_id} passed check_env in {time.perf_counter() - started:.2f} s")
+
+
+@app.command("export")
+def export(
+    env_id: str = typer.Argument(
+        ..., help="an environment that samples its own tasks, e.g. stare_agents/ArithmeticTIR-v0"
+    ),
+    out: str = typer.Option(..., help="JSONL file to write: one {id, problem, answer} per line"),
+    first_seed: int = typer.Option(
+        1_000_000, "--first-seed", help="task i is the one reset(seed=first_seed + i) draws"
+    ),
+    count: int = typer.Option(48, help="how many tasks"),
+    env_kwargs: str = typer.Option("{}", "--env-kwargs", help="JSON keyword arguments for the environment"),
+) -> None:
+    """Write an environment's seeded tasks as a benchmark file (`stare-agents eval --benchmark FILE`).
+
+    The default seeds are the trainer's held-out evaluation tasks (`env.eval_seed` = 1,000,000)."""
+    import json
+
+    import gymnasium as gym
+
+    import stare_agents.envs  # noqa: F401  (registers the ids)
+
+    if count < 1:
+        raise typer.BadParameter(f"count must be >= 1, got {count}")
+    kwargs = json.loads(env_kwargs)
+    env = gym.make(env_id, **kwargs)
+    rows = []
+    try:
+        for i in range(count):
+            env.reset(seed=first_seed + i)  # the task is drawn at reset; no tool runs
+            task = env.unwrapped.task
+            rows.append({"id": task.id, "problem": task.problem, "answer": task.answer})
+    finally:
+        env.close()
+    with open(out, "w", encoding="utf-8") as handle:
+        for row in rows:
+            handle.write(json.dumps(row) + "\n")
+    console.print(
+        f"wrote {len(rows)} tasks of {env_id} (seeds {first_seed}..{first_seed + count - 1}) to {out}"
+    )

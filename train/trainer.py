@@ -46,6 +46,7 @@ logger = logging.getLogger("stare_agents.train")
 
 PROGRESS_FILE = "progress.json"
 SFT_MODEL = "sft_model"
+FINAL_MODEL = "final_model"  # the trained policy as a Hugging Face folder, in each RL run's folder
 
 
 # -- the run folder -----------------------------------------------------------------------------------------------
@@ -365,12 +366,7 @@ class Trainer:
             with open(self.folder / "metrics.jsonl", "a", encoding="utf-8") as handle:
                 handle.write(json.dumps(record) + "\n")
             logger.info("SFT epoch %d: loss %.4f", record["epoch"], record["loss"])
-        tmp = out.with_name(out.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        sft.model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        shutil.rmtree(out, ignore_errors=True)
-        tmp.rename(out)
+        save_hf_model(sft.model, base_dir, out)
         self._timed("sft", time.perf_counter() - started)
         self.progress["sft_done"] = True
         self.progress["sft_traces"] = len(traces)
@@ -458,6 +454,14 @@ class Trainer:
                     )
                     prune_checkpoints(folder, c.checkpoint.keep_last)
                     self._timed("checkpoint", time.perf_counter() - started)
+            started = time.perf_counter()
+            model = (
+                learner.model
+                if isinstance(learner, Learner)
+                else _loaded(start_dir, learner.model_state_dict())
+            )
+            save_hf_model(model, start_dir, folder / FINAL_MODEL)  # for `stare-agents eval --model`
+            self._timed("save_model", time.perf_counter() - started)
             self.progress[f"{key}_done"] = True
             self.progress.setdefault("rl_logs", {})[key] = str(log.path)
             self._save_progress()
@@ -600,6 +604,27 @@ class Trainer:
         (self.folder / "summary.json").write_text(json.dumps(summary, indent=2))
         plot_run(self.folder, summary, compare)
         return summary
+
+
+def save_hf_model(model: Any, tokenizer_dir: Path, out: Path) -> Path:
+    """Save a model (and the tokenizer of `tokenizer_dir`) as a Hugging Face folder, atomically."""
+    from transformers import AutoTokenizer
+
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(tmp)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
+
+
+def _loaded(model_dir: Path, state_dict: dict[str, torch.Tensor]) -> Any:
+    from stare_agents.train.policy import load_causal_lm
+
+    model = load_causal_lm(model_dir)
+    model.load_state_dict(state_dict)
+    return model
 
 
 def plot_run(folder: Path, summary: dict[str, Any], compare: str | None = None) -> Path:

@@ -283,6 +283,19 @@ PROTOCOLS: dict[str, Protocol] = {
 }
 
 
+# The default job's task family: `stare-agents envs export stare_agents/ArithmeticTIR-v0 --out FILE` writes
+# its held-out tasks as a benchmark file; this protocol runs them with the environment the model trained in.
+PROTOCOLS["arith"] = Protocol(
+    name="arith",
+    env_id="stare_agents/ArithmeticTIR-v0",
+    env_kwargs={"stateless": True},
+    max_tokens_per_turn=160,
+    max_total_tokens=400,
+    description="ArithmeticTIR-v0 (the default job's environment and prompt): 3 turns, stateless Python, "
+    "exact integer grading",
+)
+
+
 def get_protocol(name: str) -> Protocol:
     if name not in PROTOCOLS:
         raise ValueError(f"unknown protocol {name!r}; choose one of {sorted(PROTOCOLS)}")

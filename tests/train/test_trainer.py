@@ -48,6 +48,7 @@ def test_tiny_run_writes_every_output(tmp_path):
     assert json.loads((folder / "summary.json").read_text()) == summary
     assert (folder / "training.png").stat().st_size > 0 and any((folder / "tensorboard").iterdir())
     assert (folder / "sft_model" / "config.json").exists() and (folder / "config.yaml").exists()
+    assert (folder / "final_model" / "model.safetensors").exists()
     records = read_records(folder / "metrics.jsonl", "rl")
     assert [r["step"] for r in records] == [0, 1]
     for record in records:
