@@ -249,25 +249,41 @@ def docker_exec_per_call(image: str, limits: DockerLimits, calls: int) -> dict[s
 
 
 def compare(args, limits: DockerLimits, runtimes: list[str]) -> dict[str, dict]:
-    """Pool start, print(1) latency and session churn for before/after x runtimes."""
+    """Pool start, print(1) latency and session churn for before/after x runtimes, `args.rounds` times,
+    the variants interleaved within each round (so that load from elsewhere hits them alike)."""
     before_cls, sha = load_before(args.before)
-    rows: dict[str, dict] = {}
-    for runtime in runtimes:
-        for code in ("before", "after"):
-            if code == "before":
-                sandbox = make_before(before_cls, runtime, args.pool_size, args.image, limits)
-            else:
-                sandbox = DockerSandbox(
-                    pool_size=args.pool_size, image=args.image, limits=limits, runtime=runtime
-                )
-            name = f"{code} ({sha if code == 'before' else 'now'}), {runtime}"
-            console.print(f"measuring {name}")
-            with sandbox:
-                row = {"start_s": sandbox._pool.start_seconds}
-                row.update(session_latency(sandbox, args.calls))
-                row.update(session_churn(sandbox, args.seconds))
-            rows[name] = row
-    return rows
+    rounds: dict[str, list[dict]] = {}
+    for round_index in range(args.rounds):
+        for runtime in runtimes:
+            for code in ("before", "after"):
+                if code == "before":
+                    sandbox = make_before(before_cls, runtime, args.pool_size, args.image, limits)
+                else:
+                    sandbox = DockerSandbox(
+                        pool_size=args.pool_size, image=args.image, limits=limits, runtime=runtime
+                    )
+                name = f"{code} ({sha if code == 'before' else 'now'}), {runtime}"
+                console.print(f"round {round_index + 1}/{args.rounds}: {name}")
+                with sandbox:
+                    row = {"start_s": sandbox._pool.start_seconds}
+                    row.update(session_latency(sandbox, args.calls))
+                    row.update(session_churn(sandbox, args.seconds))
+                rounds.setdefault(name, []).append(row)
+    return {
+        name: {
+            **{key: statistics.median(r[key] for r in rows) for key in rows[0]},
+            "rounds": rows,
+        }
+        for name, rows in rounds.items()
+    }
+
+
+def _spread(rows: list[dict], key: str, digits: int) -> str:
+    values = sorted(r[key] for r in rows)
+    median = statistics.median(values)
+    if len(values) == 1:
+        return f"{median:.{digits}f}"
+    return f"{median:.{digits}f} ({values[0]:.{digits}f}-{values[-1]:.{digits}f})"
 
 
 def main() -> None:
@@ -280,6 +296,7 @@ def main() -> None:
     parser.add_argument("--run-calls", type=int, default=10, help="calls for `docker run` per call")
     parser.add_argument("--exec-calls", type=int, default=30, help="calls for `docker exec` per call")
     parser.add_argument("--before", default=BEFORE, help="git commit of the 'before' code")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of the before/after comparison")
     parser.add_argument("--no-extras", action="store_true", help="only the before/after x runtime table")
     parser.add_argument("--image", default=DEFAULT_IMAGE)
     parser.add_argument("--json", help="also write the figures to this file")
@@ -291,14 +308,21 @@ def main() -> None:
     load = os.getloadavg()
     console.print(f"cores: {os.cpu_count()}, load {load[0]:.1f}, image: {args.image}, limits: {limits}")
     figures["compare"] = compare(args, limits, runtimes)
-    table = Table("pool of 4, print(1)", "start s", "p50 ms", "p99 ms", "churn sessions/s")
+    table = Table(
+        f"pool of {args.pool_size}; median (min-max) of {args.rounds} rounds",
+        "start s",
+        "print(1) p50 ms",
+        "print(1) p99 ms",
+        "churn sessions/s",
+    )
     for name, f in figures["compare"].items():
+        rows = f["rounds"]
         table.add_row(
             name,
-            f"{f['start_s']:.2f}",
-            f"{f['p50_ms']:.2f}",
-            f"{f['p99_ms']:.2f}",
-            f"{f['sessions_per_s']:.1f}",
+            _spread(rows, "start_s", 2),
+            _spread(rows, "p50_ms", 2),
+            _spread(rows, "p99_ms", 2),
+            _spread(rows, "sessions_per_s", 1),
         )
     console.print(table)
     figures["load_average"] = {"before": load[0], "after": os.getloadavg()[0]}
