@@ -8,7 +8,8 @@ sync, and SmolLM2 on ArithmeticTIR with the Docker sandbox — side by side in o
 2. Single-turn: the same engine generates, for each of those episodes, one request of exactly as many tokens
    as the episode's policy turns sampled (same prompts, `ignore_eos`), all at once. The ratio (1) / (2) is
    the share of the engine's plain throughput that the loop keeps (target >= 0.85).
-3. Wasted tokens: sampled by the engine but not in any trajectory (target 0).
+3. Wasted tokens: sampled by the engine but not in any trajectory (target 0). Also: the wall time of the
+   same environment work alone (every episode's turns replayed through fresh environments, no engine).
 4. Weight sync: the model's full state dict pushed to a Ray rollout worker (pack, ray.put, reload in vLLM,
    prefix-cache reset), median of `--syncs` pushes (target <= 2 s for SmolLM2 on this CPU).
 """
@@ -20,6 +21,31 @@ import asyncio
 import json
 import statistics
 import time
+
+
+def replay_environments(tasks, trajectories, sandbox) -> float:
+    """Wall time of the same environment work without the engine: every episode's policy turns (their text)
+    replayed through a fresh environment, all episodes at once on threads (as the agent loop runs them)."""
+    import concurrent.futures
+
+    from stare_agents.rollout import make_env
+
+    def replay(pair) -> None:
+        task, trajectory = pair
+        env = make_env(task, sandbox)
+        try:
+            env.reset(seed=task.seed, options=task.options)
+            for turn in trajectory.turns:
+                _, _, terminated, truncated, _ = env.step(turn.text)
+                if terminated or truncated:
+                    break
+        finally:
+            env.close()
+
+    started = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(len(tasks)) as pool:
+        list(pool.map(replay, zip(tasks, trajectories, strict=True)))
+    return time.perf_counter() - started
 
 
 def main() -> None:
@@ -58,6 +84,7 @@ def main() -> None:
         started = time.perf_counter()
         trajectories = collect(engine, tasks, config, sandbox=sandbox)
         multi_s = time.perf_counter() - started
+        env_alone_s = replay_environments(tasks, trajectories, sandbox)
     summary = summarize(trajectories, multi_s)
     action = summary["action_tokens"]
 
@@ -79,6 +106,7 @@ def main() -> None:
     figures.update(
         multi_turn_s=round(multi_s, 2),
         multi_turn_tok_s=round(action / multi_s, 1),
+        env_steps_alone_s=round(env_alone_s, 2),
         single_turn_s=round(single_s, 2),
         single_turn_tok_s=round(action / single_s, 1),
         loop_over_single_ratio=round(single_s / multi_s, 3),
