@@ -114,7 +114,7 @@ def _tiny_corpus() -> list[str]:
         "import math\nfrom sympy import isprime\nx = sum(i**2 for i in range({a}, {b}))\nprint(x)\n",
         "def solve(n):\n    return n * (n + 1) // 2\n\nresult = solve({a})\nprint(result)\n",
         "Let me compute {a} + {b} = {c}. Wait, let me check that again with Python.",
-        "<tool_call>\n{{\"name\": \"python\", \"arguments\": {{\"code\": \"print({a})\"}}}}\n</tool_call>",
+        '<tool_call>\n{{"name": "python", "arguments": {{"code": "print({a})"}}}}\n</tool_call>',
         "Traceback (most recent call last):\n  File \"<stdin>\", line 1\nNameError: name 'x' is not defined",
     ]
     for i in range(200):

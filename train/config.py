@@ -203,7 +203,8 @@ def build(cls: type, data: Any, where: str) -> Any:
     unknown = set(data) - known
     if unknown:
         raise ValueError(
-            f"unknown key(s) {sorted(unknown)} in {where or 'the config'}; known: {sorted(known)}"
+            f"unknown key(s) {sorted(unknown)} in {repr(where.rstrip('.')) if where else 'the config'}; "
+            f"known: {sorted(known)}"
         )
     kwargs = {name: _convert(hints[name], value, f"{where}{name}") for name, value in data.items()}
     return cls(**kwargs)
