@@ -75,7 +75,10 @@ class RolloutWorker:
         if spec.sandbox != "none":
             from stare_agents.sandbox import make_sandbox
 
-            self.sandbox = make_sandbox(spec.sandbox, pool_size=spec.sandbox_pool_size, **spec.sandbox_kwargs)
+            # episodes beyond the pool wait for an interpreter as long as it takes (the batch moves on as
+            # episodes end); a finite lease timeout would turn a busy pool into tool failures
+            kwargs = {"lease_timeout_s": None, **spec.sandbox_kwargs}
+            self.sandbox = make_sandbox(spec.sandbox, pool_size=spec.sandbox_pool_size, **kwargs)
             self.sandbox.start()
         self._done = 0
         self._lock = threading.Lock()
