@@ -62,6 +62,7 @@ def main() -> None:
     parser.add_argument(
         "--env-kwargs", default="{}", help='JSON for the environment, e.g. {"stateless": true}'
     )
+    parser.add_argument("--multiprocess", action="store_true", help="vLLM's engine core in its own process")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
 
@@ -71,7 +72,9 @@ def main() -> None:
     from stare_agents.sandbox import make_sandbox
 
     model = str(prepare_model(args.model))
-    engine = make_engine("vllm", model, dtype=args.dtype, max_model_len=2048, kv_cache_gib=2)
+    engine = make_engine(
+        "vllm", model, dtype=args.dtype, max_model_len=2048, kv_cache_gib=2, multiprocess=args.multiprocess
+    )
     config = RolloutConfig(
         temperature=1.0, max_tokens_per_turn=args.max_tokens_per_turn, max_total_tokens=args.max_total_tokens
     )
@@ -129,7 +132,14 @@ def main() -> None:
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     state = AutoModelForCausalLM.from_pretrained(model).state_dict()
-    spec = WorkerSpec(model=model, dtype=args.dtype, max_model_len=2048, kv_cache_gib=1, sandbox="none")
+    spec = WorkerSpec(
+        model=model,
+        dtype=args.dtype,
+        max_model_len=2048,
+        kv_cache_gib=1,
+        sandbox="none",
+        multiprocess=args.multiprocess,
+    )
     with RolloutWorkerGroup(spec, 1) as group:
         syncs = []
         for _ in range(args.syncs):

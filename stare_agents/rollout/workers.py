@@ -42,6 +42,7 @@ class WorkerSpec:
     sandbox_pool_size: warm interpreters (episodes holding a stateful session at once; others wait);
     sandbox_kwargs: e.g. {"runtime": "runsc"}. num_cpus / num_gpus: Ray resources per worker.
     imports: modules to import in the worker first (to register your own environments).
+    multiprocess: vLLM's engine core in a process of its own (None: VLLMEngine's default).
     """
 
     model: str
@@ -57,6 +58,7 @@ class WorkerSpec:
     num_gpus: float = 0.0
     imports: list[str] = field(default_factory=list)
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    multiprocess: bool | None = None  # vLLM's engine core in its own process (see VLLMEngine)
 
 
 class RolloutWorker:
@@ -69,7 +71,11 @@ class RolloutWorker:
         self.index = index
         kwargs = dict(dtype=spec.dtype, seed=spec.seed + index, max_model_len=spec.max_model_len)
         if spec.engine == "vllm":
-            kwargs.update(kv_cache_gib=spec.kv_cache_gib, engine_kwargs=spec.engine_kwargs)
+            kwargs.update(
+                kv_cache_gib=spec.kv_cache_gib,
+                engine_kwargs=spec.engine_kwargs,
+                multiprocess=spec.multiprocess,
+            )
         self.engine = make_engine(spec.engine, spec.model, **kwargs)
         self.sandbox = None
         if spec.sandbox != "none":
@@ -239,7 +245,6 @@ class RolloutWorkerGroup:
 
     def _start(self, index: int) -> Any:
         env_vars = {
-            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
             "TOKENIZERS_PARALLELISM": "false",
             "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"),
         }

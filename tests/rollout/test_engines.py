@@ -135,3 +135,20 @@ def test_vllm_per_request_seeds_reproduce_whatever_the_batch(vllm_engine, tiny_m
     assert alone[0].token_ids == together[2].token_ids
     assert reordered[0].token_ids == together[3].token_ids and reordered[1].token_ids == together[0].token_ids
     assert together[0].token_ids != together[1].token_ids
+
+
+def test_vllm_multiprocess_engine_syncs_weights_through_a_file(vllm_engine, tiny_model, toolcaller_model):
+    """The engine core in its own process: weights go through a safetensors file in shared memory."""
+    engine = make_engine("vllm", str(tiny_model), dtype="float32", max_model_len=512, kv_cache_gib=1, multiprocess=True)
+    try:
+        assert engine.multiprocess and not vllm_engine.multiprocess
+        assert load_weights(engine, toolcaller_model) == 1
+        prompt = chat_prompt(engine.tokenizer, "What is 6 times 7?")
+        greedy = asyncio.run(engine.generate(prompt, SamplingParams(0.0, max_tokens=40), StopOnToolCall()))
+        assert engine.tokenizer.decode(greedy.token_ids) == CODE_TURN
+        sampled = asyncio.run(engine.generate(prompt, SamplingParams(temperature=1.0, max_tokens=16)))
+        expected = reference_logprobs(toolcaller_model, prompt + sampled.token_ids, len(prompt))
+        assert torch.allclose(torch.tensor(sampled.logprobs), expected, atol=2e-3)
+    finally:
+        engine.close()
+    assert engine._weights_dir is not None and not engine._weights_dir.exists()  # the shared-memory copy is gone
