@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from rollout.conftest import train_toolcaller, vllm_available
+from rollout_support import train_toolcaller, vllm_available
 from support import require
 
 from stare_agents.eval.harness import EvalConfig, RolloutRunner, evaluate

@@ -6,7 +6,7 @@ import asyncio
 
 import gymnasium as gym
 import pytest
-from conftest import ANSWER_TURN, CODE_TURN, load_weights
+from rollout_support import ANSWER_TURN, CODE_TURN, load_weights
 
 from stare_agents.envs.parsing import message
 from stare_agents.rollout import RolloutConfig, RolloutTask, collect, collect_async
@@ -186,8 +186,13 @@ def test_smollm2_multi_turn_ids_equal_the_chat_template(smollm2_model):
     assert t.stop_reason == "token_budget" and t.num_turns >= 2
     conversation = [{"role": "user", "content": "Say anything."}]
     for turn in t.turns[:-1]:
-        conversation += [{"role": "assistant", "content": turn.text}, {"role": "user", "content": "Tell me more."}]
+        conversation += [
+            {"role": "assistant", "content": turn.text},
+            {"role": "user", "content": "Tell me more."},
+        ]
     rendered = tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
     last = t.turns[-1].num_tokens
     assert t.prompt_ids + t.response_ids[:-last] == encode(tokenizer, rendered)
-    assert t.action_mask[-last:] == [1] * last and sum(t.action_mask) == sum(turn.num_tokens for turn in t.turns)
+    assert t.action_mask[-last:] == [1] * last and sum(t.action_mask) == sum(
+        turn.num_tokens for turn in t.turns
+    )

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 import torch
-from conftest import CODE_TURN, load_weights, reference_logprobs
+from rollout_support import CODE_TURN, load_weights, reference_logprobs
 
 from stare_agents.rollout import SamplingParams, StopOnToolCall, make_engine
 
@@ -127,7 +127,9 @@ def test_vllm_per_request_seeds_reproduce_whatever_the_batch(vllm_engine, tiny_m
     params = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=24)
 
     async def run(indices):
-        return await asyncio.gather(*(vllm_engine.generate(prompts[i], params, seed=1000 + i) for i in indices))
+        return await asyncio.gather(
+            *(vllm_engine.generate(prompts[i], params, seed=1000 + i) for i in indices)
+        )
 
     together = asyncio.run(run([0, 1, 2, 3]))
     alone = asyncio.run(run([2]))
@@ -139,7 +141,9 @@ def test_vllm_per_request_seeds_reproduce_whatever_the_batch(vllm_engine, tiny_m
 
 def test_vllm_multiprocess_engine_syncs_weights_through_a_file(vllm_engine, tiny_model, toolcaller_model):
     """The engine core in its own process: weights go through a safetensors file in shared memory."""
-    engine = make_engine("vllm", str(tiny_model), dtype="float32", max_model_len=512, kv_cache_gib=1, multiprocess=True)
+    engine = make_engine(
+        "vllm", str(tiny_model), dtype="float32", max_model_len=512, kv_cache_gib=1, multiprocess=True
+    )
     try:
         assert engine.multiprocess and not vllm_engine.multiprocess
         assert load_weights(engine, toolcaller_model) == 1
@@ -151,4 +155,6 @@ def test_vllm_multiprocess_engine_syncs_weights_through_a_file(vllm_engine, tiny
         assert torch.allclose(torch.tensor(sampled.logprobs), expected, atol=2e-3)
     finally:
         engine.close()
-    assert engine._weights_dir is not None and not engine._weights_dir.exists()  # the shared-memory copy is gone
+    assert (
+        engine._weights_dir is not None and not engine._weights_dir.exists()
+    )  # the shared-memory copy is gone

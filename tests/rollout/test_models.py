@@ -24,7 +24,9 @@ def test_tiny_is_deterministic_idempotent_and_loads(tmp_path, tiny_model):
     assert prepare_model("tiny", out=again) == again and (again / STAMP).stat().st_mtime_ns == stamp
     tokenizer = AutoTokenizer.from_pretrained(again)
     text = "Übung: ```python\nprint(6 * 7)\n```<|im_end|>"
-    assert tokenizer.decode(tokenizer(text, add_special_tokens=False)["input_ids"]) == text  # byte-level: any text
+    assert (
+        tokenizer.decode(tokenizer(text, add_special_tokens=False)["input_ids"]) == text
+    )  # byte-level: any text
     assert tokenizer.eos_token == "<|im_end|>" and "<|im_start|>" in tokenizer.chat_template
     config = AutoConfig.from_pretrained(again)
     assert (config.model_type, config.head_dim, config.vocab_size) == ("llama", 64, len(tokenizer))
@@ -53,13 +55,22 @@ def test_smollm2_wheel_errors_are_actionable(tmp_path, monkeypatch):
 def test_smollm2_is_a_real_model_and_a_corrupted_wheel_is_refused(smollm2_model, tmp_path, monkeypatch):
     config = AutoConfig.from_pretrained(smollm2_model)
     assert getattr(config, "quantization_config", None) is None
-    assert (config.model_type, config.num_hidden_layers, config.hidden_size, config.vocab_size) == ("llama", 30, 576, 49152)
+    assert (config.model_type, config.num_hidden_layers, config.hidden_size, config.vocab_size) == (
+        "llama",
+        30,
+        576,
+        49152,
+    )
     engine = make_engine("hf", str(smollm2_model))
     tokenizer = engine.tokenizer
     text = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "What is the capital of France?"}], tokenize=False, add_generation_prompt=True
+        [{"role": "user", "content": "What is the capital of France?"}],
+        tokenize=False,
+        add_generation_prompt=True,
     )
-    answer = engine.generate_sync(tokenizer(text, add_special_tokens=False)["input_ids"], SamplingParams(0.0, max_tokens=24))
+    answer = engine.generate_sync(
+        tokenizer(text, add_special_tokens=False)["input_ids"], SamplingParams(0.0, max_tokens=24)
+    )
     assert "Paris" in tokenizer.decode(answer.token_ids)  # a pretrained model, not random weights
     engine.close()
     from stare_agents.models import SMOLLM2_WHEEL, cache_dir

@@ -9,7 +9,7 @@ import time
 
 import pytest
 import torch
-from conftest import CODE_TURN, vllm_available
+from rollout_support import CODE_TURN, vllm_available
 from support import require
 
 from stare_agents.rollout import RolloutConfig, RolloutTask, RolloutWorkerGroup, WorkerSpec
