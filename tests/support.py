@@ -40,3 +40,14 @@ def shared_data(relative: str) -> Path:
         ci_required=False,
     )
     return path
+
+
+def docker_sandbox(pool_size: int):
+    """A DockerSandbox (started by `with`), or a skip (locally) / failure (CI=true) when no engine or image is there.
+
+    Use it as a context manager: `with docker_sandbox(4) as sandbox: ...`."""
+    from stare_agents.sandbox import DockerSandbox, docker_status
+
+    available, reason = docker_status()
+    require(available, "Docker sandbox", reason)
+    return DockerSandbox(pool_size)  # started by `with`

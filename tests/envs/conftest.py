@@ -20,17 +20,11 @@ def local_sandbox():
 
 @pytest.fixture(scope="session")
 def docker_sandbox():
-    """A DockerSandbox; skips locally (fails in CI) when no engine or image is available."""
-    from support import require
+    """A DockerSandbox; skips locally (fails in CI) without an engine and image."""
+    from support import docker_sandbox as started
 
-    from stare_agents.sandbox import DockerSandbox, docker_status
-
-    available, reason = docker_status()
-    require(available, "Docker sandbox", reason)
-    sandbox = DockerSandbox(2)
-    sandbox.start()
-    yield sandbox
-    sandbox.close()
+    with started(2) as sandbox:
+        yield sandbox
 
 
 @pytest.fixture(scope="session")

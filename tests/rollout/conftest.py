@@ -37,16 +37,10 @@ def vllm_engine(tiny_model: Path):
 @pytest.fixture(scope="session")
 def docker_sandbox():
     """A DockerSandbox for the rollout tests; skips locally (fails in CI) without an engine and image."""
-    from support import require
+    from support import docker_sandbox as started
 
-    from stare_agents.sandbox import DockerSandbox, docker_status
-
-    available, reason = docker_status()
-    require(available, "Docker sandbox", reason)
-    sandbox = DockerSandbox(4)
-    sandbox.start()
-    yield sandbox
-    sandbox.close()
+    with started(4) as sandbox:
+        yield sandbox
 
 
 @pytest.fixture(scope="session")
