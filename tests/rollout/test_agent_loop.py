@@ -196,3 +196,15 @@ def test_smollm2_multi_turn_ids_equal_the_chat_template(smollm2_model):
     assert t.action_mask[-last:] == [1] * last and sum(t.action_mask) == sum(
         turn.num_tokens for turn in t.turns
     )
+
+
+def test_an_engine_that_fails_is_recorded_per_episode(tiny_model):
+    """A shut-down engine (what a crashed or closed engine looks like to its callers): every episode ends with
+    stop reason engine_error and the error's text; nothing raises out of collect."""
+    from stare_agents.rollout import make_engine
+
+    engine = make_engine("hf", str(tiny_model))
+    engine.close()
+    results = collect(engine, [RolloutTask("tests/Scripted-v0")] * 3, RolloutConfig(max_tokens_per_turn=8))
+    assert [t.stop_reason for t in results] == ["engine_error"] * 3
+    assert all(t.failed and t.error and t.prompt_ids and not t.response_ids for t in results)
