@@ -90,6 +90,21 @@ class RLSection:
     learner_gpus_per_worker: float = 0.0  # GPU cluster: 1
     fsdp: bool = False  # shard the learner's model over its GPU workers (models that do not fit one GPU)
     drop_void_turns: bool = False  # SimpleTIR: trajectories with a void turn are left out of the loss
+    # dynamic sampling (DAPO): draw up to this many batches of prompts per step until prompts_per_step groups
+    # have reward variance; 1: filter only (a step may train on fewer groups)
+    sampling_rounds: int = 1
+
+    def __post_init__(self) -> None:
+        if (
+            self.steps < 0
+            or self.prompts_per_step < 1
+            or self.samples_per_prompt < 1
+            or self.sampling_rounds < 1
+        ):
+            raise ValueError(
+                f"need rl.steps >= 0 and rl.prompts_per_step, rl.samples_per_prompt, rl.sampling_rounds >= 1; got "
+                f"{self.steps}, {self.prompts_per_step}, {self.samples_per_prompt}, {self.sampling_rounds}"
+            )
 
 
 @dataclass

@@ -374,10 +374,11 @@ class Trainer:
         self._save_progress()
 
     # ---- RL ----
-    def training_tasks(self, step: int) -> list[RolloutTask]:
-        """The step's prompts x samples; task i of the run is reset with env.train_seed + i (data position)."""
+    def training_tasks(self, position: int) -> list[RolloutTask]:
+        """`rl.prompts_per_step` prompts x samples from the data position: training prompt i of the run is
+        the task `reset(seed=env.train_seed + i)` draws. Without refills, step s starts at s * prompts_per_step."""
         c = self.config
-        first = c.env.train_seed + step * c.rl.prompts_per_step
+        first = c.env.train_seed + position
         return [
             RolloutTask(
                 c.env.id,
@@ -413,11 +414,13 @@ class Trainer:
         folder.mkdir(parents=True, exist_ok=True)
         learner = self.make_learner(start_dir, algorithm)
         start, version = 0, None
+        self.data_position = 0  # prompts drawn so far (refills of dynamic sampling draw more than one batch)
         latest = latest_checkpoint(folder) if self.resume else None
         if latest is not None:
             state = load_checkpoint(latest)
             learner.load_state_dict(state["learner"])  # model, optimiser, schedule, gate, RNG states
             start, version = int(state["next_step"]), int(state["weight_version"])
+            self.data_position = int(state["data_position"])
             logger.info("resuming %s from %s (step %d)", key, latest, start)
         self._sync(
             learner, version
@@ -447,7 +450,8 @@ class Trainer:
                     started = time.perf_counter()
                     save_checkpoint(
                         {
-                            "next_step": step + 1,  # the data position: step s trains on tasks of step s
+                            "next_step": step + 1,
+                            "data_position": self.data_position,
                             "learner": learner.state_dict(),
                             "weight_version": self.workers.weight_version,
                         },
@@ -491,29 +495,44 @@ class Trainer:
         assert self.workers is not None
         seconds: dict[str, float] = {}
 
-        started = time.perf_counter()
-        trajectories = self.workers.collect(self.training_tasks(step), rollout_config)
-        seconds["rollout"] = time.perf_counter() - started
-
-        started = time.perf_counter()
-        usable = [t for t in trajectories if not t.failed]
-        if c.rl.drop_void_turns:  # SimpleTIR: trajectories with a void turn leave the loss
-            usable = [t for t in usable if t.stop_reason != "void_turn" and not t.info.get("void_turns")]
+        # rollout and advantages; with dynamic sampling, up to rl.sampling_rounds batches of prompts are drawn
+        # until rl.prompts_per_step groups have reward variance (DAPO), and the step trains on at most that many
+        trajectories: list[Trajectory] = []
         kept: list[Trajectory] = []
-        advantages = torch.zeros(0)
-        dropped_groups = num_groups = 0
-        if usable:
-            result = compute_advantages(
-                torch.tensor([t.reward for t in usable]),
-                [t.group_id for t in usable],
-                algorithm,
-                response_lengths=torch.tensor([float(len(t.response_ids)) for t in usable]),
-                max_response_length=c.rollout.max_total_tokens,
-            )
-            kept = result.kept(usable)
-            advantages = result.advantages[result.keep]
-            dropped_groups, num_groups = result.dropped_groups, result.num_groups
-        seconds["advantages"] = time.perf_counter() - started
+        kept_advantages: list[torch.Tensor] = []
+        dropped_groups = num_groups = rounds = 0
+        seconds["rollout"] = seconds["advantages"] = 0.0
+        while rounds < c.rl.sampling_rounds and len({t.group_id for t in kept}) < c.rl.prompts_per_step:
+            started = time.perf_counter()
+            batch_trajectories = self.workers.collect(self.training_tasks(self.data_position), rollout_config)
+            self.data_position += c.rl.prompts_per_step
+            rounds += 1
+            seconds["rollout"] += time.perf_counter() - started
+            started = time.perf_counter()
+            trajectories += batch_trajectories
+            usable = [t for t in batch_trajectories if not t.failed]
+            if c.rl.drop_void_turns:  # SimpleTIR: trajectories with a void turn leave the loss
+                usable = [t for t in usable if t.stop_reason != "void_turn" and not t.info.get("void_turns")]
+            if usable:
+                result = compute_advantages(
+                    torch.tensor([t.reward for t in usable]),
+                    [t.group_id for t in usable],
+                    algorithm,
+                    response_lengths=torch.tensor([float(len(t.response_ids)) for t in usable]),
+                    max_response_length=c.rollout.max_total_tokens,
+                )
+                kept += result.kept(usable)
+                kept_advantages.append(result.advantages[result.keep])
+                dropped_groups += result.dropped_groups
+                num_groups += result.num_groups
+            seconds["advantages"] += time.perf_counter() - started
+            if not algorithm.dynamic_sampling:
+                break  # nothing is dropped, so nothing needs refilling
+        advantages = torch.cat(kept_advantages) if kept_advantages else torch.zeros(0)
+        groups = list(dict.fromkeys(t.group_id for t in kept))[: c.rl.prompts_per_step]
+        if len(groups) < len({t.group_id for t in kept}):  # a refill overshot: train on the first groups
+            chosen = [i for i, t in enumerate(kept) if t.group_id in set(groups)]
+            kept, advantages = [kept[i] for i in chosen], advantages[chosen]
 
         started = time.perf_counter()
         if kept:
@@ -554,6 +573,8 @@ class Trainer:
                 "rollout/tokens_per_s": summary.get("action_tokens_per_s", 0.0),
                 "rollout/wasted_tokens": summary["wasted_tokens"],
                 "data/kept_trajectories": len(kept),
+                "data/sampling_rounds": rounds,
+                "data/position": self.data_position,
                 "data/dropped_groups": dropped_groups,
                 "data/groups": num_groups,
                 "stop_reasons": summary["stop_reasons"],

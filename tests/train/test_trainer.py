@@ -111,3 +111,25 @@ def test_compare_trains_the_second_algorithm_from_the_same_sft_model(tmp_path):
     ] * 2
     assert all(r["stare/gate_on"] == 0.0 for r in grpo)  # GRPO-ds never reweights
     assert summary["compare"]["entropy_final"] == grpo[-1]["learner/entropy"]
+
+
+def test_dynamic_sampling_refills_from_the_next_prompts(tmp_path):
+    """One sample per prompt: no group has reward variance, so every round is dropped and the step draws
+    rl.sampling_rounds batches of prompts (the data position moves on by all of them) and trains on nothing."""
+    import coin_env  # noqa: F401
+
+    dynamic = ["rl.algorithm_overrides.dynamic_sampling=true", "rl.sampling_rounds=3", "rl.steps=2"]
+    train(tiny(tmp_path / "none", *COIN, *dynamic, "rl.samples_per_prompt=1"))
+    records = read_records(tmp_path / "none" / "metrics.jsonl", "rl")
+    assert [
+        (r["data/sampling_rounds"], r["data/position"], r["data/kept_trajectories"]) for r in records
+    ] == [
+        (3, 6, 0),
+        (3, 12, 0),
+    ]
+    assert all(math.isnan(r["learner/entropy"]) for r in records)  # no update without a kept group
+    # four samples per prompt: groups with variance come quickly; at most prompts_per_step (2) are trained on
+    train(tiny(tmp_path / "some", *COIN, *dynamic))
+    for record in read_records(tmp_path / "some" / "metrics.jsonl", "rl"):
+        assert 1 <= record["data/sampling_rounds"] <= 3 and record["data/kept_trajectories"] <= 8
+        assert record["data/position"] % 2 == 0

@@ -66,6 +66,8 @@ def test_overrides_are_typed_and_unknown_keys_are_refused():
         load_config(recipe="tiny", overrides=["rl.stepz=3"])
     with pytest.raises(ValueError, match="expected int"):
         load_config(recipe="tiny", overrides=["rl.steps=many"])
+    with pytest.raises(ValueError, match="sampling_rounds"):
+        load_config(recipe="tiny", overrides=["rl.sampling_rounds=0"])
     with pytest.raises(ValueError, match="key=value"):
         load_config(recipe="tiny", overrides=["rl.steps"])
     with pytest.raises(ValueError, match="has no field"):
@@ -92,7 +94,7 @@ def test_trainer_reads_the_task_and_sampling_fields(tmp_path):
         ],
     )
     trainer = Trainer(config)
-    tasks = trainer.training_tasks(step=2)  # data position: prompts 106, 107, 108
+    tasks = trainer.training_tasks(position=6)  # prompts 6, 7, 8 of the run: seeds 106, 107, 108
     assert [(t.seed, t.sample_index) for t in tasks] == [
         (106, 0),
         (106, 1),
