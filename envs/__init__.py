@@ -47,7 +47,7 @@ from stare_agents.envs.parsing import (
 )
 from stare_agents.envs.python_unittest import PythonUnitTestEnv
 from stare_agents.envs.registration import ENVIRONMENTS, register_envs
-from stare_agents.envs.tasks import Task, TaskDataset, load_rows
+from stare_agents.envs.tasks import Task, TaskDataset, load_rows, unique_tasks
 from stare_agents.envs.tools import PythonTool, Tool, ToolLike, ToolOutput, shared_sandbox
 
 register_envs()
@@ -92,4 +92,5 @@ __all__ = [
     "register_envs",
     "shared_sandbox",
     "truncate_middle",
+    "unique_tasks",
 ]

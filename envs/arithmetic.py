@@ -5,8 +5,14 @@ Offline, unlimited and seeded: `reset(seed=s)` always yields the same task. Five
 * multiply: the product of two `digits`-digit numbers (default 15 digits each);
 * modpow: a^b mod m with a 12-digit exponent;
 * range_sum: the sum of i^k over i in [lo, hi] with i = r (mod d), for a range of ~10^5..10^6 numbers;
-* digit_sum_factorial: the sum of the decimal digits of n!, n in [150, 600];
+* digit_sum_factorial: the sum of the decimal digits of n!, n in [150, 1500] (1500! has 4,115 digits, under Python's 4,300-digit str() limit);
 * count_primes: the number of primes in [lo, hi] with hi up to 2*10^6.
+
+**Held-out problems.** Every problem belongs to one of two splits, decided by a hash of its text (the same on
+every machine): one problem in `HELDOUT_SHARE` (16) of every kind is held out. `split="train"` (the default)
+never draws a held-out problem and `split="heldout"` draws only held-out ones, so evaluation is disjoint from
+anything training can draw by problem, not by seed. `ArithmeticTIREnv.task_space()` gives the size of each
+kind's problem space (its held-out part is about 1/16 of it).
 
 The reward is exact integer equality with the last `\\boxed{}` (commas and spaces inside it are ignored);
 no math-verify needed, which keeps this environment's scoring instant.
@@ -17,7 +23,10 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-from typing import Any, ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar, Literal
+
+import numpy as np
 
 from stare_agents.envs.core import Score, ToolEnv, load_prompt
 from stare_agents.envs.grading import final_boxes, normalize_thousands
@@ -25,6 +34,16 @@ from stare_agents.envs.tasks import Task
 
 _INTEGER = re.compile(r"-?[0-9]+")
 KINDS: tuple[str, ...] = ("multiply", "modpow", "range_sum", "digit_sum_factorial", "count_primes")
+SPLITS: tuple[str, ...] = ("train", "heldout")
+HELDOUT_SHARE = 16  # one problem in 16 is held out
+MAX_DRAWS = 1000  # draws per task before giving up on a split ((15/16)^1000 ~ 1e-28 for the held-out one)
+Split = Literal["train", "heldout"]
+
+
+def is_heldout(problem: str) -> bool:
+    """Whether `problem` (its exact text) belongs to the held-out split."""
+    digest = hashlib.sha256(f"stare-agents/arithmetic-heldout/{problem}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % HELDOUT_SHARE == 0
 
 
 def _count_primes(lo: int, hi: int) -> int:
@@ -45,19 +64,34 @@ class ArithmeticTIREnv(ToolEnv):
     default_max_turns: ClassVar[int] = 3
     default_prompt_template: ClassVar[str] = load_prompt("arithmetic_tir")
 
-    def __init__(self, *, digits: int = 15, kinds: tuple[str, ...] = KINDS, **kwargs: Any) -> None:
+    def __init__(
+        self, *, digits: int = 15, kinds: tuple[str, ...] = KINDS, split: Split = "train", **kwargs: Any
+    ) -> None:
         unknown = set(kinds) - set(KINDS)
         if unknown or not kinds:
             raise ValueError(f"kinds must be a non-empty subset of {KINDS}, got {kinds!r}")
         if digits < 2:
             raise ValueError(f"digits must be >= 2, got {digits}")
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
         super().__init__(**kwargs)
         self.digits = digits
         self.kinds = tuple(kinds)
+        self.split = split
 
     def sample_task(self) -> Task:
+        """A task of a uniformly drawn kind, from this environment's split (draws until the split matches)."""
         rng = self.np_random
-        kind = self.kinds[int(rng.integers(len(self.kinds)))]
+        for _ in range(MAX_DRAWS):
+            kind = self.kinds[int(rng.integers(len(self.kinds)))]
+            problem, solve = self._draw(kind, rng)
+            if is_heldout(problem) == (self.split == "heldout"):
+                task_id = f"arith-{kind}-{hashlib.sha1(problem.encode()).hexdigest()[:10]}"
+                return Task(problem=problem, answer=str(solve()), id=task_id, data={"kind": kind})
+        raise RuntimeError(f"no {self.split} problem of kinds {self.kinds} in {MAX_DRAWS} draws")
+
+    def _draw(self, kind: str, rng: np.random.Generator) -> tuple[str, Callable[[], int]]:
+        """(problem text, a function computing its answer): the answer is computed only for kept draws."""
 
         def number(digits: int) -> int:
             rest = "".join(str(d) for d in rng.integers(0, 10, size=digits - 1))
@@ -65,13 +99,13 @@ class ArithmeticTIREnv(ToolEnv):
 
         if kind == "multiply":
             a, b = number(self.digits), number(self.digits)
-            problem, answer = f"Compute {a} \\times {b}.", a * b
-        elif kind == "modpow":
+            return f"Compute {a} \\times {b}.", lambda: a * b
+        if kind == "modpow":
             a = int(rng.integers(2, 10**6))
             b = int(rng.integers(10**11, 10**12))
             m = int(rng.integers(10**8, 10**9)) * 2 + 1
-            problem, answer = f"Compute {a}^{{{b}}} \\bmod {m}.", pow(a, b, m)
-        elif kind == "range_sum":
+            return f"Compute {a}^{{{b}}} \\bmod {m}.", lambda: pow(a, b, m)
+        if kind == "range_sum":
             lo = int(rng.integers(1, 10**5))
             hi = lo + int(rng.integers(10**5, 10**6))
             d = int(rng.integers(3, 13))
@@ -81,22 +115,30 @@ class ArithmeticTIREnv(ToolEnv):
                 f"Compute the sum of i^{k} over all integers i with {lo} \\le i \\le {hi} "
                 f"and i \\equiv {r} \\pmod{{{d}}}."
             )
-            answer = sum(i**k for i in range(lo + (r - lo) % d, hi + 1, d))
-        elif kind == "digit_sum_factorial":
-            n = int(rng.integers(150, 601))
-            problem, answer = (
+            return problem, lambda: sum(i**k for i in range(lo + (r - lo) % d, hi + 1, d))
+        if kind == "digit_sum_factorial":
+            n = int(rng.integers(150, 1501))
+            return (
                 f"What is the sum of the decimal digits of {n}!?",
-                sum(map(int, str(math.factorial(n)))),
+                lambda: sum(map(int, str(math.factorial(n)))),
             )
-        else:
-            hi = int(rng.integers(5 * 10**5, 2 * 10**6))
-            lo = int(rng.integers(1, hi // 2))
-            problem, answer = (
-                f"How many prime numbers p satisfy {lo} \\le p \\le {hi}?",
-                _count_primes(lo, hi),
-            )
-        task_id = f"arith-{kind}-{hashlib.sha1(problem.encode()).hexdigest()[:10]}"
-        return Task(problem=problem, answer=str(answer), id=task_id, data={"kind": kind})
+        hi = int(rng.integers(5 * 10**5, 2 * 10**6))
+        lo = int(rng.integers(1, hi // 2))
+        return f"How many prime numbers p satisfy {lo} \\le p \\le {hi}?", lambda: _count_primes(lo, hi)
+
+    @staticmethod
+    def task_space(digits: int = 15) -> dict[str, int]:
+        """The number of distinct problems of each kind (each parameter tuple has its own text); about
+        1/HELDOUT_SHARE of each is held out."""
+        # count_primes: hi in [5e5, 2e6), lo in [1, hi // 2): sum of (hi // 2 - 1) over hi
+        his = np.arange(5 * 10**5, 2 * 10**6, dtype=np.int64)
+        return {
+            "multiply": (9 * 10 ** (digits - 1)) ** 2,
+            "modpow": (10**6 - 2) * (10**12 - 10**11) * (10**9 - 10**8),
+            "range_sum": (10**5 - 1) * (10**6 - 10**5) * sum(range(3, 13)) * 2,
+            "digit_sum_factorial": 1501 - 150,
+            "count_primes": int((his // 2 - 1).sum()),
+        }
 
     def validate_task(self, task: Task) -> None:
         """The reference must be an integer (scoring compares integers exactly)."""

@@ -71,35 +71,38 @@ def export(
     ),
     out: str = typer.Option(..., help="JSONL file to write: one {id, problem, answer} per line"),
     first_seed: int = typer.Option(
-        1_000_000, "--first-seed", help="task i is the one reset(seed=first_seed + i) draws"
+        1_000_000, "--first-seed", help="tasks are drawn with reset(seed=first_seed + i), i = 0, 1, ..."
     ),
-    count: int = typer.Option(48, help="how many tasks"),
+    count: int = typer.Option(48, help="how many tasks (all with distinct problems)"),
+    split: str = typer.Option(
+        "heldout", help="heldout or train, for environments that take a split (ArithmeticTIR-v0)"
+    ),
     env_kwargs: str = typer.Option("{}", "--env-kwargs", help="JSON keyword arguments for the environment"),
 ) -> None:
     """Write an environment's seeded tasks as a benchmark file (`stare-agents eval --benchmark FILE`).
 
-    The default seeds are the trainer's held-out evaluation tasks (`env.eval_seed` = 1,000,000)."""
+    The defaults are the trainer's held-out evaluation tasks: the held-out split, seeds from `env.eval_seed`
+    (1,000,000), a seed whose problem an earlier seed drew skipped, so every id in the file is unique."""
     import json
 
     import gymnasium as gym
 
     import stare_agents.envs  # noqa: F401  (registers the ids)
+    from stare_agents.envs.registration import split_kwargs
+    from stare_agents.envs.tasks import unique_tasks
 
     if count < 1:
         raise typer.BadParameter(f"count must be >= 1, got {count}")
-    kwargs = json.loads(env_kwargs)
-    env = gym.make(env_id, **kwargs)
-    rows = []
+    if split not in ("heldout", "train"):
+        raise typer.BadParameter(f"split must be heldout or train, got {split!r}")
+    env = gym.make(env_id, **split_kwargs(env_id, json.loads(env_kwargs), split))
     try:
-        for i in range(count):
-            env.reset(seed=first_seed + i)  # the task is drawn at reset; no tool runs
-            task = env.unwrapped.task
-            rows.append({"id": task.id, "problem": task.problem, "answer": task.answer})
+        tasks = unique_tasks(env, count, first_seed=first_seed)
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from error
     finally:
         env.close()
     with open(out, "w", encoding="utf-8") as handle:
-        for row in rows:
-            handle.write(json.dumps(row) + "\n")
-    console.print(
-        f"wrote {len(rows)} tasks of {env_id} (seeds {first_seed}..{first_seed + count - 1}) to {out}"
-    )
+        for task in tasks:
+            handle.write(json.dumps({"id": task.id, "problem": task.problem, "answer": task.answer}) + "\n")
+    console.print(f"wrote {len(tasks)} distinct {split} tasks of {env_id} to {out}")

@@ -32,3 +32,24 @@ def register_envs() -> None:
     for env_id, (entry_point, _) in ENVIRONMENTS.items():
         if env_id not in gym.registry:
             gym.register(id=env_id, entry_point=entry_point)
+
+
+def env_class(env_id: str) -> type:
+    """The class (or creator) registered under `env_id`."""
+    entry_point = gym.spec(env_id).entry_point
+    return entry_point if callable(entry_point) else gym.envs.registration.load_env_creator(entry_point)
+
+
+def split_kwargs(env_id: str, kwargs: dict, split: str) -> dict:
+    """`kwargs` for drawing tasks of `split` ("train" or "heldout"): environments whose constructor takes a
+    `split` keyword (e.g. ArithmeticTIR-v0) get it, unless `kwargs` already sets one; others are returned as
+    they are (their held-out tasks come from seeds, or from a benchmark file)."""
+    import inspect
+
+    if "split" in kwargs:
+        return dict(kwargs)
+    try:
+        takes_split = "split" in inspect.signature(env_class(env_id)).parameters
+    except (TypeError, ValueError):
+        takes_split = False
+    return {**kwargs, "split": split} if takes_split else dict(kwargs)

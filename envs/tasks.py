@@ -173,3 +173,28 @@ def _load_hf(dataset_id: str, *, split: str, config: str | None) -> list[dict[st
             "Offline? Pass a local .jsonl/.parquet path instead, or pre-download the dataset into the HF cache."
         ) from error
     return [dict(row) for row in loaded]
+
+
+def unique_tasks(env: Any, count: int, *, first_seed: int, max_seeds: int | None = None) -> list[Task]:
+    """`count` tasks with distinct problems: the tasks `env.reset(seed=first_seed + i)` draws for i = 0, 1, ...,
+    skipping a seed whose problem an earlier seed already drew (no tool runs: tasks are drawn at reset).
+
+    Raises ValueError when `max_seeds` seeds (default 20 * count + 1000) give fewer than `count` distinct
+    problems: the environment's task space (or its split) is smaller than the request."""
+    if count < 1:
+        raise ValueError(f"count must be >= 1, got {count}")
+    limit = max_seeds if max_seeds is not None else 20 * count + 1000
+    tasks: list[Task] = []
+    seen: set[str] = set()
+    for seed in range(first_seed, first_seed + limit):
+        env.reset(seed=seed)
+        task = env.unwrapped.task
+        if task.problem not in seen:
+            seen.add(task.problem)
+            tasks.append(task)
+            if len(tasks) == count:
+                return tasks
+    raise ValueError(
+        f"only {len(tasks)} distinct problems in seeds {first_seed}..{first_seed + limit - 1}, {count} asked: "
+        "the environment's task space is smaller than that; ask for fewer tasks or widen the environment's kinds"
+    )

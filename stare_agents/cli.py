@@ -97,7 +97,18 @@ def train(
     table.add_column("figure")
     table.add_column("value", justify="right")
     for point, value in summary["accuracy"].items():
-        table.add_row(f"accuracy ({point}, {summary['eval_tasks']} held-out tasks)", f"{value:.3f}")
+        low, high = summary.get("accuracy_ci", {}).get(point, [None, None])
+        interval = f" [{low:.3f}, {high:.3f}]" if low is not None and high is not None else ""
+        tasks = summary.get("eval_tasks", {}).get(point, "?")
+        table.add_row(f"accuracy ({point}, {tasks} held-out tasks, 95% CI)", f"{value:.3f}{interval}")
+    compared = summary.get("compare") or {}
+    gains = [summary.get("rl_gain"), compared.get("rl_gain"), compared.get("difference")]
+    for gain in gains:
+        if gain and gain.get("value") is not None:
+            table.add_row(
+                f"{gain['of']} (paired, {gain['tasks']} tasks, 95% CI)",
+                f"{gain['value']:+.3f} [{gain['ci_low']:+.3f}, {gain['ci_high']:+.3f}]",
+            )
     for key in (
         "entropy_first",
         "entropy_final",

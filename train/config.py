@@ -109,10 +109,23 @@ class RLSection:
 
 @dataclass
 class EvalSection:
-    num_tasks: int = 64  # held-out tasks
-    every: int = 0  # evaluate every N RL steps (0: only before SFT, after SFT and at the end)
+    # held-out tasks (distinct problems; environments that take a `split` draw them from split="heldout" and
+    # train on split="train", so no training draw can be an evaluation problem)
+    num_tasks: int = 64
+    base_num_tasks: int | None = None  # held-out tasks for the base model (the first of them; None: num_tasks)
+    every: int = 0  # also evaluate every N RL steps (0: only before SFT, after SFT and at the end)
+    every_num_tasks: int | None = None  # held-out tasks for the evaluations during RL (None: num_tasks)
     temperature: float = 0.0  # 0: greedy accuracy
-    samples: int = 1  # samples per task (accuracy is their mean)
+    samples: int = 1  # samples per task (a task's score is their mean)
+    bootstrap: int = 2000  # resamples of the tasks for the 95% intervals (paired for differences)
+
+    def __post_init__(self) -> None:
+        sizes = (self.num_tasks, self.base_num_tasks or 1, self.every_num_tasks or 1, self.samples)
+        if min(sizes) < 1 or self.every < 0 or self.bootstrap < 0:
+            raise ValueError(
+                "need eval.num_tasks, eval.base_num_tasks, eval.every_num_tasks, eval.samples >= 1 and "
+                f"eval.every, eval.bootstrap >= 0; got {self}"
+            )
 
 
 @dataclass

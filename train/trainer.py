@@ -29,6 +29,9 @@ import numpy as np
 import torch
 
 from stare_agents.algo import AlgorithmConfig, compute_advantages
+from stare_agents.envs.registration import split_kwargs
+from stare_agents.envs.tasks import Task
+from stare_agents.eval.metrics import Estimate, estimate, paired_difference
 from stare_agents.rollout import RolloutConfig, RolloutTask, RolloutWorkerGroup, WorkerSpec
 from stare_agents.rollout.summary import summarize
 from stare_agents.train.checkpoint import checkpoint_path as checkpoint_file
@@ -172,6 +175,7 @@ class Trainer:
         self.started = time.perf_counter()
         self.previous_wall_s = float(self.progress.get("wall_time_s", 0.0))
         self.stage_seconds: dict[str, float] = dict(self.progress.get("stage_seconds", {}))
+        self._heldout: list[Task] | None = None
 
     # ---- bookkeeping ----
     def _load_progress(self) -> dict[str, Any]:
@@ -212,7 +216,7 @@ class Trainer:
         self.workers = self._start_workers(base_dir)
         try:
             if "base" not in self.progress.get("accuracy", {}):
-                self._record_accuracy("base")
+                self._record_accuracy("base", num_tasks=config.eval.base_num_tasks)
             rl_start = base_dir
             if config.sft.enabled:
                 rl_start = self.folder / SFT_MODEL
@@ -283,19 +287,39 @@ class Trainer:
         )
 
     # ---- evaluation ----
-    def evaluate(self) -> dict[str, Any]:
-        """Accuracy (and tool use) of the workers' current weights on the held-out tasks."""
+    def heldout_tasks(self, count: int) -> list[Task]:
+        """The first `count` held-out tasks: distinct problems, drawn from seeds `env.eval_seed`, ... of the
+        environment's held-out split when it has one (see `split_kwargs`); the same list for every point."""
+        c = self.config
+        needed = max(c.eval.num_tasks, c.eval.base_num_tasks or 0, c.eval.every_num_tasks or 0)
+        if self._heldout is None:
+            import gymnasium as gym
+
+            from stare_agents.envs.registration import split_kwargs
+            from stare_agents.envs.tasks import unique_tasks
+
+            env = gym.make(c.env.id, **split_kwargs(c.env.id, dict(c.env.kwargs), "heldout"))
+            try:
+                self._heldout = unique_tasks(env, needed, first_seed=c.env.eval_seed)
+            finally:
+                env.close()
+        return self._heldout[:count]
+
+    def evaluate(self, num_tasks: int | None = None) -> dict[str, Any]:
+        """Accuracy (and tool use) of the workers' current weights on the first `num_tasks` held-out tasks;
+        `per_task` maps each task id to its score (the mean correctness of its samples)."""
         c = self.config
         assert self.workers is not None
+        heldout = self.heldout_tasks(num_tasks or c.eval.num_tasks)
         tasks = [
             RolloutTask(
                 c.env.id,
-                seed=c.env.eval_seed + i,
+                options={**task.data, "problem": task.problem, "answer": task.answer, "id": task.id},
                 env_kwargs=dict(c.env.kwargs),
-                group_id=f"eval-{i}",
+                group_id=task.id,
                 sample_index=j,
             )
-            for i in range(c.eval.num_tasks)
+            for task in heldout
             for j in range(c.eval.samples)
         ]
         started = time.perf_counter()
@@ -304,16 +328,22 @@ class Trainer:
         )
         seconds = time.perf_counter() - started
         self._timed("eval", seconds)
-        return summarize(trajectories, seconds)
+        per_task: dict[str, float] = {task.id: 0.0 for task in heldout}
+        for trajectory in trajectories:  # a failed episode scores 0 here (it answered nothing)
+            per_task[trajectory.group_id] += float(bool(trajectory.correct)) / c.eval.samples
+        return {**summarize(trajectories, seconds), "tasks": len(heldout), "per_task": per_task}
 
-    def _record_accuracy(self, point: str, step: int | None = None) -> dict[str, Any]:
-        result = self.evaluate()
-        logger.info("accuracy (%s): %.3f", point, result["accuracy"])
-        self.progress.setdefault("accuracy", {})[point] = result["accuracy"]
+    def _record_accuracy(self, point: str, step: int | None = None, num_tasks: int | None = None) -> dict:
+        result = self.evaluate(num_tasks)
+        score = accuracy_estimate(result["per_task"], self.config.eval.bootstrap)
+        logger.info("accuracy (%s): %s on %d held-out tasks", point, score.format(), result["tasks"])
+        self.progress.setdefault("accuracy", {})[point] = score.value
         self.progress.setdefault("evaluations", {})[point] = result
         self._save_progress()
+        record = {k: v for k, v in result.items() if k != "per_task"}
+        record.update({"ci_low": score.ci_low, "ci_high": score.ci_high})
         with open(self.folder / "metrics.jsonl", "a", encoding="utf-8") as handle:
-            handle.write(json.dumps({"kind": "eval", "point": point, "step": step or 0, **result}) + "\n")
+            handle.write(json.dumps({"kind": "eval", "point": point, "step": step or 0, **record}) + "\n")
         return result
 
     # ---- SFT cold start ----
@@ -342,7 +372,7 @@ class Trainer:
                     seeds,
                     tokenizer,
                     eos_ids,
-                    env_kwargs=dict(c.env.kwargs),
+                    env_kwargs=split_kwargs(c.env.id, dict(c.env.kwargs), "train"),
                     sandbox=sandbox,
                     rendering=c.rollout.rendering,
                 )
@@ -383,7 +413,7 @@ class Trainer:
             RolloutTask(
                 c.env.id,
                 seed=first + i,
-                env_kwargs=dict(c.env.kwargs),
+                env_kwargs=split_kwargs(c.env.id, dict(c.env.kwargs), "train"),
                 group_id=f"{first + i}",
                 sample_index=j,
             )
@@ -436,8 +466,17 @@ class Trainer:
             for step in range(start, c.rl.steps):
                 record = self.rl_step(step, learner, algorithm, rollout_config)
                 if c.eval.every and (step + 1) % c.eval.every == 0 and step + 1 < c.rl.steps:
-                    result = self.evaluate()
-                    record["eval/accuracy"] = result["accuracy"]
+                    score = accuracy_estimate(
+                        self.evaluate(c.eval.every_num_tasks)["per_task"], c.eval.bootstrap
+                    )
+                    record.update(
+                        {
+                            "eval/accuracy": score.value,
+                            "eval/accuracy_ci_low": score.ci_low,
+                            "eval/accuracy_ci_high": score.ci_high,
+                            "eval/tasks": score.problems,
+                        }
+                    )
                 log.log(record)
                 if bar is not None:
                     bar.set_postfix(
@@ -484,6 +523,24 @@ class Trainer:
         seconds = time.perf_counter() - started
         self._timed("sync", seconds)
         return seconds
+
+    def _entropy_of_all(
+        self, learner: Any, trajectories: list[Trajectory], kept: list[Trajectory], algorithm: AlgorithmConfig
+    ) -> tuple[float, float]:
+        """(sum, count) of the current policy's entropy over the action tokens of every trajectory that ran.
+        With token-mean aggregation the kept ones are left out here (the learner's pre-update pass measures
+        them). (nan, 0) for a learner without `token_stats` (the data-parallel group)."""
+        if not hasattr(learner, "token_stats"):
+            return float("nan"), 0.0
+        token_mean = algorithm.loss.aggregation == "token-mean"
+        kept_ids = {id(t) for t in kept} if token_mean else set()
+        others = [t for t in trajectories if not t.failed and t.num_action_tokens and id(t) not in kept_ids]
+        if not others:
+            return 0.0, 0.0
+        batch = collate(others, pad_token_id=0)
+        stats = learner.token_stats(batch)
+        mask = batch.action_mask.to(stats.entropy.device).bool()
+        return float(stats.entropy[mask].sum()), float(mask.sum())
 
     def rl_step(
         self, step: int, learner: Any, algorithm: AlgorithmConfig, rollout_config: RolloutConfig
@@ -535,6 +592,7 @@ class Trainer:
             kept, advantages = [kept[i] for i in chosen], advantages[chosen]
 
         started = time.perf_counter()
+        entropy_all = self._entropy_of_all(learner, trajectories, kept, algorithm)  # before the update
         if kept:
             batch = collate(kept, pad_token_id=0)  # padding is masked out of attention and loss: any id works
             metrics = learner.step(batch, advantages)
@@ -556,8 +614,16 @@ class Trainer:
             for category, count in reflection_counts("".join(turn.text for turn in t.turns)).items():
                 reflections[category] = reflections.get(category, 0) + count
         record: dict[str, Any] = {"kind": "rl", "step": step, "algorithm": algorithm.name, **metrics}
+        if kept and algorithm.loss.aggregation == "token-mean":  # kept tokens' sum + the others' sum
+            kept_tokens = sum(t.num_action_tokens for t in kept)
+            total, count = entropy_all
+            entropy_all = (total + metrics["learner/entropy"] * kept_tokens, count + kept_tokens)
         record.update(
             {
+                # the entropy the gate sees is learner/entropy (the kept, filtered batch, as the official
+                # code has it); this one is over every trajectory that ran, so a step that keeps 4 of 32
+                # does not make the curve jump
+                "learner/entropy_all": entropy_all[0] / entropy_all[1] if entropy_all[1] else float("nan"),
                 "rollout/accuracy": summary["accuracy"],
                 "rollout/mean_reward": summary["mean_reward"],
                 "rollout/response_tokens": summary["mean_response_tokens"],
@@ -586,26 +652,34 @@ class Trainer:
 
     # ---- summary and plot ----
     def write_summary(self, compare: str | None) -> dict[str, Any]:
+        """summary.json (and training.png): each held-out accuracy with its 95% bootstrap interval, the RL
+        gain over the SFT model (base without SFT) with a paired interval, and the entropy figures."""
         c = self.config
         records = read_records(self.folder / "metrics.jsonl", "rl")
-        gate = [r["stare/gate_on"] for r in records if math.isfinite(r.get("stare/gate_on", float("nan")))]
-        entropies = [
-            r["learner/entropy"] for r in records if math.isfinite(r.get("learner/entropy", float("nan")))
-        ]
         algorithm = c.algorithm()
-        final_eval = self.progress.get("evaluations", {}).get("rl", {})
+        evaluations = self.progress.get("evaluations", {})
+        target = algorithm.stare.target_entropy if algorithm.stare is not None else None
+        figures = entropy_figures(records, target)
+        final_eval = evaluations.get("rl", {})
+        scores = {
+            point: accuracy_estimate(e["per_task"], c.eval.bootstrap) for point, e in evaluations.items()
+        }
+        start = "sft" if "sft" in evaluations else "base"
         summary: dict[str, Any] = {
             "name": c.name,
             "model": c.model.name,
             "environment": c.env.id,
             "algorithm": algorithm.name,
             "accuracy": dict(self.progress.get("accuracy", {})),
-            "eval_tasks": c.eval.num_tasks * c.eval.samples,
+            "accuracy_ci": {point: [e.ci_low, e.ci_high] for point, e in scores.items()},
+            "eval_tasks": {point: e.problems for point, e in scores.items()},
+            "rl_gain": _gain(evaluations, "rl", start, c.eval.bootstrap),
             "rl_steps": len(records),
-            "entropy_target": algorithm.stare.target_entropy if algorithm.stare is not None else None,
-            "entropy_first": entropies[0] if entropies else None,
-            "entropy_final": entropies[-1] if entropies else None,
-            "gate_on_fraction": sum(gate) / len(gate) if gate else None,
+            "entropy_target": target,
+            "entropy_first": figures["learner_first"],
+            "entropy_final": figures["learner_final"],
+            "entropy": figures,
+            "gate_on_fraction": figures["gate_on_fraction"],
             "tool_use": {
                 key: final_eval.get(key)
                 for key in ("tool_calls_per_episode", "tool_error_rate", "mean_turns", "stop_reasons")
@@ -615,17 +689,72 @@ class Trainer:
             "wall_time_s": round(self.previous_wall_s + time.perf_counter() - self.started, 1),
         }
         if compare:
-            other_entropy = [
-                r["learner/entropy"] for r in read_records(self.folder / compare / "metrics.jsonl", "rl")
-            ]
+            other = entropy_figures(read_records(self.folder / compare / "metrics.jsonl", "rl"), target)
             summary["compare"] = {
                 "algorithm": compare,
                 "accuracy": self.progress.get("accuracy", {}).get(f"rl-{compare}"),
-                "entropy_final": other_entropy[-1] if other_entropy else None,
+                "rl_gain": _gain(evaluations, f"rl-{compare}", start, c.eval.bootstrap),
+                # this run's algorithm minus the compared one, on the same held-out tasks
+                "difference": _gain(evaluations, "rl", f"rl-{compare}", c.eval.bootstrap),
+                "entropy_final": other["learner_final"],
+                "entropy": other,
             }
         (self.folder / "summary.json").write_text(json.dumps(summary, indent=2))
         plot_run(self.folder, summary, compare)
         return summary
+
+
+def accuracy_estimate(per_task: dict[str, float], bootstrap: int) -> Estimate:
+    """Held-out accuracy: the mean task score with a 95% percentile-bootstrap interval over tasks."""
+    return estimate(list(per_task.values()), bootstrap=bootstrap)
+
+
+def _gain(evaluations: dict[str, Any], after: str, before: str, bootstrap: int) -> dict[str, Any] | None:
+    if after not in evaluations or before not in evaluations:
+        return None
+    gain = paired_difference(
+        evaluations[after]["per_task"], evaluations[before]["per_task"], bootstrap=bootstrap
+    )
+    return {
+        "of": f"{after} - {before}",
+        "value": gain.value,
+        "ci_low": gain.ci_low,
+        "ci_high": gain.ci_high,
+        "tasks": gain.problems,
+    }
+
+
+def entropy_figures(records: list[dict[str, Any]], target: float | None) -> dict[str, Any]:
+    """Entropy over an RL run: first/final/second-half means of the learner's entropy on the trained (kept)
+    batch (what the gate sees), on every trajectory that ran, and the sampler's mean surprisal; with a target,
+    the share of second-half steps whose all-trajectory entropy is within +-30% of it."""
+
+    def finite(key: str, rows: list[dict[str, Any]]) -> list[float]:
+        return [float(r[key]) for r in rows if isinstance(r.get(key), int | float) and math.isfinite(r[key])]
+
+    def mean(values: list[float]) -> float | None:
+        return sum(values) / len(values) if values else None
+
+    second = records[len(records) // 2 :]
+    out: dict[str, Any] = {}
+    for name, key in (
+        ("learner", "learner/entropy"),
+        ("all", "learner/entropy_all"),
+        ("sampler", "rollout/sampler_entropy"),
+    ):
+        values = finite(key, records)
+        out[f"{name}_first"] = values[0] if values else None
+        out[f"{name}_final"] = values[-1] if values else None
+        out[f"{name}_second_half_mean"] = mean(finite(key, second))
+    gate = finite("stare/gate_on", records)
+    out["gate_on_fraction"] = mean(gate)
+    out["gate_on_fraction_second_half"] = mean(finite("stare/gate_on", second))
+    if target is not None:
+        late = finite("learner/entropy_all", second)
+        out["second_half_within_30pct"] = (
+            sum(abs(v - target) <= 0.3 * target for v in late) / len(late) if late else None
+        )
+    return out
 
 
 def save_hf_model(model: Any, tokenizer_dir: Path, out: Path) -> Path:
@@ -650,44 +779,88 @@ def _loaded(model_dir: Path, state_dict: dict[str, torch.Tensor]) -> Any:
 
 
 def plot_run(folder: Path, summary: dict[str, Any], compare: str | None = None) -> Path:
-    """training.png: learner entropy with the target band, reward and response length per RL step."""
+    """training.png: entropy (learner on the trained batch and on every trajectory, sampler) against the
+    target band, rollout reward, held-out accuracy with 95% intervals (SFT, during RL, final), the gate and W/M,
+    and the trajectories each step trained on; one colour per algorithm."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    curves = {summary["algorithm"]: read_records(folder / "metrics.jsonl", "rl")}
+    curves = {summary["algorithm"]: (read_records(folder / "metrics.jsonl", "rl"), "rl")}
     if compare:
-        curves[compare] = read_records(folder / compare / "metrics.jsonl", "rl")
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+        curves[compare] = (read_records(folder / compare / "metrics.jsonl", "rl"), f"rl-{compare}")
+    evaluations = read_records(folder / "metrics.jsonl", "eval")
+    fig, axes = plt.subplots(2, 3, figsize=(17, 8.5))
+    (ax_h, ax_r, ax_acc), (ax_gate, ax_w, ax_kept) = axes
     target = summary.get("entropy_target")
     if target is not None:
-        axes[0].axhspan(target * 0.9, target * 1.1, color="tab:green", alpha=0.15, label="target ±10%")
-        axes[0].axhline(target, color="tab:green", linestyle="--", linewidth=1)
-    for name, records in curves.items():
+        ax_h.axhspan(target * 0.7, target * 1.3, color="tab:green", alpha=0.12, label="target ±30%")
+        ax_h.axhline(target, color="tab:green", linestyle="--", linewidth=1)
+    start_point = "sft" if any(e.get("point") == "sft" for e in evaluations) else "base"
+    start_eval = next((e for e in evaluations if e.get("point") == start_point), None)
+    for (name, (records, point)), colour in zip(curves.items(), ("tab:blue", "tab:orange"), strict=False):
         steps = [r["step"] for r in records]
-        line = axes[0].plot(
-            steps, [r.get("learner/entropy") for r in records], marker="o", label=f"{name} (learner)"
-        )
-        axes[0].plot(
+
+        def series(key: str, rows: list[dict[str, Any]] = records) -> list[float]:
+            return [r.get(key) if isinstance(r.get(key), int | float) else float("nan") for r in rows]
+
+        ax_h.plot(steps, series("learner/entropy_all"), color=colour, marker="o", ms=3, label=f"{name}: all")
+        ax_h.plot(
             steps,
-            [r.get("rollout/sampler_entropy") for r in records],
-            linestyle=":",
-            color=line[0].get_color(),
-            label=f"{name} (sampler, mean surprisal)",
+            series("learner/entropy"),
+            color=colour,
+            alpha=0.45,
+            linestyle="--",
+            label=f"{name}: trained batch (gate input)",
         )
-        axes[1].plot(steps, [r.get("rollout/mean_reward") for r in records], marker="o", label=name)
-        axes[2].plot(steps, [r.get("rollout/response_tokens") for r in records], marker="o", label=name)
-    for ax, title in zip(
-        axes, ("policy entropy (action tokens)", "mean reward", "response tokens"), strict=True
-    ):
+        ax_h.plot(
+            steps,
+            series("rollout/sampler_entropy"),
+            color=colour,
+            linestyle=":",
+            label=f"{name}: sampler (mean surprisal)",
+        )
+        ax_r.plot(steps, series("rollout/mean_reward"), color=colour, marker="o", ms=3, label=name)
+        ax_gate.step(steps, series("stare/gate_on"), color=colour, where="mid", label=name)
+        ax_w.plot(steps, series("stare/w"), color=colour, label=f"{name}: W")
+        ax_w.plot(steps, series("stare/m"), color=colour, linestyle="--", label=f"{name}: M")
+        ax_kept.plot(steps, series("data/kept_trajectories"), color=colour, marker="o", ms=3, label=name)
+        # held-out accuracy: the start point at step 0, evaluations during RL, the final one at the last step
+        mid = [r for r in records if isinstance(r.get("eval/accuracy"), int | float)]
+        final = next((e for e in evaluations if e.get("point") == point), None)
+        xs, ys, lows, highs = [], [], [], []
+        for x, row, key, low, high in [
+            *([(0, start_eval, "accuracy", "ci_low", "ci_high")] if start_eval else []),
+            *[
+                (r["step"] + 1, r, "eval/accuracy", "eval/accuracy_ci_low", "eval/accuracy_ci_high")
+                for r in mid
+            ],
+            *([(len(records), final, "accuracy", "ci_low", "ci_high")] if final else []),
+        ]:
+            xs.append(x)
+            ys.append(row[key])
+            lows.append(row[key] - row[low] if row.get(low) is not None else 0.0)
+            highs.append(row[high] - row[key] if row.get(high) is not None else 0.0)
+        if xs:
+            ax_acc.errorbar(xs, ys, yerr=[lows, highs], color=colour, marker="o", capsize=3, label=name)
+    titles = (
+        "policy entropy (action tokens)",
+        "rollout reward (training prompts)",
+        "held-out accuracy (greedy, 95% CI)",
+        "STARE gate on",
+        "STARE W / M",
+        "trajectories trained on (dynamic sampling)",
+    )
+    for ax, title in zip(axes.flat, titles, strict=True):
         ax.set_title(title)
         ax.set_xlabel("RL step")
-        ax.legend()
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     accuracy = summary.get("accuracy", {})
     fig.suptitle(
-        f"{summary.get('model')} on {summary.get('environment')}: accuracy "
-        + ", ".join(f"{k} {v:.2f}" for k, v in accuracy.items() if isinstance(v, int | float))
+        f"{summary.get('model')} on {summary.get('environment')}: held-out accuracy "
+        + ", ".join(f"{k} {v:.3f}" for k, v in accuracy.items() if isinstance(v, int | float))
     )
     fig.tight_layout()
     path = folder / "training.png"

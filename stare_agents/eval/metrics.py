@@ -25,7 +25,7 @@ Confidence intervals: a percentile bootstrap over problems (the problems are the
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -263,6 +263,31 @@ def benchmark_metrics(
         avg_strict=est([o.correct / o.samples for o in outcomes if o.samples > 0]),
         pass_at=pass_at,
         pass_at_strict=pass_at_strict,
+        bootstrap=bootstrap,
+        confidence=confidence,
+        seed=seed,
+    )
+
+
+def paired_difference(
+    after: Mapping[str, float],
+    before: Mapping[str, float],
+    *,
+    bootstrap: int = 1000,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> Estimate:
+    """Mean of `after[p] - before[p]` over the problems both score, with a paired percentile-bootstrap
+    interval: each resample draws problems, and both figures of a drawn problem move together.
+
+    Raises ValueError when the two share no problem (they were measured on different tasks)."""
+    common = [problem for problem in after if problem in before]
+    if not common:
+        raise ValueError(
+            f"no problem in common between the two evaluations ({len(after)} and {len(before)} problems)"
+        )
+    return estimate(
+        [float(after[p]) - float(before[p]) for p in common],
         bootstrap=bootstrap,
         confidence=confidence,
         seed=seed,
