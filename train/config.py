@@ -139,6 +139,14 @@ class LoggingSection:
     tensorboard: bool = True
     wandb_project: str | None = None  # W&B when set (needs `pip install wandb` and a login)
     progress: bool = True
+    rollouts: float = 1.0  # share of each RL step's groups saved to rollouts/ (1: all, 0: none)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.rollouts, bool) or not 0.0 <= self.rollouts <= 1.0:
+            raise ValueError(
+                f"logging.rollouts is the share of each RL step's groups saved to rollouts/, in [0, 1] "
+                f"(1: all, 0: none); got {self.rollouts!r}"
+            )
 
 
 @dataclass

@@ -133,6 +133,23 @@ class LearnerConfig:
             )
 
 
+@dataclass
+class TokenRecord:
+    """What the learner did to one trajectory's response tokens in its last step (opt-in: `Learner.record_tokens`).
+    Lists run over the response (action and observation tokens alike); 0 / 1 / 0 where action_mask is 0.
+
+    learner_logprobs: log pi_old(a) of the pre-update policy (what the gate and the diagnostics saw).
+    stare_weights: the weight each token's advantage was multiplied by (all 1 while the gate is off).
+    selection: 1 for L+, -1 for L-, 0 otherwise, as selected for the update (also while the gate is off, when
+        it says which tokens STARE would have reweighted); empty when nothing was selected (no STARE,
+        diagnostics off).
+    """
+
+    learner_logprobs: list[float]
+    stare_weights: list[float]
+    selection: list[int]
+
+
 class Collective:
     """How the learner combines numbers across data-parallel workers. This one is a single worker;
     `stare_agents.train.distributed` has the torch.distributed one."""
@@ -185,6 +202,9 @@ class Learner:
         self.generator = torch.Generator().manual_seed(self.config.seed)
         self.step_count = 0
         self.skipped_updates = 0
+        # opt-in, for the saved rollouts: after each step, step-batch row -> TokenRecord (this worker's rows)
+        self.record_tokens = False
+        self.last_token_data: dict[int, TokenRecord] = {}
 
     @classmethod
     def from_pretrained(
@@ -223,6 +243,7 @@ class Learner:
         """The step on this worker's micro-batches, grouped by optimiser update (see `split_step`). With
         several workers each holds some micro-batches of every update, and all call this together."""
         start = time.perf_counter()
+        self.last_token_data = {}
         plan = [[mb.to(self.device) for mb in update] for update in plan]
         micro_batches = [mb for update in plan for mb in update]
 
@@ -373,11 +394,14 @@ class Learner:
             return  # an all-masked micro-batch contributes exactly nothing (under FSDP: a zero backward)
         stats = stats if stats is not None else self._score(mb)
         need_selection = reweighting or self.config.diagnostics
+        top_pos = top_neg = None
         if step_selection is not None:
             top_pos, top_neg = step_selection[index]
         elif need_selection:  # the current policy's surprisal, over this micro-batch
             top_pos, top_neg = self.selector.selection(-stats.logprob.detach(), advantages, mask)
         weights = self.stare.weights_from_selection(top_pos, top_neg) if reweighting else None
+        if self.record_tokens and not mb.filler:
+            self._record_tokens(mb, pre, top_pos, top_neg, weights)
         old = pre.logprob if self.config.old_logprobs == "recompute" else mb.batch.rollout_logprobs
         tis = None
         if self.config.tis_cap is not None:
@@ -410,6 +434,21 @@ class Learner:
         if need_selection:
             sums["lplus"] += float(top_pos.sum())
             sums["lminus"] += float(top_neg.sum())
+
+    def _record_tokens(
+        self, mb: MicroBatch, pre: TokenStats, top_pos: Tensor | None, top_neg: Tensor | None, weights
+    ) -> None:
+        """Keep each row's learner log-probs, STARE weights and L+/L- selection (see TokenRecord)."""
+        lengths = mb.batch.attention_mask[:, mb.batch.prompt_length :].sum(-1).tolist()
+        logprob = pre.logprob.detach().float().cpu()
+        weight = weights.detach().float().cpu() if weights is not None else None
+        chosen = (top_pos.long() - top_neg.long()).cpu() if top_pos is not None else None
+        for j, (row, n) in enumerate(zip(mb.rows, lengths, strict=True)):
+            self.last_token_data[row] = TokenRecord(
+                learner_logprobs=logprob[j, :n].tolist(),
+                stare_weights=weight[j, :n].tolist() if weight is not None else [1.0] * n,
+                selection=chosen[j, :n].tolist() if chosen is not None else [],
+            )
 
     def _apply_gradients(self) -> float:
         params = [p for p in self.model.parameters() if p.requires_grad]

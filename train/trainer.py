@@ -456,6 +456,14 @@ class Trainer:
             learner, version
         )  # the workers start from the learner's weights (the SFT model, or the checkpoint)
         log = RunLog(folder, c, purge_from=start)
+        from stare_agents.rollout_log import RolloutLog
+
+        self.rollout_log = (
+            RolloutLog(folder, tokenizer_dir=start_dir, fraction=c.logging.rollouts)
+            if c.logging.rollouts
+            else None
+        )
+        learner.record_tokens = c.logging.rollouts > 0  # per-token learner outputs for rollouts/
         rollout_config = self.rollout_config()
         bar = None
         if c.logging.progress:
@@ -601,6 +609,12 @@ class Trainer:
         else:  # every group had equal rewards (or failed): nothing to learn from this step
             metrics = dict.fromkeys(LEARNER_METRICS, float("nan"))
             seconds["update"] = seconds["sync"] = 0.0
+        if getattr(self, "rollout_log", None) is not None:  # rollouts/step-NNNNNN.jsonl.gz, for `show`
+            started = time.perf_counter()
+            self.rollout_log.write(
+                step, trajectories, kept, advantages, learner, void_dropped=c.rl.drop_void_turns
+            )
+            seconds["save_rollouts"] = time.perf_counter() - started
         for stage, value in seconds.items():
             self._timed(f"rl_{stage}", value)
 

@@ -1,0 +1,264 @@
+"""Every RL step's trajectories on disk, with what the learner did to each token; read back with one call.
+
+    log = RolloutLog(run_folder, tokenizer_dir=model_dir, fraction=1.0)  # = logging.rollouts
+    log.write(step, trajectories, kept, advantages, learner)             # rollouts/step-000012.jsonl.gz
+    saved = read_rollouts(run_folder)            # or a step file, or read_rollouts(run_folder, step=12)
+
+One gzip'd JSON line per trajectory (`SavedRollout.to_dict`): the trajectory itself (token ids, action mask,
+rollout log-probs, turns with tool calls and outputs, reward, stop reason, weight version, group), its
+`status` in the step (`ROLLOUT_STATUSES`), the advantage it was trained with, the learner's per-token
+log-probs, STARE weights and L+/L- selection (see `stare_agents.train.learner.TokenRecord`), and the text of
+each response token so that a viewer needs no tokenizer. A step's file is written whole and renamed into
+place: a killed run leaves no torn file, and a resumed run rewrites the steps it repeats.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stare_agents.trajectory import Trajectory
+
+ROLLOUTS_DIR = "rollouts"
+STEP_FILE = "step-{step:06d}.jsonl.gz"
+
+# What became of a trajectory in its step. A closed set: the viewer filters on it.
+ROLLOUT_STATUSES: tuple[str, ...] = (
+    "trained",  # in the step batch: it has an advantage and (from a Learner) per-token learner outputs
+    "dropped",  # left out by dynamic sampling (its group's rewards were all equal) or past prompts_per_step
+    "void_turn",  # left out because it has a void turn (rl.drop_void_turns)
+    "failed",  # the rollout failed (environment, sandbox or engine): its reward carries no signal
+)
+
+
+@dataclass
+class SavedRollout:
+    """One saved trajectory and what its RL step did with it (see the module docstring)."""
+
+    step: int
+    trajectory: Trajectory
+    status: str = "trained"
+    advantage: float | list[float] | None = None  # per sequence, or per response token; None unless trained
+    learner_logprobs: list[float] | None = None  # per response token; None unless the learner recorded them
+    stare_weights: list[float] | None = None
+    selection: list[int] | None = None  # 1 L+, -1 L-, 0 neither
+    gate_on: bool | None = None  # whether the step reweighted (None: unknown)
+    tokens: list[str] = field(default_factory=list)  # the text of each response token
+    prompt_text: str = ""
+
+    def __post_init__(self) -> None:
+        if self.status not in ROLLOUT_STATUSES:
+            raise ValueError(f"status must be one of {ROLLOUT_STATUSES}, got {self.status!r}")
+        n = len(self.trajectory.response_ids)
+        for name in ("learner_logprobs", "stare_weights", "selection", "advantage"):
+            value = getattr(self, name)
+            if isinstance(value, list) and value and len(value) != n:
+                raise ValueError(
+                    f"saved rollout {self.trajectory.task_id!r} (step {self.step}): {name} has {len(value)} "
+                    f"entries for {n} response tokens"
+                )
+        if self.tokens and len(self.tokens) != n:
+            raise ValueError(
+                f"saved rollout {self.trajectory.task_id!r} (step {self.step}): {len(self.tokens)} token texts "
+                f"for {n} response tokens"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "status": self.status,
+            "advantage": self.advantage,
+            "gate_on": self.gate_on,
+            "learner_logprobs": self.learner_logprobs,
+            "stare_weights": self.stare_weights,
+            "selection": self.selection,
+            "prompt_text": self.prompt_text,
+            "tokens": self.tokens,
+            "trajectory": self.trajectory.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SavedRollout:
+        data = dict(data)
+        data["trajectory"] = Trajectory.from_dict(data["trajectory"])
+        return cls(**data)
+
+
+def step_file(folder: str | Path, step: int) -> Path:
+    """The file of one RL step in a run folder."""
+    return Path(folder) / ROLLOUTS_DIR / STEP_FILE.format(step=step)
+
+
+def saved_steps(folder: str | Path) -> list[int]:
+    """The RL steps with a rollout file in a run folder, ascending."""
+    directory = Path(folder) / ROLLOUTS_DIR
+    steps = []
+    for path in directory.glob("step-*.jsonl.gz") if directory.is_dir() else []:
+        number = path.name.removeprefix("step-").removesuffix(".jsonl.gz")
+        if number.isdigit():
+            steps.append(int(number))
+    return sorted(steps)
+
+
+def read_rollouts(path: str | Path, step: int | None = None) -> list[SavedRollout]:
+    """Saved rollouts: of a run folder (every step, or `step`), or of one step file."""
+    path = Path(path)
+    if path.is_dir():
+        if step is not None:
+            files = [step_file(path, step)]
+            if not files[0].exists():
+                raise FileNotFoundError(
+                    f"{path} has no rollouts of step {step}; steps saved: {saved_steps(path) or 'none'}"
+                )
+        else:
+            files = [step_file(path, s) for s in saved_steps(path)]
+    elif path.exists():
+        files = [path]
+    else:
+        raise FileNotFoundError(f"{path} is neither a run folder nor a rollout file")
+    out = []
+    for file in files:
+        with gzip.open(file, "rt", encoding="utf-8") as handle:
+            for number, line in enumerate(handle, 1):
+                if not line.strip():
+                    continue
+                try:
+                    out.append(SavedRollout.from_dict(json.loads(line)))
+                except (json.JSONDecodeError, KeyError, TypeError) as error:
+                    raise ValueError(f"{file}:{number}: not a saved rollout ({error})") from None
+    return out
+
+
+def token_texts(tokenizer: Any, ids: Sequence[int]) -> list[str]:
+    """The text of each token, such that they join to the decoded sequence where the tokenizer allows:
+    a character split over several tokens (bytes of one UTF-8 character) goes to the first of them."""
+    if not ids:
+        return []
+    pieces = tokenizer.batch_decode(
+        [[i] for i in ids], skip_special_tokens=False, clean_up_tokenization_spaces=False
+    )
+    i = 0
+    while i < len(pieces):
+        if "\ufffd" in pieces[i]:  # an incomplete UTF-8 sequence: join with the next few tokens
+            for j in range(i + 2, min(i + 5, len(ids)) + 1):
+                joined = tokenizer.decode(
+                    list(ids[i:j]), skip_special_tokens=False, clean_up_tokenization_spaces=False
+                )
+                if "\ufffd" not in joined:
+                    pieces[i:j] = [joined] + [""] * (j - i - 1)
+                    i = j - 1
+                    break
+        i += 1
+    return pieces
+
+
+def keep_group(step: int, group_id: str, fraction: float) -> bool:
+    """Whether a group's trajectories are saved at `fraction` < 1: a fixed pseudo-random choice per
+    (step, group), the same on every machine and on resume."""
+    if fraction >= 1.0:
+        return True
+    digest = hashlib.sha256(f"{step}\0{group_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < fraction
+
+
+class RolloutLog:
+    """Writes each RL step's trajectories to `rollouts/step-NNNNNN.jsonl.gz` in a run folder.
+
+    `fraction` (the config's `logging.rollouts`) is the share of each step's groups saved: 1.0 saves
+    everything, 0 nothing; groups are kept or left whole, so their rewards and advantages stay comparable.
+    """
+
+    def __init__(
+        self, folder: str | Path, *, tokenizer_dir: str | Path | None, fraction: float = 1.0
+    ) -> None:
+        if not 0.0 <= fraction <= 1.0:
+            raise ValueError(f"logging.rollouts is the share of groups saved, in [0, 1]; got {fraction}")
+        self.folder = Path(folder)
+        self.fraction = fraction
+        self.tokenizer = None
+        if tokenizer_dir is not None:
+            from transformers import AutoTokenizer
+
+            self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+
+    def write(
+        self,
+        step: int,
+        trajectories: Sequence[Trajectory],
+        kept: Sequence[Trajectory],
+        advantages: Any,
+        learner: Any = None,
+        *,
+        void_dropped: bool = False,
+    ) -> Path | None:
+        """Save one step: every trajectory it collected; `kept` (in step-batch order) with `advantages` ([K]
+        or [K, R] tensor or list) and, when `learner` recorded them, its per-token outputs. Trajectories not
+        in `kept` are saved as failed, void_turn (when `void_dropped`: rl.drop_void_turns) or dropped."""
+        if self.fraction <= 0.0:
+            return None
+        rows = {id(t): i for i, t in enumerate(kept)}
+        token_data = (getattr(learner, "last_token_data", None) or {}) if kept else {}
+        gate = getattr(getattr(learner, "stare", None), "reweighting", None) if kept else None
+        adv = advantages.tolist() if hasattr(advantages, "tolist") else list(advantages)
+        saved = []
+        for t in trajectories:
+            if not keep_group(step, t.group_id, self.fraction):
+                continue
+            row = rows.get(id(t))
+            record = token_data.get(row) if row is not None else None
+            if row is not None:
+                status = "trained"
+            elif t.failed:
+                status = "failed"
+            elif void_dropped and (t.stop_reason == "void_turn" or t.info.get("void_turns")):
+                status = "void_turn"
+            else:
+                status = "dropped"
+            n = len(t.response_ids)
+            advantage = None
+            if row is not None:
+                advantage = adv[row]
+                if isinstance(advantage, list):
+                    advantage = [float(a) for a in advantage[:n]]
+            saved.append(
+                SavedRollout(
+                    step=step,
+                    trajectory=t,
+                    status=status,
+                    advantage=advantage,
+                    learner_logprobs=_rounded(record.learner_logprobs[:n]) if record else None,
+                    stare_weights=_rounded(record.stare_weights[:n]) if record else None,
+                    selection=list(record.selection[:n]) if record and record.selection else None,
+                    gate_on=bool(gate) if gate is not None and row is not None else None,
+                    tokens=token_texts(self.tokenizer, t.response_ids) if self.tokenizer else [],
+                    prompt_text=self._decode(t.prompt_ids),
+                )
+            )
+        return write_step(self.folder, step, saved)
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        if self.tokenizer is None:
+            return ""
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+def write_step(folder: str | Path, step: int, rollouts: Sequence[SavedRollout]) -> Path:
+    """Write one step's file atomically (a temporary file renamed into place)."""
+    path = step_file(folder, step)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=6) as handle:
+        for rollout in rollouts:
+            handle.write(json.dumps(rollout.to_dict(), ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def _rounded(values: Sequence[float]) -> list[float]:
+    return [round(float(v), 5) for v in values]
