@@ -337,7 +337,7 @@ def main() -> None:
         figures["memory"] = memory_per_container(sandbox)  # idle, after use: template + spare + worker
     figures["docker exec per call"] = docker_exec_per_call(args.image, limits, args.exec_calls)
     figures["docker run per call"] = docker_run_per_call(args.image, limits, args.run_calls)
-    with LocalSandbox(pool_size=args.pool_size) as local:
+    with LocalSandbox(allow_host_execution=True, pool_size=args.pool_size) as local:
         figures["LocalSandbox, 1 session"] = session_latency(local, args.calls)
         figures["LocalSandbox, throughput"] = pool_throughput(local, args.seconds)
         figures["LocalSandbox, session churn"] = session_churn(local, args.seconds)

@@ -26,7 +26,9 @@ def list_envs() -> None:
 @app.command("check")
 def check(
     env_id: str = typer.Argument(..., help="a registered id, e.g. stare_agents/MathTIR-v0"),
-    backend: str = typer.Option("auto", help="sandbox backend for tool environments: auto, docker or local"),
+    backend: str = typer.Option(
+        "docker", help="sandbox for tool environments: docker, or local (needs STARE_ALLOW_LOCAL_SANDBOX=1)"
+    ),
     seed: int = typer.Option(0, help="seed for the determinism checks"),
 ) -> None:
     """Run check_env on an environment (made with its defaults) and report the result."""

@@ -161,6 +161,8 @@ class PythonTool:
         code = arguments.get("code")
         if not isinstance(code, str):
             return ToolOutput('Error: the python tool needs a string argument "code"', "error")
+        if getattr(self.sandbox, "runner_kind", None) == "nothing":  # NoSandbox: tool execution is off
+            return ToolOutput(self.sandbox.message, "error")
         if self.accept_tool_answer:
             code = FINAL_ANSWER_PREAMBLE + code
         if self.stateless:  # nothing to keep between calls: lease an interpreter for this call only
@@ -245,10 +247,10 @@ _shared_lock = threading.Lock()
 
 
 def shared_sandbox() -> PooledSandbox:
-    """The sandbox of every tool built without one in this process: `make_sandbox("auto",
-    pool_size=SHARED_POOL_SIZE, lease_timeout_s=SHARED_LEASE_TIMEOUT_S)` (Docker when an engine and the image
-    are there, else the local backend, which warns), created on first use and closed at exit. A forked child
-    gets its own.
+    """The sandbox of every tool built without one in this process: `make_sandbox("docker",
+    pool_size=SHARED_POOL_SIZE, lease_timeout_s=SHARED_LEASE_TIMEOUT_S)` (a SandboxError that says what is
+    missing where Docker is not ready: model-written code never falls back to the host), created on first use
+    and closed at exit. A forked child gets its own.
 
     Each episode with a tool call holds one interpreter until it ends; an episode that finds none free within
     the lease timeout fails its step with a `SandboxError` that says so. A rollout worker creates its own
@@ -259,7 +261,7 @@ def shared_sandbox() -> PooledSandbox:
         if _shared is None or _shared_pid != os.getpid():
             from stare_agents.sandbox import make_sandbox
 
-            _shared = make_sandbox("auto", pool_size=SHARED_POOL_SIZE, lease_timeout_s=SHARED_LEASE_TIMEOUT_S)
+            _shared = make_sandbox("docker", pool_size=SHARED_POOL_SIZE, lease_timeout_s=SHARED_LEASE_TIMEOUT_S)
             _shared_pid = os.getpid()
             atexit.register(_close_shared, _shared)
         return _shared

@@ -1,7 +1,7 @@
 """Sandboxed Python for model-written code: stateful sessions leased from a pool of warm interpreters.
 
     from stare_agents.sandbox import make_sandbox
-    with make_sandbox("auto", pool_size=4) as sandbox:
+    with make_sandbox("docker", pool_size=4) as sandbox:
         with sandbox.session() as s:              # session(stateless=True): SimpleTIR-style calls
             s.run("x = 20", timeout_s=5)
             r = s.run("print(x + 22)")            # r.stdout == "42\\n", r.status == "ok"
@@ -11,7 +11,9 @@
 
 `DockerSandbox` is the security boundary (no network, memory/pids/CPU limits, read-only root, non-root,
 no capabilities, a syscall filter on top of the engine's seccomp profile; `runtime="runsc"` adds gVisor's
-user-space kernel); `LocalSandbox` has the same API for development and is not. Between sessions a
+user-space kernel); `LocalSandbox` has the same API for development and is not: it runs only when asked
+for by name with an acknowledgement (`allow_host_execution=True` or STARE_ALLOW_LOCAL_SANDBOX=1), never as
+root, with a scrubbed environment and writes confined to its own folder. Between sessions a
 container keeps nothing of the previous one: every process is killed, IPC objects removed, scratch
 folders wiped, and that is checked before the container is lent again.
 """
@@ -22,11 +24,13 @@ import logging
 from typing import Any, Literal
 
 from stare_agents.sandbox.docker_backend import DEFAULT_IMAGE, DockerLimits, DockerSandbox, docker_status
-from stare_agents.sandbox.local import LocalSandbox
+from stare_agents.sandbox.local import ALLOW_LOCAL_ENV, LocalSandbox, NoSandbox
 from stare_agents.sandbox.pool import AsyncSession, PooledSandbox, SandboxError, Session
 from stare_agents.sandbox.result import STATUSES, ExecutionResult
 
 __all__ = [
+    "ALLOW_LOCAL_ENV",
+    "BACKENDS",
     "DEFAULT_IMAGE",
     "STATUSES",
     "AsyncSession",
@@ -34,6 +38,7 @@ __all__ = [
     "DockerSandbox",
     "ExecutionResult",
     "LocalSandbox",
+    "NoSandbox",
     "PooledSandbox",
     "SandboxError",
     "Session",
@@ -43,31 +48,34 @@ __all__ = [
 
 logger = logging.getLogger("stare_agents.sandbox")
 
-Backend = Literal["auto", "docker", "local"]
-_fallbacks_reported: set[str] = set()
+Backend = Literal["docker", "local", "none", "auto"]
+BACKENDS: tuple[str, ...] = ("docker", "local", "none", "auto")
 
 
-def make_sandbox(backend: Backend = "auto", *, pool_size: int = 4, **kwargs: Any) -> PooledSandbox:
+def make_sandbox(backend: Backend = "docker", *, pool_size: int = 4, **kwargs: Any) -> Any:
     """A sandbox (not started yet; use it as a context manager or call .start()).
 
-    backend: "docker" (DockerSandbox; fails if no engine or image), "local" (LocalSandbox), or "auto":
-    Docker when an engine answers and the image (and the runtime, if one is given) exists, otherwise
-    LocalSandbox with a logged warning that says why. kwargs go to the chosen class (e.g. default_timeout_s,
-    max_output_bytes, lease_timeout_s; image/limits/runtime for Docker, e.g. runtime="runsc" for gVisor;
-    memory_mb for local); keys the chosen class does not take are an error.
+    backend: "docker" (DockerSandbox; a SandboxError that says what is missing if no engine, image or
+    runtime), "local" (LocalSandbox: model-written code on this host, refused unless acknowledged with
+    `allow_host_execution=True` or STARE_ALLOW_LOCAL_SANDBOX=1), "none" (NoSandbox: every tool call is a
+    tool error, nothing runs) or "auto", an older name of "docker": it never falls back to the host.
+    kwargs go to the chosen class (e.g. default_timeout_s, max_output_bytes, lease_timeout_s;
+    image/limits/runtime for Docker, e.g. runtime="runsc" for gVisor; memory_mb for local); keys the chosen
+    class does not take are an error.
     """
-    if backend == "docker":
+    if backend in ("docker", "auto"):
+        image = kwargs.get("image", DEFAULT_IMAGE)
+        available, reason = docker_status(image, kwargs.get("runtime"))
+        if not available:
+            raise SandboxError(
+                f"the Docker sandbox is not ready: {reason}. Model-written code never runs on the host by "
+                f"default: provision Docker (as root: `bash scripts/provision_docker.sh`; check with "
+                f"`stare-agents sandbox doctor`), or ask for the local backend by name (sandbox 'local') and "
+                f"acknowledge that it is no security boundary with {ALLOW_LOCAL_ENV}=1"
+            )
         return DockerSandbox(pool_size, **kwargs)
     if backend == "local":
         return LocalSandbox(pool_size, **kwargs)
-    if backend != "auto":
-        raise ValueError(f"backend must be 'auto', 'docker' or 'local', got {backend!r}")
-    image = kwargs.get("image", DEFAULT_IMAGE)
-    available, reason = docker_status(image, kwargs.get("runtime"))
-    if available:
-        return DockerSandbox(pool_size, **kwargs)
-    if reason not in _fallbacks_reported:  # loudly, once per reason and process
-        _fallbacks_reported.add(reason)
-        logger.warning("sandbox backend 'auto': using LocalSandbox, NOT Docker, because %s", reason)
-    local_kwargs = {k: v for k, v in kwargs.items() if k not in ("image", "limits", "grace_s", "runtime")}
-    return LocalSandbox(pool_size, **local_kwargs)
+    if backend == "none":
+        return NoSandbox()
+    raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")

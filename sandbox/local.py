@@ -1,4 +1,10 @@
-"""LocalSandbox: the same interpreter and API without Docker, for development. NOT a security boundary."""
+"""LocalSandbox: the same interpreter and API without Docker, for development. NOT a security boundary.
+
+It runs only when asked for by name and acknowledged (`allow_host_execution=True` or STARE_ALLOW_LOCAL_SANDBOX=1),
+never as root (as root, its interpreters run as `nobody`), with a scrubbed environment, in a scratch folder of
+its own, and may write only there (Landlock; where the kernel has none, it refuses to start).
+NoSandbox is the "none" backend: nothing runs, every tool call is a tool error.
+"""
 
 from __future__ import annotations
 
@@ -22,12 +28,63 @@ from stare_agents.sandbox.pool import (
     ChannelTimeout,
     PooledSandbox,
     Runner,
+    SandboxError,
 )
+from stare_agents.sandbox.runner import landlock_abi
 
 logger = logging.getLogger("stare_agents.sandbox")
 
 RUNNER_PATH = Path(__file__).with_name("runner.py")
+ALLOW_LOCAL_ENV = "STARE_ALLOW_LOCAL_SANDBOX"
+UNPRIVILEGED_USER = "nobody"
 _warned = False
+
+
+def local_execution_acknowledged(allow_host_execution: bool) -> bool:
+    """True when the caller passed allow_host_execution=True or STARE_ALLOW_LOCAL_SANDBOX is 1/true/yes."""
+    return allow_host_execution or os.environ.get(ALLOW_LOCAL_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+@functools.lru_cache(maxsize=1)
+def unprivileged_ids() -> tuple[int, int]:
+    """(uid, gid) the local interpreters run as when this process is root: `nobody`'s."""
+    import pwd
+
+    try:
+        entry = pwd.getpwnam(UNPRIVILEGED_USER)
+        return entry.pw_uid, entry.pw_gid
+    except KeyError:
+        return 65534, 65534
+
+
+class NoSandbox:
+    """The "none" backend: no code runs. A PythonTool given this sandbox answers every call with a tool
+    error that says tool execution is off; it has the lifecycle of a sandbox so that callers need no case."""
+
+    runner_kind = "nothing"
+    pool_size = 0
+    message = (
+        "Error: tool execution is disabled in this run (sandbox: none); no code was run. "
+        "Answer without calling tools."
+    )
+
+    def start(self) -> NoSandbox:
+        return self
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> NoSandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def session(self, **kwargs: object):
+        raise SandboxError("sandbox 'none': tool execution is disabled in this run; no session can be opened")
+
+    def __repr__(self) -> str:
+        return "NoSandbox()"
 
 
 class PipeChannel(Channel):
@@ -81,7 +138,7 @@ def network_isolation_prefix() -> tuple[str, ...] | None:
     unshare = shutil.which("unshare")
     if unshare is None or not sys.platform.startswith("linux"):
         return None
-    candidates = [(unshare, "--net")] if os.geteuid() == 0 else []
+    candidates = [(unshare, "--net")] if os.geteuid() == 0 else []  # as root, the runner then drops to nobody
     candidates.append((unshare, "--user", "--map-root-user", "--net"))
     for prefix in candidates:
         try:
@@ -97,8 +154,12 @@ class LocalSandbox(PooledSandbox):
     """Runs code in local subprocesses with rlimits and, where `unshare` allows, no network.
 
     Same API and result type as DockerSandbox. It bounds time, memory (RLIMIT_AS) and output and keeps
-    sessions in separate processes, but the code runs as the current user and can read and write whatever
-    that user can: never point it at untrusted code on a machine you care about. It says so once, loudly.
+    sessions in separate processes; the code gets a scrubbed environment, a scratch folder of its own and may
+    write nowhere else (Landlock), and as root it runs as `nobody`. It can still read whatever that user can:
+    never point it at untrusted code on a machine you care about. It says so once, loudly.
+
+    It refuses to be created unless acknowledged: `allow_host_execution=True`, or STARE_ALLOW_LOCAL_SANDBOX=1
+    in the environment (how the CLI, recipes and Ray workers ask for it).
     """
 
     runner_kind = "local interpreter"
@@ -114,7 +175,14 @@ class LocalSandbox(PooledSandbox):
         python: str = sys.executable,
         lease_timeout_s: float | None = DEFAULT_LEASE_TIMEOUT_S,
         preimport: tuple[str, ...] = PREIMPORT,
+        allow_host_execution: bool = False,
     ) -> None:
+        if not local_execution_acknowledged(allow_host_execution):
+            raise SandboxError(
+                "the local sandbox runs model-written code on this host and is no security boundary; it is "
+                f"used only when acknowledged: set {ALLOW_LOCAL_ENV}=1 (or pass allow_host_execution=True), "
+                "or use the Docker sandbox (`bash scripts/provision_docker.sh` as root, then sandbox 'docker')"
+            )
         super().__init__(
             pool_size=pool_size,
             default_timeout_s=default_timeout_s,
@@ -129,6 +197,11 @@ class LocalSandbox(PooledSandbox):
 
     def _before_start(self) -> None:
         global _warned
+        if landlock_abi() < 1:
+            raise SandboxError(
+                "the local sandbox needs Landlock (Linux >= 5.13) to keep model-written code from writing "
+                "outside its scratch folder, and this kernel has none: use the Docker sandbox"
+            )
         self.network_prefix = network_isolation_prefix() if self.isolate_network else None
         if not _warned:
             _warned = True
@@ -138,16 +211,21 @@ class LocalSandbox(PooledSandbox):
                 else "FULL NETWORK ACCESS (unshare is not available here)"
             )
             logger.warning(
-                "LocalSandbox is NOT a security boundary: model-written code runs as user %s with this "
-                "machine's files; limits: %d MB address space, time limits, %s. Use DockerSandbox "
-                "(`stare-agents sandbox doctor`) for untrusted code.",
-                os.environ.get("USER", os.getuid()),
+                "LocalSandbox is NOT a security boundary: model-written code runs on this host as uid %s and "
+                "can read what that user can (writes only in its scratch folder); limits: %d MB address "
+                "space, time limits, %s. Use DockerSandbox (`stare-agents sandbox doctor`) for untrusted code.",
+                unprivileged_ids()[0] if os.geteuid() == 0 else os.getuid(),
                 self.memory_mb,
                 network,
             )
 
     def _start_runner(self) -> Runner:
         workdir = tempfile.mkdtemp(prefix="stare-sandbox-")
+        drop: list[str] = []
+        if os.geteuid() == 0:  # never as root: the scratch folder is nobody's, and the runner becomes nobody
+            uid, gid = unprivileged_ids()
+            os.chown(workdir, uid, gid)
+            drop = ["--drop-to", f"{uid}:{gid}"]
         command = [
             *(self.network_prefix or ()),
             self.python,
@@ -168,9 +246,16 @@ class LocalSandbox(PooledSandbox):
             "--preimport",
             ",".join(self.preimport),
             "--remove-workdir",
+            *drop,
         ]
-        process = subprocess.Popen(
-            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=workdir, start_new_session=True
+        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir}
+        process = subprocess.Popen(  # a scrubbed environment: no tokens, keys or paths of the host's
+            command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            cwd=workdir,
+            env=env,
+            start_new_session=True,
         )
 
         def cleanup() -> None:

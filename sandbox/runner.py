@@ -53,6 +53,7 @@ import sys
 import time
 import traceback
 import weakref
+from pathlib import Path
 
 _LEN = struct.Struct(">I")
 MAX_FRAME = 64 * 1024 * 1024  # a request holds the code, which the host caps at 16 MiB
@@ -246,6 +247,152 @@ def install_syscall_filter(block_ipc: bool, block_mqueue: bool) -> list[str]:
     if libc.prctl(PR_SET_SECCOMP, 2, ctypes.byref(program), 0, 0) != 0:  # SECCOMP_MODE_FILTER
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP) failed")
     return denied
+
+
+# ------------------------------------------------------------------------- local mode: writes confined
+#
+# The local backend has no container, so the supervisor confines writes with Landlock (Linux >= 5.13,
+# unprivileged): it and everything it starts may create, change or remove files only under its scratch
+# folder (and write to /dev/null-like devices). The project, the venv and the run folder stay as they were.
+
+LANDLOCK_SYSCALLS = {"create_ruleset": 444, "add_rule": 445, "restrict_self": 446}  # the same on every arch
+LANDLOCK_CREATE_RULESET_VERSION = 1
+LANDLOCK_RULE_PATH_BENEATH = 1
+LANDLOCK_WRITE_ACCESS = {  # bit: (name, first ABI that knows it)
+    1 << 1: ("write_file", 1),
+    1 << 4: ("remove_dir", 1),
+    1 << 5: ("remove_file", 1),
+    1 << 6: ("make_char", 1),
+    1 << 7: ("make_dir", 1),
+    1 << 8: ("make_reg", 1),
+    1 << 9: ("make_sock", 1),
+    1 << 10: ("make_fifo", 1),
+    1 << 11: ("make_block", 1),
+    1 << 12: ("make_sym", 1),
+    1 << 13: ("refer", 2),
+    1 << 14: ("truncate", 3),
+}
+WRITABLE_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/tty")
+CONFINE_ENV = "STARE_SANDBOX_CONFINE_WRITES"
+
+
+def landlock_abi() -> int:
+    """The kernel's Landlock ABI version, 0 where there is none."""
+    libc = _libc()
+    if libc is None or not sys.platform.startswith("linux"):
+        return 0
+    version = libc.syscall(LANDLOCK_SYSCALLS["create_ruleset"], None, 0, LANDLOCK_CREATE_RULESET_VERSION)
+    return max(0, int(version))
+
+
+def confine_writes(writable_dir: str) -> None:
+    """Allow this process and its descendants to write only beneath `writable_dir` (and to a few devices);
+    OSError where Landlock is missing or refuses."""
+    abi = landlock_abi()
+    libc = _libc()
+    if abi < 1 or libc is None:
+        raise OSError("Landlock is not available here (Linux >= 5.13 with CONFIG_SECURITY_LANDLOCK needed)")
+    handled = sum(bit for bit, (_, since) in LANDLOCK_WRITE_ACCESS.items() if since <= abi)
+    attr = struct.pack("=Q", handled)
+    ruleset = libc.syscall(LANDLOCK_SYSCALLS["create_ruleset"], attr, len(attr), 0)
+    if ruleset < 0:
+        raise OSError(ctypes.get_errno(), "landlock_create_ruleset failed")
+    try:
+        file_access = handled & ((1 << 1) | (1 << 14))  # a device node: only writing and truncating apply
+        for path, access in [(writable_dir, handled), *((dev, file_access) for dev in WRITABLE_DEVICES)]:
+            try:
+                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            except OSError:
+                if path == writable_dir:
+                    raise
+                continue
+            try:
+                rule = struct.pack("=Qi", access, fd)
+                if libc.syscall(LANDLOCK_SYSCALLS["add_rule"], ruleset, LANDLOCK_RULE_PATH_BENEATH, rule, 0):
+                    raise OSError(ctypes.get_errno(), f"landlock_add_rule({path}) failed")
+            finally:
+                os.close(fd)
+        if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+        if libc.syscall(LANDLOCK_SYSCALLS["restrict_self"], ruleset, 0) != 0:
+            raise OSError(ctypes.get_errno(), "landlock_restrict_self failed")
+    finally:
+        os.close(ruleset)
+
+
+CLONE_NEWNS = 0x00020000
+MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x1000, 0x4000, 1 << 18
+
+
+def _reachable_by_others(path: str) -> bool:
+    """Whether a user with no relation to `path`'s owners can reach it (every ancestor searchable by others)."""
+    current = "/"
+    for part in Path(path).parts[1:]:
+        if not os.stat(current).st_mode & 0o001:
+            return False
+        current = os.path.join(current, part)
+    return True
+
+
+def drop_root(uid: int, gid: int, needed: list[str]) -> None:
+    """Become `uid`/`gid` with no supplementary groups. Where a path in `needed` (the interpreter, the venv,
+    this file) lies under a folder others cannot search (a pyenv under /root), a private mount namespace
+    covers that folder with an empty tmpfs and binds back only the needed subfolders, so the rest of it (a
+    home folder's tokens and caches) stays out of sight."""
+    libc = _libc()
+    if libc is None:
+        raise OSError("no libc: cannot leave root")
+    if any(not _reachable_by_others(path) for path in needed):
+        if libc.unshare(CLONE_NEWNS) != 0:
+            raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS) failed")
+        if libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
+            raise OSError(ctypes.get_errno(), "making / private failed")
+        for _ in range(8):  # one hidden folder per round, outermost first
+            hidden = None
+            for path in needed:
+                current = "/"
+                for part in Path(path).parts[1:]:
+                    if not os.stat(current).st_mode & 0o001:
+                        hidden = (current, os.path.join(current, part))
+                        break
+                    current = os.path.join(current, part)
+                if hidden:
+                    break
+            if hidden is None:
+                break
+            folder, _ = hidden
+            children = sorted(
+                {Path(p).relative_to(folder).parts[0] for p in needed if p.startswith(folder + "/")}
+            )
+            fds = {name: os.open(os.path.join(folder, name), os.O_PATH | os.O_CLOEXEC) for name in children}
+            options = b"mode=0755,size=64k"
+            if libc.mount(b"tmpfs", folder.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options) != 0:
+                raise OSError(ctypes.get_errno(), f"covering {folder} failed")
+            for name, fd in fds.items():
+                target = os.path.join(folder, name)
+                os.mkdir(target)
+                if libc.mount(f"/proc/self/fd/{fd}".encode(), target.encode(), None, MS_BIND | MS_REC, None):
+                    raise OSError(ctypes.get_errno(), f"binding {target} back failed")
+                os.close(fd)
+    os.setgroups([])
+    os.setgid(gid)
+    os.setuid(uid)
+    if os.geteuid() == 0 or os.getegid() != gid:
+        raise OSError("still root after setuid")
+
+
+def _confine_from_env() -> None:
+    """In the template and in spawned workers (local backend): confine writes to the folder the supervisor
+    named, or end the process, so that no code runs unconfined. (The supervisor itself stays outside, so
+    that it can remove the scratch folder; Landlock keeps the confined code from tracing it.)"""
+    folder = os.environ.pop(CONFINE_ENV, "")
+    if not folder:
+        return
+    try:
+        confine_writes(folder)
+    except OSError as exc:
+        os.write(2, f"sandbox: cannot confine writes to {folder}: {exc}\n".encode())
+        os._exit(70)
 
 
 # --------------------------------------------------------------------------- shared state between sessions
@@ -442,6 +589,7 @@ def worker_main(ctl_in: int, ctl_out: int, forked: bool = False, secret: bytes =
             f.write("1000")
     except OSError:
         pass
+    _confine_from_env()  # local backend: before any code runs (a forked spare inherits the template's)
     memory_bytes = int(os.environ.pop("STARE_SANDBOX_MEMORY_BYTES", "0") or 0)
     if memory_bytes > 0:  # local backend only: a container's memory is bounded by its cgroup instead
         import resource
@@ -592,6 +740,7 @@ def template_main(sock_fd: int, workdir: str, preimport: list[str]) -> None:
     sock.sendall(b"A")  # armed: nothing can tamper with this process any more
     with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as f:
         f.write("500")  # out of memory: workers (1000) go first, then this, never the supervisor
+    _confine_from_env()
     memory_bytes = int(os.environ.pop("STARE_SANDBOX_MEMORY_BYTES", "0") or 0)
     if memory_bytes > 0:
         import resource
@@ -812,6 +961,8 @@ class Supervisor:
         }
         if self.memory_bytes:
             env["STARE_SANDBOX_MEMORY_BYTES"] = str(self.memory_bytes)
+        if self.mode == "local":  # the code's processes may write only in the scratch folder
+            env[CONFINE_ENV] = self.workdir
         return env
 
     def start_template(self) -> None:
@@ -1576,6 +1727,9 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--memory-bytes", type=int, default=0, help="RLIMIT_AS for the worker (local mode)")
     parser.add_argument("--preimport", default="", help="comma-separated modules the template imports")
     parser.add_argument("--remove-workdir", action="store_true", help="delete --workdir on exit (local mode)")
+    parser.add_argument(
+        "--drop-to", default="", help="uid:gid to become before anything runs (local, as root)"
+    )
     args = parser.parse_args(argv)
     try:  # first of all, so that every process in the container has it
         denied = install_syscall_filter(
@@ -1586,6 +1740,17 @@ def main(argv: list[str]) -> None:
         if args.mode == "docker":
             raise SystemExit(f"sandbox runner: cannot install the syscall filter: {exc}") from exc
         denied = []  # LocalSandbox is no security boundary; where seccomp is missing it runs without
+    if args.mode == "local":  # no container around us: writes stay in the scratch folder, or nothing runs
+        if args.drop_to and os.geteuid() == 0:
+            uid, gid = (int(part) for part in args.drop_to.split(":"))
+            try:
+                drop_root(uid, gid, [sys.base_prefix, sys.prefix, os.path.dirname(os.path.abspath(__file__))])
+            except OSError as exc:
+                raise SystemExit(f"sandbox runner: cannot leave root: {exc}") from exc
+        if os.geteuid() == 0:
+            raise SystemExit("sandbox runner: refusing to run model-written code as root (local mode)")
+        if landlock_abi() < 1:  # the template and the workers confine themselves (_confine_from_env)
+            raise SystemExit("sandbox runner: Landlock is not available here, so writes cannot be confined")
     supervisor = Supervisor(
         args.mode,
         args.python,

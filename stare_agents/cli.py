@@ -165,7 +165,9 @@ def rollout(
     max_total_tokens: int = typer.Option(2048, "--max-total-tokens", help="Response budget per episode."),
     max_model_len: int = typer.Option(4096, "--max-model-len"),
     rendering: str = typer.Option("auto", help="auto, chat (template tool turns) or inline."),
-    sandbox: str = typer.Option("auto", help="auto, docker, local or none."),
+    sandbox: str = typer.Option(
+        "docker", help="docker, local (needs STARE_ALLOW_LOCAL_SANDBOX=1) or none (tool calls are errors)."
+    ),
     env_kwargs: str = typer.Option(
         "{}", "--env-kwargs", help="JSON object of keyword arguments for the env."
     ),
@@ -218,6 +220,31 @@ def rollout(
     for key, value in summary.items():
         table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
     Console().print(table)
+
+
+@app.command()
+def show(
+    source: Path = typer.Argument(
+        ..., help="A run folder, a rollouts/step-*.jsonl.gz file, a samples.jsonl or trajectories JSONL."
+    ),
+    out: Path | None = typer.Option(None, help="The HTML file (default: RUN/rollouts.html, or FILE.html)."),
+    step: list[int] | None = typer.Option(None, help="Only these RL steps (repeatable; default: all saved)."),
+    serve: bool = typer.Option(False, help="Also serve the page over HTTP on localhost until Ctrl-C."),
+    port: int = typer.Option(8000, help="The port for --serve (0: any free port)."),
+) -> None:
+    """Write one self-contained HTML page of saved rollouts: per-step overview, filters, and each trajectory's
+    tokens coloured by surprisal or by STARE weight, with tool calls and outputs. Opens from disk."""
+    from stare_agents.viewer import serve as serve_page
+    from stare_agents.viewer import write_page
+
+    try:
+        path = write_page(source, out, steps=step or None)
+    except (FileNotFoundError, ValueError) as error:
+        typer.secho(str(error), fg="red", err=True)
+        raise typer.Exit(2) from error
+    typer.echo(str(path))
+    if serve:
+        serve_page(path, port=port)
 
 
 @app.command()

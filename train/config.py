@@ -53,7 +53,7 @@ class RolloutSection:
     max_tokens_per_turn: int = 256
     max_total_tokens: int = 768  # response budget per episode (policy + observation tokens)
     rendering: str = "auto"  # "auto" | "chat" | "inline"
-    sandbox: str = "auto"  # "auto" | "docker" | "local" | "none"
+    sandbox: str = "docker"  # "docker" | "local" (needs STARE_ALLOW_LOCAL_SANDBOX=1) | "none" (no tools run)
     sandbox_pool_size: int = 8
     sandbox_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. {"runtime": "runsc"}
     max_concurrency: int = 64

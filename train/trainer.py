@@ -364,8 +364,9 @@ class Trainer:
             from stare_agents.sandbox import make_sandbox
 
             seeds = [c.env.train_seed + 10_000_000 + i for i in range(c.sft.num_examples)]  # apart from RL's
+            # the solver's code must run to be verified: "none" still uses Docker here, never the host
             with make_sandbox(
-                c.rollout.sandbox if c.rollout.sandbox != "none" else "auto", pool_size=4
+                c.rollout.sandbox if c.rollout.sandbox != "none" else "docker", pool_size=4
             ) as sandbox:
                 traces = solver_traces(
                     c.env.id,

@@ -70,8 +70,8 @@ def eval_command(
         "auto", help="auto, chat (chat template, tool turns) or inline (one running assistant turn)."
     ),
     sandbox: str = typer.Option(
-        "auto",
-        help="Sandbox backend: auto (Docker if available, else local with a warning), docker or local.",
+        "docker",
+        help="Sandbox backend: docker, or local (model-written code on this host: needs STARE_ALLOW_LOCAL_SANDBOX=1).",
     ),
     max_model_len: int | None = typer.Option(
         None, "--max-model-len", help="Engine context window (default: 1024 + the response budget)."

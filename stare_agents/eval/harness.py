@@ -60,7 +60,7 @@ RUN_FILE = "run.json"
 ENGINES = ("vllm", "hf")
 DTYPES = ("auto", "float32", "bfloat16")
 RENDERINGS = ("auto", "chat", "inline")
-SANDBOXES = ("auto", "docker", "local")
+SANDBOXES = ("docker", "local", "auto")  # "auto": an older name of "docker" (never the host)
 
 
 @dataclass
@@ -76,7 +76,7 @@ class EvalConfig:
     data_dir / fields / split: where benchmark names resolve, column mapping, split of dataset ids.
     workers: Ray rollout workers (each one engine and one sandbox); 0 runs in this process without Ray.
     engine: "vllm" or "hf"; dtype: "auto", "float32" or "bfloat16"; rendering: "auto", "chat" or "inline";
-    sandbox: "auto" (Docker when available, else the local backend, which warns), "docker" or "local".
+    sandbox: "docker" or "local" (model-written code on this host: needs STARE_ALLOW_LOCAL_SANDBOX=1).
     max_concurrency: episodes in flight per worker. max_model_len: the engine's context window (None:
         1024 prompt tokens + the protocol's response budget, within the model's max_position_embeddings).
     seed: the run seed; each sample's seed is derived from it and the sample's identity.
@@ -100,7 +100,7 @@ class EvalConfig:
     engine: str = "vllm"
     dtype: str = "auto"
     rendering: str = "auto"
-    sandbox: str = "auto"
+    sandbox: str = "docker"
     max_concurrency: int = 64
     max_model_len: int | None = None
     seed: int = 0

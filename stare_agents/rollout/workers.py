@@ -38,7 +38,7 @@ class WorkerSpec:
     """What each rollout worker builds.
 
     model: local HF directory. engine: "vllm" or "hf". dtype: "auto" | "float32" | "bfloat16".
-    max_model_len: context window. kv_cache_gib: vLLM on CPU. sandbox: "auto" | "docker" | "local" | "none";
+    max_model_len: context window. kv_cache_gib: vLLM on CPU. sandbox: "docker" | "local" | "none";
     sandbox_pool_size: warm interpreters (episodes holding a stateful session at once; others wait);
     sandbox_kwargs: e.g. {"runtime": "runsc"}. num_cpus / num_gpus: Ray resources per worker.
     imports: modules to import in the worker first (to register your own environments).
@@ -51,7 +51,7 @@ class WorkerSpec:
     seed: int = 0
     max_model_len: int = 4096
     kv_cache_gib: float = 2.0
-    sandbox: str = "auto"
+    sandbox: str = "docker"
     sandbox_pool_size: int = 8
     sandbox_kwargs: dict[str, Any] = field(default_factory=dict)
     num_cpus: float = 1.0
@@ -77,15 +77,14 @@ class RolloutWorker:
                 multiprocess=spec.multiprocess,
             )
         self.engine = make_engine(spec.engine, spec.model, **kwargs)
-        self.sandbox = None
-        if spec.sandbox != "none":
-            from stare_agents.sandbox import make_sandbox
+        from stare_agents.sandbox import make_sandbox
 
-            # episodes beyond the pool wait for an interpreter as long as it takes (the batch moves on as
-            # episodes end); a finite lease timeout would turn a busy pool into tool failures
-            kwargs = {"lease_timeout_s": None, **spec.sandbox_kwargs}
-            self.sandbox = make_sandbox(spec.sandbox, pool_size=spec.sandbox_pool_size, **kwargs)
-            self.sandbox.start()
+        # "none": a NoSandbox, so that a tool call is a tool error and never reaches a shared sandbox.
+        # Episodes beyond the pool wait for an interpreter as long as it takes (the batch moves on as
+        # episodes end); a finite lease timeout would turn a busy pool into tool failures
+        kwargs = {} if spec.sandbox == "none" else {"lease_timeout_s": None, **spec.sandbox_kwargs}
+        self.sandbox = make_sandbox(spec.sandbox, pool_size=spec.sandbox_pool_size, **kwargs)
+        self.sandbox.start()
         self._done = 0
         self._lock = threading.Lock()
 

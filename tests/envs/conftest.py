@@ -12,7 +12,7 @@ from stare_agents.sandbox import LocalSandbox
 @pytest.fixture(scope="session")
 def local_sandbox():
     """A LocalSandbox with two warm interpreters (tests on 2 cores: more would only contend)."""
-    sandbox = LocalSandbox(2)
+    sandbox = LocalSandbox(2, allow_host_execution=True)
     sandbox.start()
     yield sandbox
     sandbox.close()

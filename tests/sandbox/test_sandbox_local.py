@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import glob
-import logging
 import os
 import signal
 import subprocess
@@ -13,13 +12,15 @@ import time
 
 import pytest
 
-from stare_agents.sandbox import ExecutionResult, LocalSandbox, make_sandbox
+from stare_agents.sandbox import ExecutionResult, LocalSandbox
 from stare_agents.sandbox.local import network_isolation_prefix
 
 
 @pytest.fixture(scope="module")
 def sandbox():
-    with LocalSandbox(pool_size=2, default_timeout_s=10, max_output_bytes=4096, memory_mb=1024) as box:
+    with LocalSandbox(
+        allow_host_execution=True, pool_size=2, default_timeout_s=10, max_output_bytes=4096, memory_mb=1024
+    ) as box:
         yield box
 
 
@@ -143,22 +144,6 @@ def test_run_rejects_non_string_code(sandbox):
         s.run(b"print(1)")
 
 
-def test_make_sandbox_local_and_auto_says_why(caplog, monkeypatch):
-    import stare_agents.sandbox
-
-    # the warning is once per reason and process; earlier tests may already have seen this reason
-    monkeypatch.setattr(stare_agents.sandbox, "_fallbacks_reported", set())
-    assert isinstance(make_sandbox("local", pool_size=1), LocalSandbox)
-    with pytest.raises(ValueError):
-        make_sandbox("podman")
-    # an image that cannot exist: "auto" must fall back to LocalSandbox and say why, whatever the engine
-    with caplog.at_level(logging.WARNING, logger="stare_agents.sandbox"):
-        box = make_sandbox("auto", pool_size=1, image="stare-agents/no-such-image:0")
-    assert isinstance(box, LocalSandbox)
-    assert "NOT Docker" in caplog.text
-    assert "no-such-image" in caplog.text or "no Docker engine" in caplog.text
-
-
 def test_a_killed_host_leaves_no_interpreter_or_folder_behind():
     before = set(glob.glob("/tmp/stare-sandbox-*"))
     host = subprocess.Popen(
@@ -166,7 +151,7 @@ def test_a_killed_host_leaves_no_interpreter_or_folder_behind():
             sys.executable,
             "-c",
             "from stare_agents.sandbox import LocalSandbox\nimport os, time\n"
-            "box = LocalSandbox(2, preimport=()).start()\n"
+            "box = LocalSandbox(2, allow_host_execution=True, preimport=()).start()\n"
             "print(' '.join(str(r.channel.process.pid) for r in box._pool._free), flush=True)\ntime.sleep(60)",
         ],
         stdout=subprocess.PIPE,

@@ -229,7 +229,9 @@ def test_timeouts_are_checked_on_both_sides():
 @pytest.fixture(scope="module")
 def one():
     """A pool of one interpreter (no pre-imports: fast), so every next session reuses it."""
-    with LocalSandbox(pool_size=1, preimport=(), default_timeout_s=10, lease_timeout_s=20) as box:
+    with LocalSandbox(
+        pool_size=1, preimport=(), default_timeout_s=10, lease_timeout_s=20, allow_host_execution=True
+    ) as box:
         yield box
 
 
@@ -274,7 +276,7 @@ def test_asyncio_cancellation_and_close_mid_call_keep_every_result_its_own():
     async def main(box: LocalSandbox) -> list[tuple[str, str]]:
         return await asyncio.wait_for(asyncio.gather(*(one_task(box, i) for i in range(10))), 60)
 
-    with LocalSandbox(pool_size=2, preimport=()) as box:
+    with LocalSandbox(allow_host_execution=True, pool_size=2, preimport=()) as box:
         results = asyncio.run(main(box))
         assert box._pool.live == 2
     assert results == [("cancelled", f"{i}\n" if i % 2 else f"False {i}\n") for i in range(10)]
@@ -295,8 +297,11 @@ def test_a_dropped_session_gives_its_interpreter_back(one):
 
 
 def test_lease_timeout_is_finite_and_its_error_says_what_to_do():
-    assert LocalSandbox().lease_timeout_s == 300.0
-    with LocalSandbox(pool_size=1, preimport=(), lease_timeout_s=0.3) as box, box.session() as held:
+    assert LocalSandbox(allow_host_execution=True).lease_timeout_s == 300.0
+    with (
+        LocalSandbox(allow_host_execution=True, pool_size=1, preimport=(), lease_timeout_s=0.3) as box,
+        box.session() as held,
+    ):
         held.run("pass")
         started = time.monotonic()
         with pytest.raises(SandboxError, match=r"within 0.3 s \(pool_size=1, 1 leased.*lease_timeout_s=None"):
@@ -311,7 +316,7 @@ def test_lease_timeout_is_finite_and_its_error_says_what_to_do():
         assert time.monotonic() - started < 3
     for bad in (0, -1, math.inf, math.nan, "5"):
         with pytest.raises(ValueError, match="lease_timeout_s"):
-            LocalSandbox(lease_timeout_s=bad)
+            LocalSandbox(allow_host_execution=True, lease_timeout_s=bad)
 
 
 def test_odd_input_is_a_clear_error(one):
@@ -326,7 +331,7 @@ def test_odd_input_is_a_clear_error(one):
         assert s.run("print(1)").stdout == "1\n"
     for kwargs in ({"default_timeout_s": math.inf}, {"pool_size": 0}, {"max_output_bytes": 10}):
         with pytest.raises(ValueError):
-            LocalSandbox(**kwargs)
+            LocalSandbox(allow_host_execution=True, **kwargs)
 
 
 def test_a_forged_reply_on_either_channel_is_the_calls_error(one):
@@ -368,7 +373,7 @@ def test_threads_and_asyncio_tasks_share_one_sandbox():
     """How the rollout layer uses it: one sandbox per process, sessions from threads and from an event
     loop at the same time, more sessions than interpreters."""
     errors: list[str] = []
-    with LocalSandbox(pool_size=2, preimport=()) as box:
+    with LocalSandbox(allow_host_execution=True, pool_size=2, preimport=()) as box:
 
         def thread_worker(i: int) -> None:
             for j in range(3):
@@ -448,7 +453,7 @@ def test_a_container_that_cannot_be_made_clean_is_replaced(tmp_path, monkeypatch
     patched = tmp_path / "runner.py"
     patched.write_text(source.replace("RESET_BUDGET_S = 5.0", "RESET_BUDGET_S = -1.0"))
     monkeypatch.setattr(local, "RUNNER_PATH", patched)
-    with LocalSandbox(pool_size=1, preimport=()) as box:
+    with LocalSandbox(allow_host_execution=True, pool_size=1, preimport=()) as box:
         with box.session() as s:
             s.run("print('nothing left')")
             first = s.runner

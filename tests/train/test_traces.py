@@ -24,7 +24,7 @@ def encode(tokenizer, text):
 
 def test_solver_traces_are_correct_for_every_task_kind_and_shaped_like_rollouts(tokenizer):
     eos = {tokenizer.eos_token_id}
-    with LocalSandbox(2) as sandbox:
+    with LocalSandbox(2, allow_host_execution=True) as sandbox:
         traces = {
             kind: solver_traces(
                 "stare_agents/ArithmeticTIR-v0",
