@@ -1,0 +1,280 @@
+"""The trajectory viewer: one self-contained HTML page of a run's saved rollouts (`stare-agents show`).
+
+    path = write_page("runs/tiny")                  # runs/tiny/rollouts.html; also a step file, an eval
+    path = write_page("evals/x/samples.jsonl")      # samples.jsonl or a trajectories JSONL
+
+The page needs no server and no network: its script and style are inline, a Content-Security-Policy forbids
+every other source, and the data is embedded as JSON in `<script type="application/json">` blocks, one per
+RL step, escaped so that no text (a tool output holding `</script>`, say) can end a block. The script
+parses a step's block when the step is opened and draws a trajectory's tokens when it is opened, so a run
+of thousands of trajectories opens as fast as its overview. Text is only ever inserted as text.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from stare_agents.rollout_log import ROLLOUTS_DIR, SavedRollout, read_rollouts, saved_steps, step_file
+
+ASSETS = Path(__file__).parent / "assets"
+PAGE_NAME = "rollouts.html"
+# the figures of a metrics.jsonl "rl" record the overview shows, and their column titles
+OVERVIEW = {
+    "rollout/mean_reward": "reward",
+    "rollout/accuracy": "accuracy",
+    "learner/entropy": "entropy",
+    "stare/gate_on": "gate",
+    "stare/w": "w",
+    "stare/lplus_share": "L+ share",
+    "data/kept_trajectories": "trained",
+    "rollout/failed": "failed",
+}
+
+
+def escape_json(value: Any) -> str:
+    """JSON that is safe inside a <script> block: no `<`, `>`, `&` or line separators appear raw (inside
+    JSON strings they become \\u escapes; outside strings JSON has none), and NaN/inf become null."""
+    text = json.dumps(_finite(value), ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    for raw, escaped in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026")):
+        text = text.replace(raw, escaped)
+    return text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def compact(saved: SavedRollout, index: int) -> dict[str, Any]:
+    """One trajectory as the page's script reads it (short keys: a step of thousands stays small)."""
+    t = saved.trajectory
+    learner = saved.learner_logprobs
+    logprobs = learner if learner is not None else t.rollout_logprobs
+    advantage = saved.advantage
+    if isinstance(advantage, list):  # per-token advantages: the mean over action tokens, for the list
+        actions = [a for a, bit in zip(advantage, t.action_mask, strict=True) if bit]
+        advantage = sum(actions) / len(actions) if actions else 0.0
+    return {
+        "i": index,
+        "g": t.group_id,
+        "si": t.sample_index,
+        "task": t.task_id,
+        "r": t.reward,
+        "c": t.correct,
+        "sr": t.stop_reason,
+        "st": saved.status,
+        "a": advantage,
+        "wv": t.weight_version,
+        "nt": t.num_turns,
+        "err": t.error,
+        "gate": saved.gate_on,
+        "prompt": saved.prompt_text,
+        "tok": saved.tokens or None,
+        "m": "".join("1" if bit else "0" for bit in t.action_mask),
+        "s": [round(-lp, 3) if bit else 0 for lp, bit in zip(logprobs, t.action_mask, strict=True)],
+        "ssrc": "learner" if learner is not None else "rollout",
+        "w": [round(w, 4) for w in saved.stare_weights] if saved.stare_weights is not None else None,
+        "sel": "".join("+-"[v < 0] if v else "0" for v in saved.selection) if saved.selection else None,
+        "turns": [
+            {
+                "text": turn.text,
+                "obs": turn.observation,
+                "calls": turn.tool_calls,
+                "statuses": turn.tool_statuses,
+                "finish": turn.finish_reason,
+            }
+            for turn in t.turns
+        ],
+    }
+
+
+def load_source(source: str | Path) -> tuple[str, dict[str, list[SavedRollout]], list[dict[str, Any]]]:
+    """(title, step name -> saved rollouts, metrics.jsonl "rl" records) of a run folder, a step file, an
+    eval samples.jsonl or a trajectories JSONL."""
+    source = Path(source)
+    if source.is_dir():
+        steps = saved_steps(source)
+        if not steps:
+            raise FileNotFoundError(
+                f"{source} has no saved rollouts ({source / ROLLOUTS_DIR}/step-*.jsonl.gz); they are written "
+                "by RL runs with logging.rollouts > 0 (the default)"
+            )
+        data = {str(s): read_rollouts(step_file(source, s)) for s in steps}
+        return source.name or str(source), data, _rl_records(source / "metrics.jsonl")
+    if not source.exists():
+        raise FileNotFoundError(f"{source}: no such run folder or file")
+    if source.name.endswith(".jsonl.gz"):
+        saved = read_rollouts(source)
+        name = str(saved[0].step) if saved else source.name
+        return source.name, {name: saved}, _rl_records(source.parent.parent / "metrics.jsonl")
+    if source.suffix == ".jsonl":
+        return source.name, {"samples": list(_jsonl_rollouts(source))}, []
+    raise ValueError(
+        f"{source}: not a run folder, a rollouts/step-*.jsonl.gz file or a .jsonl of samples/trajectories"
+    )
+
+
+def _rl_records(path: Path) -> list[dict[str, Any]]:
+    from stare_agents.train.trainer import read_records
+
+    return read_records(path, "rl")
+
+
+def _jsonl_rollouts(path: Path) -> Iterable[SavedRollout]:
+    """An eval samples.jsonl (turn texts, no token ids) or a write_jsonl trajectories file, as SavedRollouts."""
+    from stare_agents.trajectory import Trajectory, TurnRecord
+
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line torn by a kill
+        if "prompt_ids" in record:
+            yield SavedRollout(step=0, trajectory=Trajectory.from_dict(record), status="trained")
+        elif "benchmark" in record and "turns" in record:  # eval/report.py's sample_record
+            trajectory = Trajectory(
+                prompt_ids=[0],
+                response_ids=[],
+                action_mask=[],
+                rollout_logprobs=[],
+                reward=float(record.get("reward", 0.0)),
+                num_turns=int(record.get("num_turns", 0)),
+                stop_reason=record.get("stop_reason", "answered"),
+                weight_version=int(record.get("weight_version") or 0),
+                turns=[TurnRecord(**turn) for turn in record["turns"]],
+                task_id=str(record.get("problem_id", "")),
+                group_id=f"{record.get('benchmark')}/{record.get('problem_id')}",
+                sample_index=int(record.get("sample_index", 0)),
+                correct=bool(record.get("correct")),
+                error=record.get("error"),
+            )
+            yield SavedRollout(
+                step=0, trajectory=trajectory, status="failed" if record.get("failed") else "trained"
+            )
+        else:
+            raise ValueError(
+                f"{path}:{number}: neither an eval sample nor a trajectory (keys {sorted(record)[:8]})"
+            )
+
+
+def build_page(source: str | Path, *, steps: Iterable[int] | None = None) -> str:
+    """The HTML page of `source` (see `load_source`); `steps` limits a run folder to those RL steps."""
+    title, data, records = load_source(source)
+    if steps is not None:
+        wanted = {str(s) for s in steps}
+        data = {name: saved for name, saved in data.items() if name in wanted}
+        if not data:
+            raise ValueError(f"none of the steps {sorted(wanted)} has saved rollouts in {source}")
+    by_step = {str(r.get("step")): r for r in records}
+    overview = []
+    for name, saved in data.items():
+        record = by_step.get(name, {})
+        row = {"step": name, "saved": len(saved), "statuses": {}}
+        for status in (s.status for s in saved):
+            row["statuses"][status] = row["statuses"].get(status, 0) + 1
+        row.update({key: record.get(key) for key in OVERVIEW})
+        row["target"] = record.get("stare/target_entropy")
+        overview.append(row)
+    target = next((r.get("stare/target_entropy") for r in records if r.get("stare/target_entropy")), None)
+    meta = {
+        "title": title,
+        "columns": OVERVIEW,
+        "overview": overview,
+        "curve": [{"step": r.get("step"), "entropy": r.get("learner/entropy")} for r in records],
+        "target": target if target is not None else _config_target(source),
+    }
+    blocks = [f'<script type="application/json" id="meta">{escape_json(meta)}</script>']
+    for name, saved in data.items():
+        payload = [compact(s, i) for i, s in enumerate(saved)]
+        blocks.append(
+            f'<script type="application/json" id="step-{_safe_id(name)}">{escape_json(payload)}</script>'
+        )
+    css = (ASSETS / "viewer.css").read_text(encoding="utf-8")
+    js = (ASSETS / "viewer.js").read_text(encoding="utf-8")
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">\n'
+        '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; '
+        "script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:\">\n"
+        f"<title>{_html_text(title)} - stare-agents rollouts</title>\n<style>{css}</style></head>\n"
+        '<body><div id="app"><p id="loading">loading...</p></div>\n'
+        + "\n".join(blocks)
+        + f"\n<script>{js}</script>\n</body></html>\n"
+    )
+
+
+def _config_target(source: str | Path) -> float | None:
+    """The entropy target from a run folder's config.yaml, when its metrics do not carry it."""
+    path = Path(source) / "config.yaml"
+    if not path.is_file():
+        return None
+    try:
+        from stare_agents.train.config import load_config
+
+        algorithm = load_config(path=path).algorithm()
+    except Exception:  # an older or foreign config: the overview just shows no target
+        return None
+    return algorithm.stare.target_entropy if algorithm.stare is not None else None
+
+
+def _safe_id(name: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in name)
+
+
+def _html_text(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def default_output(source: str | Path) -> Path:
+    source = Path(source)
+    if source.is_dir():
+        return source / PAGE_NAME
+    name = source.name.removesuffix(".gz").removesuffix(".jsonl")
+    return source.with_name(f"{name}.html")
+
+
+def write_page(
+    source: str | Path, out: str | Path | None = None, *, steps: Iterable[int] | None = None
+) -> Path:
+    """Write the page of `source` (default: RUN/rollouts.html, or FILE.html beside a file); returns its path."""
+    path = Path(out) if out is not None else default_output(source)
+    html = build_page(source, steps=steps)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(html, encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def serve(path: str | Path, *, port: int = 8000, host: str = "127.0.0.1") -> None:
+    """Serve one page over HTTP on `host` until interrupted (for opening it from another machine over a tunnel)."""
+    import http.server
+
+    page = Path(path).read_bytes()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return
+
+    with http.server.ThreadingHTTPServer((host, port), Handler) as server:
+        print(f"serving {path} on http://{host}:{server.server_address[1]}/ (Ctrl-C stops)")
+        with contextlib.suppress(KeyboardInterrupt):
+            server.serve_forever()
