@@ -13,5 +13,9 @@ PY="$(bash scripts/setup.sh | tail -n 1)"
 if [ "${STARE_PROVISION_DOCKER:-1}" != 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   STARE_AGENTS="$(dirname "$PY")/stare-agents" bash scripts/provision_docker.sh
 fi
+# headless Chromium for the viewer tests (Debian's chromium; STARE_PROVISION_BROWSER=0 leaves it alone)
+if [ "${STARE_PROVISION_BROWSER:-1}" != 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  bash scripts/provision_browser.sh
+fi
 "$PY" -m ruff check .
 exec "$PY" -m pytest "$@"
