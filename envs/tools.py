@@ -261,7 +261,9 @@ def shared_sandbox() -> PooledSandbox:
         if _shared is None or _shared_pid != os.getpid():
             from stare_agents.sandbox import make_sandbox
 
-            _shared = make_sandbox("docker", pool_size=SHARED_POOL_SIZE, lease_timeout_s=SHARED_LEASE_TIMEOUT_S)
+            _shared = make_sandbox(
+                "docker", pool_size=SHARED_POOL_SIZE, lease_timeout_s=SHARED_LEASE_TIMEOUT_S
+            )
             _shared_pid = os.getpid()
             atexit.register(_close_shared, _shared)
         return _shared

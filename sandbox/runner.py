@@ -335,8 +335,8 @@ def _reachable_by_others(path: str) -> bool:
 
 
 def drop_root(uid: int, gid: int, needed: list[str]) -> None:
-    """Become `uid`/`gid` with no supplementary groups. Where a path in `needed` (the interpreter, the venv,
-    this file) lies under a folder others cannot search (a pyenv under /root), a private mount namespace
+    """Become `uid`/`gid` with no supplementary groups. Where a path in `needed` (the interpreter's and the
+    venv's folders, this file) lies under a folder others cannot search (a pyenv under /root), a private mount namespace
     covers that folder with an empty tmpfs and binds back only the needed subfolders, so the rest of it (a
     home folder's tokens and caches) stays out of sight."""
     libc = _libc()
@@ -370,7 +370,10 @@ def drop_root(uid: int, gid: int, needed: list[str]) -> None:
                 raise OSError(ctypes.get_errno(), f"covering {folder} failed")
             for name, fd in fds.items():
                 target = os.path.join(folder, name)
-                os.mkdir(target)
+                if os.path.isdir(f"/proc/self/fd/{fd}"):
+                    os.mkdir(target)
+                else:  # a file bound back onto an empty file
+                    os.close(os.open(target, os.O_CREAT | os.O_WRONLY, 0o644))
                 if libc.mount(f"/proc/self/fd/{fd}".encode(), target.encode(), None, MS_BIND | MS_REC, None):
                     raise OSError(ctypes.get_errno(), f"binding {target} back failed")
                 os.close(fd)
@@ -1744,7 +1747,7 @@ def main(argv: list[str]) -> None:
         if args.drop_to and os.geteuid() == 0:
             uid, gid = (int(part) for part in args.drop_to.split(":"))
             try:
-                drop_root(uid, gid, [sys.base_prefix, sys.prefix, os.path.dirname(os.path.abspath(__file__))])
+                drop_root(uid, gid, [sys.base_prefix, sys.prefix, os.path.abspath(__file__)])
             except OSError as exc:
                 raise SystemExit(f"sandbox runner: cannot leave root: {exc}") from exc
         if os.geteuid() == 0:

@@ -33,11 +33,31 @@ STOP_REASONS: tuple[str, ...] = (
     "token_budget",  # the response token budget ran out before the environment ended the episode
     "context_overflow",  # the next turn would not fit in the model's context window
     "tool_failure",  # the sandbox failed in a way the episode cannot recover from
-    "env_error",  # the environment raised
+    "env_error",  # the environment failed before the policy acted (make, reset, prompt) or returned junk
+    "policy_error",  # the policy's output broke the episode (its turn fails the template check, the env raised)
     "engine_error",  # the inference engine failed for this request
 )
-# Stop reasons of trajectories that failed (their reward says nothing about the policy).
-FAILED_STOP_REASONS: frozenset[str] = frozenset({"tool_failure", "env_error", "engine_error"})
+# Who caused each stop: the policy's output ("policy": scored, a failure among them counts as reward 0 in the
+# loss and as wrong in every accuracy) or the infrastructure ("infrastructure": engine, sandbox, environment
+# down; the reward says nothing about the policy, so the episode is left out and counted). Every member of
+# STOP_REASONS has a cause; a test checks it.
+STOP_CAUSES: dict[str, str] = {
+    "answered": "policy",
+    "void_turn": "policy",
+    "turn_limit": "policy",
+    "token_budget": "policy",
+    "context_overflow": "policy",
+    "policy_error": "policy",
+    "tool_failure": "infrastructure",
+    "env_error": "infrastructure",
+    "engine_error": "infrastructure",
+}
+# Stops that are failures (no regular end); of these, only the infrastructure's leave the loss and accuracy.
+FAILURE_STOP_REASONS: frozenset[str] = frozenset(
+    {"tool_failure", "env_error", "engine_error", "policy_error"}
+)
+# Stop reasons of trajectories that failed for the infrastructure (their reward says nothing about the policy).
+FAILED_STOP_REASONS: frozenset[str] = frozenset(r for r in FAILURE_STOP_REASONS if STOP_CAUSES[r] != "policy")
 
 
 @dataclass
@@ -110,11 +130,20 @@ class Trajectory:
             raise ValueError(f"stop_reason must be one of {STOP_REASONS}, got {self.stop_reason!r}")
         if not math.isfinite(self.reward):
             raise ValueError(f"trajectory {self.task_id!r}: reward must be finite, got {self.reward}")
+        if self.stop_reason == "policy_error" and (self.reward != 0.0 or self.correct):
+            raise ValueError(f"trajectory {self.task_id!r}: a policy_error scores 0 and is never correct")
 
     @property
     def failed(self) -> bool:
-        """The rollout failed (environment, sandbox or engine), so its reward carries no signal."""
+        """The infrastructure failed (environment, sandbox or engine), so the reward carries no signal: such
+        a trajectory is left out of the loss and of accuracy, and counted. A failure the policy caused
+        (`policy_error`) is not `failed`: it stays in, with reward 0."""
         return self.stop_reason in FAILED_STOP_REASONS
+
+    @property
+    def failure_cause(self) -> str | None:
+        """ "policy" or "infrastructure" for a failed episode (see STOP_CAUSES), None for a regular end."""
+        return STOP_CAUSES[self.stop_reason] if self.stop_reason in FAILURE_STOP_REASONS else None
 
     @property
     def num_action_tokens(self) -> int:
@@ -138,19 +167,41 @@ class Trajectory:
         return cls(**data)
 
 
+def learning_trajectories(trajectories: Iterable[Trajectory]) -> list[Trajectory]:
+    """The trajectories whose reward says something about the policy: all but the infrastructure's failures.
+    A failure the policy caused stays in with reward 0, so that failing is never a way out of a low reward."""
+    return [t for t in trajectories if not t.failed]
+
+
+# Characters that end a line for str.splitlines() (and some JSON readers) but that JSON may leave raw in a
+# string: escaped on write, so that one record is one line for every reader.
+_LINE_BREAKS = {"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"}
+
+
+def dumps_line(record: Any) -> str:
+    """One JSON line (no trailing newline): non-ASCII text kept, every line-breaking character escaped."""
+    text = json.dumps(record, ensure_ascii=False)
+    for raw, escaped in _LINE_BREAKS.items():
+        text = text.replace(raw, escaped)
+    return text
+
+
 def write_jsonl(trajectories: Iterable[Trajectory], path: str | Path, *, append: bool = False) -> int:
     """Write one JSON object per line; returns how many were written."""
     count = 0
     with open(path, "a" if append else "w", encoding="utf-8") as handle:
         for trajectory in trajectories:
-            handle.write(json.dumps(trajectory.to_dict(), ensure_ascii=False) + "\n")
+            handle.write(dumps_line(trajectory.to_dict()) + "\n")
             count += 1
     return count
 
 
 def read_jsonl(path: str | Path) -> list[Trajectory]:
-    """Read trajectories written by `write_jsonl`. A torn last line (a killed writer) is skipped."""
-    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    """Read trajectories written by `write_jsonl`. A torn last line (a killed writer) is skipped. Lines
+    are split at "\\n" only (a raw U+2028 inside a record, from an older writer, stays in its string)."""
+    lines = Path(path).read_text(encoding="utf-8").split("\n")
+    while lines and not lines[-1].strip():
+        lines.pop()
     trajectories = []
     for number, line in enumerate(lines, 1):
         if not line.strip():

@@ -43,7 +43,7 @@ from stare_agents.train.checkpoint import (
 )
 from stare_agents.train.config import TrainConfig, save_config
 from stare_agents.train.learner import LEARNER_METRICS, Learner
-from stare_agents.trajectory import Trajectory, collate
+from stare_agents.trajectory import Trajectory, collate, learning_trajectories
 
 logger = logging.getLogger("stare_agents.train")
 
@@ -576,7 +576,7 @@ class Trainer:
             seconds["rollout"] += time.perf_counter() - started
             started = time.perf_counter()
             trajectories += batch_trajectories
-            usable = [t for t in batch_trajectories if not t.failed]
+            usable = learning_trajectories(batch_trajectories)  # a policy_error stays in, reward 0
             if c.rl.drop_void_turns:  # SimpleTIR: trajectories with a void turn leave the loss
                 usable = [t for t in usable if t.stop_reason != "void_turn" and not t.info.get("void_turns")]
             if usable:

@@ -15,6 +15,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -193,8 +194,10 @@ async def run_episode(
             except Exception as error:
                 from stare_agents.sandbox import SandboxError
 
+                # the sandbox down is the infrastructure's failure; an environment that raises on the policy's
+                # text is the policy's (reward 0: raising must not be a way out of a low reward)
                 return _failed(
-                    record, "tool_failure" if isinstance(error, SandboxError) else "env_error", error
+                    record, "tool_failure" if isinstance(error, SandboxError) else "policy_error", error
                 )
             turn.env_s = time.perf_counter() - started
             turn.tool_statuses = _tool_statuses(last_info, info)
@@ -203,14 +206,20 @@ async def run_episode(
             )
             last_info = info
             if terminated or truncated:
-                record.reward = float(reward)
+                try:
+                    record.reward = float(reward)
+                    if not math.isfinite(record.reward):
+                        raise ValueError("the reward is not finite")
+                except (TypeError, ValueError) as error:  # the environment's fault: this episode only
+                    message = f"{task.env_id} returned an unusable reward {reward!r} ({error})"
+                    return _failed(record, "env_error", ValueError(message))
                 record.correct = bool(info.get("correct", False))
                 record.stop_reason = _stop_reason(terminated, info)
                 break
             try:
                 inserted_ids, inserted_text = renderer.observation(generation.token_ids, observation)
-            except TemplateError as error:
-                return _failed(record, "env_error", error)
+            except TemplateError as error:  # the policy's turn cannot be continued: its doing, reward 0
+                return _failed(record, "policy_error", error)
             # an observation that does not fit ends the episode before it is inserted
             if len(record.prompt_ids) + len(record.response_ids) + len(inserted_ids) >= engine.max_model_len:
                 record.stop_reason = "context_overflow"
