@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+import stare_agents._quiet_progress  # noqa: F401 (first: sets TQDM_MININTERVAL before tqdm is imported)
 from stare_agents import __version__
 from stare_agents.envs.cli import app as envs_app
 from stare_agents.eval.cli import compare_command, eval_command

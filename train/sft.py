@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -150,16 +150,21 @@ class SFTTrainer:
             "skipped": float(skipped),
         }
 
-    def fit(self, trajectories: Sequence[Trajectory], *, progress: bool = False) -> list[dict[str, float]]:
-        """`config.epochs` epochs over the trajectories; one dict of SFT_METRICS per epoch."""
+    def fit(
+        self, trajectories: Sequence[Trajectory], *, progress: bool = False, on_step: Callable | None = None
+    ) -> list[dict[str, float]]:
+        """`config.epochs` epochs over the trajectories; one dict of SFT_METRICS per epoch. `on_step`, when
+        given, receives each optimiser step's figures (what `step` returns)."""
         if not trajectories:
             raise ValueError("SFT needs at least one trajectory")
         history = []
         for _ in range(self.config.epochs):
-            history.append(self.epoch(trajectories, progress=progress))
+            history.append(self.epoch(trajectories, progress=progress, on_step=on_step))
         return history
 
-    def epoch(self, trajectories: Sequence[Trajectory], *, progress: bool = False) -> dict[str, float]:
+    def epoch(
+        self, trajectories: Sequence[Trajectory], *, progress: bool = False, on_step: Callable | None = None
+    ) -> dict[str, float]:
         start = time.perf_counter()
         order = list(range(len(trajectories)))
         if self.config.shuffle:
@@ -177,6 +182,8 @@ class SFTTrainer:
             iterator = tqdm(batches, desc=f"SFT epoch {self.epochs_done + 1}", unit="step")
         for rows in iterator:
             out = self.step([trajectories[i] for i in rows])
+            if on_step is not None:
+                on_step(out)
             if out["action_tokens"]:
                 totals["nll"] += out["loss"] * out["action_tokens"]
                 totals["entropy"] += out["entropy"] * out["action_tokens"]

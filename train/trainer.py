@@ -22,12 +22,14 @@ import logging
 import math
 import shutil
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from stare_agents._quiet_progress import quiet_progress_bars
 from stare_agents.algo import AlgorithmConfig, compute_advantages
 from stare_agents.envs.registration import split_kwargs
 from stare_agents.envs.tasks import Task
@@ -54,7 +56,14 @@ FINAL_MODEL = "final_model"  # the trained policy as a Hugging Face folder, in e
 
 # -- the run folder -----------------------------------------------------------------------------------------------
 class RunLog:
-    """metrics.jsonl + TensorBoard (+ W&B when configured). Records carry `kind` ("rl", "eval", "sft")."""
+    """metrics.jsonl + TensorBoard (+ W&B when configured): one writer that feeds every sink.
+
+    Records carry `kind` ("rl", "eval", "sft", "sft-step") and `step`. In TensorBoard and W&B a figure `x` of
+    a record of kind `k` is `k/x` (figures named `a/b` keep their name), an evaluation's figures are
+    `eval/<point>/x`, and nested counts such as `stop_reasons` become `k/stop_reasons/<reason>`. W&B plots
+    each kind against its own step (`k/step`), and the run's id is kept in the run folder (`wandb_run_id`),
+    so a resumed run continues the same W&B run.
+    """
 
     def __init__(self, folder: Path, config: TrainConfig, *, purge_from: int | None = None) -> None:
         self.folder = folder
@@ -69,37 +78,100 @@ class RunLog:
             from torch.utils.tensorboard import SummaryWriter
 
             self.writer = SummaryWriter(str(folder / "tensorboard"), purge_step=purge_from)
-        self.wandb = None
-        if config.logging.wandb_project:
-            try:
-                import wandb
-            except ImportError as error:
-                raise RuntimeError(
-                    "logging.wandb_project is set but wandb is not installed: pip install wandb"
-                ) from error
-            self.wandb = wandb.init(
-                project=config.logging.wandb_project, name=config.name, config=config.to_dict()
-            )
+        self.wandb = _open_wandb(folder, config) if config.logging.wandb_project else None
+        self._wandb_kinds: set[str] = set()
 
     def log(self, record: dict[str, Any]) -> None:
         with open(self.path, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(record, default=_jsonable) + "\n")
         step = int(record.get("step", 0))
-        prefix = record.get("kind", "rl")
-        numbers = {k: v for k, v in record.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+        prefix = scalar_prefix(record)
+        numbers = scalars(record, prefix)
         if self.writer is not None:
             for key, value in numbers.items():
-                if key != "step" and math.isfinite(value):
-                    self.writer.add_scalar(key if "/" in key else f"{prefix}/{key}", value, step)
+                self.writer.add_scalar(key, value, step)
             self.writer.flush()
         if self.wandb is not None:
-            self.wandb.log({f"{prefix}/{k}" if "/" not in k else k: v for k, v in numbers.items()}, step=step)
+            kind = prefix.split("/")[0]
+            if kind not in self._wandb_kinds:  # each kind on its own x axis
+                self.wandb.define_metric(f"{kind}/step")
+                self.wandb.define_metric(f"{kind}/*", step_metric=f"{kind}/step")
+                self._wandb_kinds.add(kind)
+            self.wandb.log({**numbers, f"{kind}/step": step})
 
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+            self.writer = None
         if self.wandb is not None:
-            self.wandb.finish()
+            _close_wandb(self.folder)
+            self.wandb = None
+
+
+WANDB_ID_FILE = "wandb_run_id"
+_wandb_runs: dict[Path, list] = {}  # run folder -> [W&B run, RunLogs using it]
+
+
+def _open_wandb(folder: Path, config: TrainConfig) -> Any:
+    """The folder's W&B run: started once per process and shared; resumed by the id kept in the folder."""
+    key = folder.resolve()
+    if key in _wandb_runs:
+        _wandb_runs[key][1] += 1
+        return _wandb_runs[key][0]
+    try:
+        import wandb
+    except ImportError as error:
+        raise RuntimeError(
+            "logging.wandb_project is set but wandb is not installed: pip install wandb"
+        ) from error
+    id_file = folder / WANDB_ID_FILE
+    run_id = id_file.read_text().strip() if id_file.exists() else ""
+    if not run_id:
+        run_id = uuid.uuid4().hex[:12]  # a W&B run id: letters and digits
+        id_file.write_text(run_id + "\n")
+    name = config.name if key == Path(config.out_dir).resolve() else f"{config.name}-{folder.name}"
+    run = wandb.init(
+        project=config.logging.wandb_project,
+        name=name,
+        id=run_id,
+        resume="allow",
+        dir=str(folder),
+        config=config.to_dict(),
+        reinit="create_new",
+    )
+    _wandb_runs[key] = [run, 1]
+    return run
+
+
+def _close_wandb(folder: Path) -> None:
+    entry = _wandb_runs[folder.resolve()]
+    entry[1] -= 1
+    if entry[1] == 0:
+        entry[0].finish()
+        del _wandb_runs[folder.resolve()]
+
+
+def scalar_prefix(record: dict[str, Any]) -> str:
+    kind = str(record.get("kind", "rl"))
+    return f"{kind}/{record['point']}" if kind == "eval" and "point" in record else kind
+
+
+def scalars(record: dict[str, Any], prefix: str) -> dict[str, float]:
+    """The finite numbers of a record (nested dicts flattened) under their TensorBoard/W&B names."""
+    out: dict[str, float] = {}
+
+    def visit(key: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                visit(f"{key}/{k}", v)
+        elif isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+            out[key] = float(value)
+
+    for key, value in record.items():
+        if key in ("step", "kind", "point"):
+            continue
+        visit(key if "/" in key else f"{prefix}/{key}", value)
+    return out
 
 
 def read_records(path: Path, kind: str | None = None) -> list[dict[str, Any]]:
@@ -159,6 +231,7 @@ class Trainer:
     """One run (see the module docstring). `run()` does every stage that is not done yet."""
 
     def __init__(self, config: TrainConfig, *, resume: bool = False) -> None:
+        quiet_progress_bars()
         self.config = config
         self.folder = Path(config.out_dir)
         if self.folder.exists() and any(self.folder.iterdir()) and not resume:
@@ -189,6 +262,12 @@ class Trainer:
         tmp = self.folder / (PROGRESS_FILE + ".tmp")
         tmp.write_text(json.dumps(self.progress, indent=2))
         tmp.replace(self.folder / PROGRESS_FILE)
+
+    def run_log(self) -> RunLog:
+        """The run folder's log of evaluation and SFT records (opened once, closed when `run()` ends)."""
+        if getattr(self, "_run_log", None) is None:
+            self._run_log = RunLog(self.folder, self.config)
+        return self._run_log
 
     def _timed(self, stage: str, seconds: float) -> None:
         self.stage_seconds[stage] = self.stage_seconds.get(stage, 0.0) + seconds
@@ -238,6 +317,9 @@ class Trainer:
         finally:
             self.workers.close()
             self.workers = None
+            if getattr(self, "_run_log", None) is not None:
+                self._run_log.close()
+                self._run_log = None
 
     def _start_workers(self, model_dir: Path) -> RolloutWorkerGroup:
         c = self.config
@@ -342,8 +424,7 @@ class Trainer:
         self._save_progress()
         record = {k: v for k, v in result.items() if k != "per_task"}
         record.update({"ci_low": score.ci_low, "ci_high": score.ci_high})
-        with open(self.folder / "metrics.jsonl", "a", encoding="utf-8") as handle:
-            handle.write(json.dumps({"kind": "eval", "point": point, "step": step or 0, **record}) + "\n")
+        self.run_log().log({"kind": "eval", "point": point, "step": step or 0, **record})
         return result
 
     # ---- SFT cold start ----
@@ -393,10 +474,13 @@ class Trainer:
             device="cuda" if torch.cuda.is_available() else "cpu",
         )
         sft = SFTTrainer(model, sft_config, pad_token_id=tokenizer.pad_token_id or 0)
-        for record in sft.fit(traces):
-            record = {"kind": "sft", "step": int(record["epoch"]), "traces": len(traces), **record}
-            with open(self.folder / "metrics.jsonl", "a", encoding="utf-8") as handle:
-                handle.write(json.dumps(record) + "\n")
+        log, steps = self.run_log(), iter(range(1, 1 << 62))  # sft-step: one record per optimiser step
+
+        def log_step(out: dict[str, float]) -> None:
+            log.log({"kind": "sft-step", "step": next(steps), **out})
+
+        for record in sft.fit(traces, on_step=log_step):
+            log.log({"kind": "sft", "step": int(record["epoch"]), "traces": len(traces), **record})
             logger.info("SFT epoch %d: loss %.4f", record["epoch"], record["loss"])
         save_hf_model(sft.model, base_dir, out)
         self._timed("sft", time.perf_counter() - started)
