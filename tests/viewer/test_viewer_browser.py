@@ -284,3 +284,43 @@ def test_thousands_of_trajectories_render_only_what_is_shown(browser, tmp_path: 
         assert view.errors == []
     finally:
         view.close()
+
+
+def test_eval_samples_show_as_turns_of_text(browser, tmp_path: Path):
+    sample = {
+        "benchmark": "arith",
+        "problem_id": "p<1>",
+        "sample_index": 0,
+        "seed": 1,
+        "correct": False,
+        "reward": 0.0,
+        "failed": False,
+        "error": None,
+        "stop_reason": "turn_limit",
+        "num_turns": 1,
+        "weight_version": 0,
+        "turns": [
+            {
+                "text": "```python\nprint(1)\n```",
+                "num_tokens": 7,
+                "finish_reason": "stop",
+                "tool_calls": 1,
+                "tool_statuses": ["ok"],
+                "observation": HOSTILE_OUTPUT,
+                "observation_tokens": 9,
+            }
+        ],
+    }
+    path = tmp_path / "samples.jsonl"
+    path.write_text(json.dumps(sample) + "\n")
+    view = Page(browser, write_page(path))
+    try:
+        view.page.wait_for_selector("#trajectories")
+        assert view.rows() == 1
+        view.page.locator("#trajectories tr.traj").click()
+        detail = view.page.locator(".detail")
+        assert "tool calls 1 (ok)" in detail.text_content()
+        assert "</script><script>window.pwned=1</script>" in detail.locator(".obs").text_content()
+        assert view.page.evaluate("typeof window.pwned") == "undefined" and view.errors == []
+    finally:
+        view.close()
