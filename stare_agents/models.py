@@ -75,6 +75,12 @@ def prepare_model(name: str, out: str | Path | None = None, *, force: bool = Fal
             f"model {name!r} is neither a prepared name {MODEL_NAMES}, a local HF directory, nor a hub id "
             "(owner/name)"
         )
+    if path.parent.is_dir():  # "runs/sft_modle": a local folder misspelt, not a hub id to download
+        raise FileNotFoundError(
+            f"model {name!r}: there is no folder {path} (but {path.parent}/ exists here, so this looks like a "
+            f"mistyped local path, not a hub id). Check the path; for a hub model whose owner matches a local "
+            f"folder's name, run from another directory or download it first."
+        )
     return _download_hub(name, out)
 
 
@@ -86,15 +92,38 @@ def _stamp_matches(target: Path, recipe: dict) -> bool:
         return False
 
 
+def _check_replaceable(target: Path) -> None:
+    """Refuse to replace anything this module did not make: a path that is not a folder, or a non-empty
+    folder without our stamp (`--out .` in a project, a typo that names a data folder)."""
+    if not target.exists() and not target.is_symlink():
+        return
+    if target.is_symlink() or not target.is_dir():
+        raise FileExistsError(
+            f"--out {target} exists and is not a model folder made here; choose another --out"
+        )
+    if any(target.iterdir()) and not (target / STAMP).is_file():
+        raise FileExistsError(
+            f"--out {target} is a non-empty folder that `stare-agents model` did not make (no {STAMP}); "
+            "nothing in it was touched. Choose an empty or new folder."
+        )
+
+
 def _atomic_build(target: Path, recipe: dict, build) -> Path:
-    """Build into a temporary sibling, then rename: a killed build never leaves a half-written model."""
+    """Build into a temporary sibling, then rename: a killed build never leaves a half-written model. The
+    target is replaced only when it is new, empty or a model this module made."""
+    target = target.expanduser().absolute()
+    _check_replaceable(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         details = build(tmp) or {}
         (tmp / STAMP).write_text(json.dumps({"recipe": recipe, **details}, indent=2))
+        _check_replaceable(target)  # again: something may have appeared while building
         if target.exists():
-            shutil.rmtree(target)
+            if any(target.iterdir()):
+                shutil.rmtree(target)  # a model of ours (stamped)
+            else:
+                target.rmdir()
         tmp.rename(target)
     finally:
         if tmp.exists():
@@ -174,6 +203,41 @@ def build_tiny_model(out: Path, *, seed: int = 0, vocab_size: int = 1024) -> dic
     )
     model.save_pretrained(out, safe_serialization=True)
     return {"parameters": sum(p.numel() for p in model.parameters()), "seed": seed}
+
+
+# -- fingerprints -----------------------------------------------------------------------------------------------
+_HASH_CACHE = "weight-sha256.json"
+
+
+def file_sha256(path: str | Path) -> str:
+    """sha256 of a whole file, streamed; cached in `$STARE_CACHE_DIR/weight-sha256.json` by resolved path,
+    size and mtime (ns), so a changed file is hashed again and an unchanged one only once."""
+    path = Path(path).resolve()
+    stat = path.stat()
+    key = f"{path}|{stat.st_size}|{stat.st_mtime_ns}|{stat.st_ino}"
+    cache_file = cache_dir() / _HASH_CACHE
+    try:
+        cache = json.loads(cache_file.read_text(encoding="utf-8"))
+        if not isinstance(cache, dict):
+            cache = {}
+    except (OSError, ValueError):
+        cache = {}
+    cached = cache.get(key)
+    if isinstance(cached, str) and len(cached) == 64:
+        return cached
+    digest = _sha256(path)
+    if path.stat().st_mtime_ns != stat.st_mtime_ns:  # written while hashed: do not cache a torn view
+        return digest
+    cache = {k: v for k, v in cache.items() if not k.startswith(f"{path}|")}
+    cache[key] = digest
+    try:
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache_file.with_name(f".{cache_file.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(cache, indent=0), encoding="utf-8")
+        tmp.replace(cache_file)
+    except OSError as error:  # a read-only cache costs time, not correctness
+        logger.debug("could not write the hash cache %s: %s", cache_file, error)
+    return digest
 
 
 # -- SmolLM2 ----------------------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import time
 import typing
 from collections.abc import Callable, Sequence
@@ -322,6 +323,63 @@ def _check_resume(out: Path, settings: dict[str, Any]) -> None:
         )
 
 
+_INT, _NUMBER, _TEXT = (int,), (int, float), (str,)
+_NONE = (type(None),)
+SAMPLE_TYPES: dict[str, tuple[type, ...]] = {  # what each samples.jsonl field must hold (bool is no int here)
+    "benchmark": _TEXT,
+    "problem_id": _TEXT,
+    "sample_index": _INT,
+    "seed": _INT + _NONE,
+    "correct": (bool,),
+    "reward": _NUMBER,
+    "failed": (bool,),
+    "error": _TEXT + _NONE,
+    "stop_reason": _TEXT,
+    "extracted": _TEXT + _NONE,
+    "grade_reason": _TEXT + _NONE,
+    "answer": _TEXT,
+    "num_turns": _INT,
+    "prompt_tokens": _INT,
+    "response_tokens": _INT,
+    "weight_version": _INT,
+    "text": _TEXT,
+    "turns": (list,),
+    "stats": (dict,),
+}
+
+
+def check_sample_records(records: Sequence[dict[str, Any]], path: Path) -> None:
+    """Refuse a samples file that cannot be trusted: every field of every record has its type (`"correct":
+    "false"` is not a boolean, so it never counts as correct), the numbers are finite and in range, the stop
+    reason is one of STOP_REASONS and agrees with `failed`, and nothing failed or policy-failed is correct."""
+    from stare_agents.trajectory import FAILED_STOP_REASONS, STOP_REASONS
+
+    for number, record in enumerate(records, 1):
+        where = f"{path}: record {number} ({record.get('benchmark')!r}, {record.get('problem_id')!r})"
+        for key, types in SAMPLE_TYPES.items():
+            value = record.get(key)
+            if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+                raise ValueError(
+                    f"{where}: {key} = {value!r} is not a {' or '.join(t.__name__ for t in types)}; the file "
+                    "was edited or damaged and is not resumed. Use another --out folder."
+                )
+        problems = []
+        if not math.isfinite(record["reward"]):
+            problems.append(f"reward {record['reward']!r} is not finite")
+        if min(record[k] for k in ("sample_index", "num_turns", "prompt_tokens", "response_tokens")) < 0:
+            problems.append("a count is negative")
+        if record["stop_reason"] not in STOP_REASONS:
+            problems.append(f"stop_reason {record['stop_reason']!r} is not one of {STOP_REASONS}")
+        elif record["failed"] != (record["stop_reason"] in FAILED_STOP_REASONS):
+            problems.append(f"failed={record['failed']} disagrees with stop_reason {record['stop_reason']!r}")
+        if record["correct"] and (record["failed"] or record["stop_reason"] == "policy_error"):
+            problems.append("a failed sample is marked correct")
+        if problems:
+            raise ValueError(
+                f"{where}: {'; '.join(problems)}; the file is not trusted. Use another --out folder."
+            )
+
+
 def plan_samples(benchmarks: Sequence[Benchmark], config: EvalConfig) -> list[SampleSpec]:
     """Every sample of the run, problem by problem (a chunk finishes whole problems first)."""
     return [
@@ -393,6 +451,7 @@ def evaluate(
             "%s: dropped a torn last line (%d bytes) left by an interrupted run", samples_path, cut
         )
     existing = read_samples(samples_path)
+    check_sample_records(existing, samples_path)
     planned = plan_samples(loaded, config)
     planned_keys = {spec.key for spec in planned}
     stray = [sample_key(r) for r in existing if sample_key(r) not in planned_keys]
@@ -422,6 +481,7 @@ def evaluate(
                 runner.close()
 
     records = read_samples(samples_path)
+    check_sample_records(records, samples_path)
     results = build_results(
         records,
         benchmarks={

@@ -179,26 +179,14 @@ def append_samples(path: str | Path, records: Iterable[Mapping[str, Any]]) -> in
 
 # -- model identity ---------------------------------------------------------------------------------------------
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
-_EDGE_BYTES = 1 << 20
-
-
-def _edges_sha256(path: Path) -> str:
-    """sha256 of a file's size, first MiB and last MiB: cheap, content-based, stable across copies."""
-    digest = hashlib.sha256()
-    size = path.stat().st_size
-    digest.update(str(size).encode())
-    with open(path, "rb") as handle:
-        digest.update(handle.read(_EDGE_BYTES))
-        if size > _EDGE_BYTES:
-            handle.seek(max(_EDGE_BYTES, size - _EDGE_BYTES))
-            digest.update(handle.read())
-    return digest.hexdigest()
 
 
 def model_identity(model: str | Path) -> dict[str, Any]:
-    """Who was evaluated: the model folder, a hash of its config, its weight files (size, mtime and a hash
-    of their first and last MiB) and a fingerprint over all of that. A name that is not a folder (a hub
+    """Who was evaluated: the model folder, a hash of its config, its weight files (size, mtime and the
+    sha256 of the whole file) and a fingerprint over all of that. A name that is not a folder (a hub
     id) is recorded as given, without a fingerprint."""
+    from stare_agents.models import file_sha256
+
     path = Path(model).expanduser()
     if not path.is_dir():
         return {"path": str(model), "name": str(model), "fingerprint": None}
@@ -213,12 +201,12 @@ def model_identity(model: str | Path) -> dict[str, Any]:
                 "file": str(file.relative_to(path)),
                 "bytes": stat.st_size,
                 "mtime": datetime.fromtimestamp(stat.st_mtime, timezone.utc).isoformat(),
-                "edges_sha256": _edges_sha256(file),
+                "sha256": file_sha256(file),  # the whole file (cached by size and mtime)
             }
         )
     fingerprint = hashlib.sha256(
         json.dumps(
-            {"config": config_sha, "weights": [(w["file"], w["bytes"], w["edges_sha256"]) for w in weights]}
+            {"config": config_sha, "weights": [(w["file"], w["bytes"], w["sha256"]) for w in weights]}
         ).encode()
     ).hexdigest()[:16]
     return {

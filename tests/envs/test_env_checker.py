@@ -151,7 +151,15 @@ def test_cli_list_and_check() -> None:
     listed = runner.invoke(app, ["list"])
     assert listed.exit_code == 0
     assert "MathTIR-v0" in listed.output
-    checked = runner.invoke(app, ["check", "stare_agents/ArithmeticTIR-v0", "--backend", "local"])
+    refused = runner.invoke(app, ["check", "stare_agents/ArithmeticTIR-v0", "--backend", "local"])
+    assert refused.exit_code != 0 and "STARE_ALLOW_LOCAL_SANDBOX" in str(
+        refused.exception
+    )  # not acknowledged
+    checked = runner.invoke(
+        app,
+        ["check", "stare_agents/ArithmeticTIR-v0", "--backend", "local"],
+        env={"STARE_ALLOW_LOCAL_SANDBOX": "1"},
+    )
     assert checked.exit_code == 0, checked.output
     assert "passed check_env" in checked.output
     unknown = runner.invoke(app, ["check", "stare_agents/Nope-v0"])

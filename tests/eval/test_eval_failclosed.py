@@ -1,0 +1,158 @@
+"""Results and models that cannot be forged or mixed up, and nothing deleted that the project did not make:
+a tampered samples.jsonl is refused on resume, the model fingerprint covers every byte of the weights,
+`model --out` never empties a folder it did not make, and a mistyped local path is no hub download."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from test_eval_harness import ScriptedRunner, setup  # noqa: F401  (setup is a fixture)
+from typer.testing import CliRunner
+
+from stare_agents.cli import app
+from stare_agents.eval.harness import evaluate
+from stare_agents.eval.report import model_identity, read_samples
+from stare_agents.models import STAMP, file_sha256, prepare_model
+
+
+def interrupted_run(setup: dict, out: Path) -> Path:  # noqa: F811
+    with pytest.raises(KeyboardInterrupt):
+        evaluate(
+            setup["model"],
+            setup["benchmarks"],
+            setup["config"],
+            out=out,
+            runner=ScriptedRunner(stop_after_chunks=2),
+            progress=False,
+        )
+    return out / "samples.jsonl"
+
+
+@pytest.mark.parametrize(
+    "field, forged, says",
+    [
+        ("correct", "false", "correct = 'false' is not a bool"),  # a truthy string must never count
+        ("correct", 1, "correct = 1 is not a bool"),
+        ("failed", "no", "failed = 'no' is not a bool"),
+        ("reward", "1.0", "reward = '1.0' is not a int or float"),
+        ("reward", True, "reward = True is not a int or float"),
+        ("sample_index", 1.0, "sample_index = 1.0 is not a int"),
+        ("problem_id", 7, "problem_id = 7 is not a str"),
+        ("stop_reason", "won", "stop_reason 'won' is not one of"),
+        ("turns", {}, "turns = {} is not a list"),
+    ],
+)
+def test_a_tampered_samples_file_is_refused(setup: dict, tmp_path: Path, field, forged, says) -> None:  # noqa: F811
+    samples = interrupted_run(setup, tmp_path / "run")
+    records = read_samples(samples)
+    records[1][field] = forged
+    samples.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    runner = ScriptedRunner()
+    with pytest.raises(ValueError, match=r"not trusted|not resumed") as error:
+        evaluate(setup["model"], setup["benchmarks"], setup["config"], out=tmp_path / "run", runner=runner)
+    assert says in str(error.value) and runner.calls == []  # refused before anything ran
+
+
+@pytest.mark.parametrize(
+    "changes, says",
+    [
+        ({"correct": True, "failed": True, "stop_reason": "engine_error"}, "failed sample is marked correct"),
+        (
+            {"correct": True, "stop_reason": "policy_error", "failed": False},
+            "failed sample is marked correct",
+        ),
+        ({"failed": True, "stop_reason": "answered"}, "disagrees with stop_reason"),
+        ({"failed": False, "stop_reason": "engine_error"}, "disagrees with stop_reason"),
+        ({"reward": float("nan")}, "not finite"),
+        ({"num_turns": -1}, "negative"),
+    ],
+)
+def test_records_that_contradict_themselves_are_refused(setup: dict, tmp_path: Path, changes, says) -> None:  # noqa: F811
+    samples = interrupted_run(setup, tmp_path / "run")
+    records = read_samples(samples)
+    records[0].update(changes)
+    samples.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    with pytest.raises(ValueError, match=says):
+        evaluate(
+            setup["model"],
+            setup["benchmarks"],
+            setup["config"],
+            out=tmp_path / "run",
+            runner=ScriptedRunner(),
+        )
+
+
+def test_fingerprint_covers_the_middle_of_the_weights_and_is_cached(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("STARE_CACHE_DIR", str(tmp_path / "cache"))
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    weights = model / "model.safetensors"
+    data = bytearray(os.urandom(5 << 20))  # 5 MiB: the middle is more than a MiB from either end
+    weights.write_bytes(bytes(data))
+    first = model_identity(model)
+    data[len(data) // 2] ^= 1  # one bit in the middle: another checkpoint with the same size
+    weights.write_bytes(bytes(data))
+    os.utime(weights, ns=(1, 1))
+    second = model_identity(model)
+    assert second["fingerprint"] != first["fingerprint"]
+    cache = json.loads((tmp_path / "cache" / "weight-sha256.json").read_text())
+    assert list(cache.values()) == [second["weights"][0]["sha256"]]  # the stale entry of the file was dropped
+    # an unchanged file (same size and mtime) is not read again: the cached value answers
+    key = next(iter(cache))
+    cache[key] = "f" * 64
+    (tmp_path / "cache" / "weight-sha256.json").write_text(json.dumps(cache))
+    assert file_sha256(weights) == "f" * 64
+    os.utime(weights, ns=(2, 2))  # touched: hashed again
+    assert file_sha256(weights) == second["weights"][0]["sha256"]
+    (tmp_path / "cache" / "weight-sha256.json").write_text("[not a dict")  # a damaged cache is ignored
+    assert file_sha256(weights) == second["weights"][0]["sha256"]
+
+
+def test_model_out_refuses_a_folder_it_did_not_make(tmp_path: Path) -> None:
+    folder = tmp_path / "data"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("keep me")
+    with pytest.raises(FileExistsError, match="did not make"):
+        prepare_model("tiny", out=folder)
+    with pytest.raises(FileExistsError, match="did not make"):
+        prepare_model("tiny", out=folder, force=True)
+    assert (folder / "notes.txt").read_text() == "keep me" and len(list(folder.iterdir())) == 1
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".data.")]  # no temporary left either
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    with pytest.raises(FileExistsError):
+        prepare_model("tiny", out=a_file)
+    assert a_file.read_text() == "x"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert (prepare_model("tiny", out=empty) / STAMP).is_file()  # an empty folder is fine
+    (empty / "config.json").write_text("{}")  # a model we made is rebuilt on force
+    assert (prepare_model("tiny", out=empty, force=True) / "config.json").read_text() != "{}"
+
+
+def test_model_out_dot_in_a_folder_with_a_file_keeps_the_file(tmp_path: Path, monkeypatch) -> None:
+    work = tmp_path / "project"
+    work.mkdir()
+    (work / "train.py").write_text("print('mine')")
+    monkeypatch.chdir(work)
+    result = CliRunner().invoke(app, ["model", "tiny", "--out", "."])
+    assert result.exit_code != 0
+    assert (work / "train.py").read_text() == "print('mine')" and sorted(os.listdir(work)) == ["train.py"]
+    assert sorted(os.listdir(tmp_path)) == ["project"]
+
+
+def test_a_mistyped_local_path_is_an_error_not_a_download(tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "runs" / "sft_model").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+
+    def no_download(*args, **kwargs):
+        raise AssertionError("a mistyped local path must not reach the hub")
+
+    monkeypatch.setattr("stare_agents.models._download_hub", no_download)
+    with pytest.raises(FileNotFoundError, match="mistyped local path"):
+        prepare_model("runs/sft_modle")
