@@ -22,6 +22,9 @@ from stare_agents.sandbox.pool import SandboxError
 DOCKERFILE = Path(__file__).with_name("Dockerfile")
 DEBIAN_SUITE = "bookworm"
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
+# The mirror is plain HTTP: what makes it safe is the archive's signature on the Release file (which holds
+# every package's sha256), so debootstrap must check it and refuse to go on without it.
+DEBIAN_KEYRING = Path("/usr/share/keyrings/debian-archive-keyring.gpg")
 DEBIAN_PACKAGES = ("python3", "python3-numpy", "python3-sympy", "python3-scipy")
 SANDBOX_UID = 1000
 IMAGE_CHANGES = (
@@ -61,6 +64,34 @@ def build_from_dockerfile(tag: str = DEFAULT_IMAGE, log: Log = print) -> None:
         )
 
 
+def debootstrap_command(
+    debootstrap: str, rootfs: Path, mirror: str, keyring: Path | None = None
+) -> list[str]:
+    """The debootstrap call: signatures checked against the Debian archive keyring, and never skipped
+    (`--force-check-gpg`: a missing key or gpgv is an error, not a warning followed by unsigned packages,
+    whose scripts would run as root)."""
+    keyring = keyring or DEBIAN_KEYRING
+    if not keyring.is_file():
+        raise SandboxError(
+            f"the offline build verifies the Debian archive's signature with {keyring}, which is missing: "
+            "apt-get install debian-archive-keyring gpgv (scripts/provision_docker.sh does)"
+        )
+    if shutil.which("gpgv") is None:
+        raise SandboxError(
+            "the offline build verifies signatures with gpgv, which is missing: apt-get install gpgv"
+        )
+    return [
+        debootstrap,
+        "--variant=minbase",
+        "--force-check-gpg",
+        f"--keyring={keyring}",
+        f"--include={','.join(DEBIAN_PACKAGES)}",
+        DEBIAN_SUITE,
+        str(rootfs),
+        mirror,
+    ]
+
+
 def debootstrap_rootfs(rootfs: Path, mirror: str = DEBIAN_MIRROR, log: Log = print) -> None:
     """A minimal Debian with Python and the maths packages in `rootfs` (needs root and debootstrap)."""
     debootstrap = shutil.which("debootstrap") or (
@@ -70,14 +101,7 @@ def debootstrap_rootfs(rootfs: Path, mirror: str = DEBIAN_MIRROR, log: Log = pri
         raise SandboxError("the offline build needs debootstrap: apt-get install debootstrap")
     if os.geteuid() != 0:
         raise SandboxError("the offline build runs debootstrap, which needs root: run it as root")
-    command = [
-        debootstrap,
-        "--variant=minbase",
-        f"--include={','.join(DEBIAN_PACKAGES)}",
-        DEBIAN_SUITE,
-        str(rootfs),
-        mirror,
-    ]
+    command = debootstrap_command(debootstrap, rootfs, mirror)
     log(f"$ {' '.join(command)}   (about 90 s)")
     result = subprocess.run(command)
     if result.returncode != 0:

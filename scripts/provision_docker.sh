@@ -4,8 +4,8 @@
 #
 #     bash scripts/provision_docker.sh
 #
-# 1. installs docker.io, runsc (gVisor) and debootstrap (for the offline image build) with apt-get if they
-#    are missing;
+# 1. installs docker.io, runsc (gVisor), debootstrap, debian-archive-keyring and gpgv (for the offline image
+#    build, which checks the archive's signatures) with apt-get if they are missing;
 # 2. starts dockerd in the background if no engine answers (data root $STARE_DOCKER_DATA_ROOT, default
 #    /var/lib/docker; log $STARE_DOCKERD_LOG, default /var/log/stare-dockerd.log) and waits for `docker info`;
 # 3. registers runsc as the engine runtime "runsc" in /etc/docker/daemon.json (merged into what is there;
@@ -26,8 +26,18 @@ DAEMON_JSON="${STARE_DOCKER_DAEMON_JSON:-/etc/docker/daemon.json}"
 
 say() { echo "[provision_docker] $*"; }
 
-# one provisioning at a time on this machine (several shells may run this script at once)
-exec 9>/var/lock/stare-provision-docker.lock
+# one provisioning at a time on this machine (several shells may run this script at once). The lock lives in
+# a folder only this user can write (not world-writable /var/lock, where another user could plant a symlink
+# that root would then open and truncate): /run/stare-agents as root, else ~/.cache/stare-agents.
+if [ "$(id -u)" -eq 0 ]; then default_lock_dir=/run/stare-agents; else default_lock_dir="$HOME/.cache/stare-agents"; fi
+LOCK_DIR="${STARE_LOCK_DIR:-$default_lock_dir}"
+mkdir -p -m 700 "$LOCK_DIR" 2>/dev/null || true
+if [ -L "$LOCK_DIR" ] || [ ! -d "$LOCK_DIR" ] || [ "$(stat -c %u "$LOCK_DIR")" != "$(id -u)" ] \
+    || [ -n "$(find "$LOCK_DIR" -maxdepth 0 -perm /022)" ]; then
+    say "refusing the lock folder $LOCK_DIR: it must be a real folder owned by $(id -un) that no one else can write"
+    exit 1
+fi
+exec 9>>"$LOCK_DIR/provision-docker.lock"
 flock 9
 
 if [ "$(id -u)" -ne 0 ] && ! docker info >/dev/null 2>&1; then
@@ -39,6 +49,9 @@ fi
 missing=()
 command -v dockerd >/dev/null 2>&1 || [ -x /usr/sbin/dockerd ] || missing+=(docker.io)
 command -v debootstrap >/dev/null 2>&1 || [ -x /usr/sbin/debootstrap ] || missing+=(debootstrap)
+# debootstrap checks the archive's signature with these (the image build refuses to run without them)
+[ -f /usr/share/keyrings/debian-archive-keyring.gpg ] || missing+=(debian-archive-keyring)
+command -v gpgv >/dev/null 2>&1 || missing+=(gpgv)
 if [ "$GVISOR" != 0 ]; then
     command -v runsc >/dev/null 2>&1 || [ -x /usr/bin/runsc ] || missing+=(runsc)
 fi
