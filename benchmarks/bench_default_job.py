@@ -5,7 +5,7 @@
 Runs `stare-agents train --recipe smollm2-arith --out OUT ...` as a child process and samples the resident
 memory of its whole process tree (the trainer, Ray's processes and the rollout worker hosting vLLM; sandbox
 containers run under dockerd and are not counted) every 0.5 s. Prints the run's summary.json figures, the
-wall time seen from outside, and the peak.
+wall time seen from outside, and the peak. `--compare grpo-ds` and key=value overrides pass through.
 """
 
 from __future__ import annotations
@@ -64,10 +64,11 @@ def main() -> None:
         "wall_time_s_outside": round(wall, 1),
         "peak_rss_gib": round(peak / 2**30, 2),
         "accuracy": summary["accuracy"],
+        "accuracy_ci": summary["accuracy_ci"],
         "eval_tasks": summary["eval_tasks"],
-        "entropy_first": summary["entropy_first"],
-        "entropy_final": summary["entropy_final"],
-        "gate_on_fraction": summary["gate_on_fraction"],
+        "rl_gain": summary["rl_gain"],
+        "entropy": summary["entropy"],
+        "compare": summary.get("compare"),
         "stage_seconds": summary["stage_seconds"],
         "tool_use": summary["tool_use"],
     }

@@ -103,7 +103,10 @@ def test_trainer_reads_the_task_and_sampling_fields(tmp_path):
         (108, 0),
         (108, 1),
     ]
-    assert all(t.env_id == config.env.id and t.env_kwargs == config.env.kwargs for t in tasks)
+    # ArithmeticTIR takes a split: training draws from split="train", evaluation from the held-out split
+    assert all(
+        t.env_id == config.env.id and t.env_kwargs == {**config.env.kwargs, "split": "train"} for t in tasks
+    )
     sampling = trainer.rollout_config()
     assert (sampling.temperature, sampling.top_p, sampling.max_tokens_per_turn) == (0.8, 0.9, 32)
     assert trainer.rollout_config(evaluation=True).temperature == 0.0
@@ -122,3 +125,26 @@ def test_resuming_with_another_configuration_is_refused(tmp_path):
             load_config(recipe="tiny", overrides=[f"out_dir={tmp_path / 'run'}", "rl.prompts_per_step=5"]),
             resume=True,
         )
+
+
+def test_heldout_tasks_are_distinct_and_never_drawn_by_training(tmp_path):
+    import gymnasium as gym
+
+    from stare_agents.envs.arithmetic import is_heldout
+
+    config = load_config(
+        recipe="tiny", overrides=[f"out_dir={tmp_path / 'run'}", "eval.num_tasks=40", "eval.base_num_tasks=8"]
+    )
+    trainer = Trainer(config)
+    heldout = trainer.heldout_tasks(40)
+    assert len({t.problem for t in heldout}) == 40 and all(is_heldout(t.problem) for t in heldout)
+    assert [t.id for t in trainer.heldout_tasks(8)] == [
+        t.id for t in heldout[:8]
+    ]  # the base model's are a prefix
+    env = gym.make(config.env.id, **trainer.training_tasks(0)[0].env_kwargs)
+    drawn = set()
+    for position in range(0, 400, config.rl.prompts_per_step):
+        for task in trainer.training_tasks(position)[:: config.rl.samples_per_prompt]:
+            env.reset(seed=task.seed)
+            drawn.add(env.unwrapped.task.problem)
+    assert not drawn & {t.problem for t in heldout}
