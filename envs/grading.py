@@ -109,6 +109,9 @@ def _box_at(text: str, start: int, command: str, limit: int) -> tuple[str | None
 
 
 MAX_BOX_RUN = 8
+# Against a single-valued reference, at most this many different boxes are compared (each comparison may cost
+# the grader's timeout): more is a hedge and wrong without grading, and the first wrong box ends the check.
+MAX_GRADED_BOXES = 3
 # What may stand between boxes that form one answer: blanks, commas, semicolons, $, &, LaTeX spaces, and/or.
 _RUN_SEPARATOR = re.compile(
     r"(?:[\s,;$&~]|\\q?quad|\\[,;:! ]|\\(?:text|mbox|textrm)\{\s*(?:and|or|,)?\s*\}|\band\b|\bor\b)*"
@@ -386,8 +389,15 @@ class MathGrader:
         if _is_multi_valued(str(reference)):
             result = self.compare(joined, reference)
             return GradeResult(result.correct, result.reason, joined, f"{len(boxes)} boxes read as one list")
-        results = [self.compare(box, reference) for box in distinct]
-        if all(result.correct for result in results):
+        if len(distinct) > MAX_GRADED_BOXES:
+            return GradeResult(
+                False,
+                "wrong",
+                joined,
+                f"{len(distinct)} different boxed answers to a single-valued question (a hedge; more than "
+                f"{MAX_GRADED_BOXES} are not graded)",
+            )
+        if all(self.compare(box, reference).correct for box in distinct):  # stops at the first wrong box
             return GradeResult(True, "correct", joined, f"{len(distinct)} boxes, all equal to the reference")
         return GradeResult(
             False,

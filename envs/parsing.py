@@ -198,15 +198,22 @@ def count_tool_calls(
 
 
 def truncate_middle(text: str, max_chars: int) -> str:
-    """Keep the head and tail of `text` (about half each) within `max_chars`, marking what was cut."""
-    if max_chars <= 0 or len(text) <= max_chars:
+    """Keep the head and tail of `text` (about half each) within `max_chars`, marking what was cut.
+
+    The cap counts UTF-8 bytes (the same as characters for ASCII text), because a tokenizer spends at most
+    about one token per byte (byte-level BPE, byte fallback) but up to four per character: 2,048 characters
+    of emoji could otherwise be 8,000 observation tokens. So the result is at most `max_chars` bytes, and
+    about as many tokens."""
+    data = text.encode("utf-8")
+    if max_chars <= 0 or len(data) <= max_chars:
         return text
     marker = "\n...[{} characters truncated]...\n"
     budget = max(0, max_chars - len(marker.format(len(text))))
-    head = budget // 2
-    tail = budget - head
-    cut = len(text) - head - tail
-    return text[:head] + marker.format(cut) + (text[-tail:] if tail else "")
+    head_bytes = budget // 2
+    tail_bytes = budget - head_bytes
+    head = data[:head_bytes].decode("utf-8", "ignore")  # a character cut in two is dropped whole
+    tail = data[len(data) - tail_bytes :].decode("utf-8", "ignore") if tail_bytes else ""
+    return head + marker.format(len(text) - len(head) - len(tail)) + tail
 
 
 def format_inline(text: str, observation_format: ObservationFormat) -> str:
