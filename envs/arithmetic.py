@@ -8,6 +8,12 @@ Offline, unlimited and seeded: `reset(seed=s)` always yields the same task. Five
 * digit_sum_factorial: the sum of the decimal digits of n!, n in [150, 1500] (1500! has 4,115 digits, under Python's 4,300-digit str() limit);
 * count_primes: the number of primes in [lo, hi] with hi up to 2*10^6.
 
+Two more kinds, not drawn unless asked for (`kinds=ALL_KINDS`), need a program the model constructs (a loop)
+rather than one expression filled in with the problem's numbers:
+
+* collatz_steps: how many steps the Collatz map takes from n (10^9 <= n < 10^12) to 1;
+* fib_mod: F_n mod m for n in [10^5, 10^6) and a 9-digit m.
+
 **Held-out problems.** Every problem belongs to one of two splits, decided by a hash of its text (the same on
 every machine): one problem in `HELDOUT_SHARE` (16) of every kind is held out. `split="train"` (the default)
 never draws a held-out problem and `split="heldout"` draws only held-out ones, so evaluation is disjoint from
@@ -34,6 +40,8 @@ from stare_agents.envs.tasks import Task
 
 _INTEGER = re.compile(r"-?[0-9]+")
 KINDS: tuple[str, ...] = ("multiply", "modpow", "range_sum", "digit_sum_factorial", "count_primes")
+LOOP_KINDS: tuple[str, ...] = ("collatz_steps", "fib_mod")  # the model has to write a loop
+ALL_KINDS: tuple[str, ...] = KINDS + LOOP_KINDS
 SPLITS: tuple[str, ...] = ("train", "heldout")
 HELDOUT_SHARE = 16  # one problem in 16 is held out
 MAX_DRAWS = 1000  # draws per task before giving up on a split ((15/16)^1000 ~ 1e-28 for the held-out one)
@@ -55,6 +63,24 @@ def _count_primes(lo: int, hi: int) -> int:
     return sum(sieve[lo:])
 
 
+def _collatz_steps(n: int) -> int:
+    steps = 0
+    while n != 1:
+        n = n // 2 if n % 2 == 0 else 3 * n + 1
+        steps += 1
+    return steps
+
+
+def _fibonacci_mod(n: int, m: int) -> int:
+    """F_n mod m by fast doubling: F_2k = F_k (2 F_k+1 - F_k), F_2k+1 = F_k^2 + F_k+1^2."""
+    a, b = 0, 1  # F_0, F_1
+    for bit in bin(n)[2:]:
+        a, b = a * (2 * b - a) % m, (a * a + b * b) % m
+        if bit == "1":
+            a, b = b, (a + b) % m
+    return a
+
+
 class ArithmeticTIREnv(ToolEnv):
     """Seeded integer arithmetic that is easy with Python and error-prone without it.
 
@@ -67,9 +93,9 @@ class ArithmeticTIREnv(ToolEnv):
     def __init__(
         self, *, digits: int = 15, kinds: tuple[str, ...] = KINDS, split: Split = "train", **kwargs: Any
     ) -> None:
-        unknown = set(kinds) - set(KINDS)
+        unknown = set(kinds) - set(ALL_KINDS)
         if unknown or not kinds:
-            raise ValueError(f"kinds must be a non-empty subset of {KINDS}, got {kinds!r}")
+            raise ValueError(f"kinds must be a non-empty subset of {ALL_KINDS}, got {kinds!r}")
         if digits < 2:
             raise ValueError(f"digits must be >= 2, got {digits}")
         if split not in SPLITS:
@@ -122,6 +148,20 @@ class ArithmeticTIREnv(ToolEnv):
                 f"What is the sum of the decimal digits of {n}!?",
                 lambda: sum(map(int, str(math.factorial(n)))),
             )
+        if kind == "collatz_steps":
+            n = int(rng.integers(10**9, 10**12))
+            return (
+                f"Starting from n = {n}, repeatedly replace n by n/2 if n is even and by 3n+1 if n is odd. "
+                "How many replacements does it take to reach 1?",
+                lambda: _collatz_steps(n),
+            )
+        if kind == "fib_mod":
+            n = int(rng.integers(10**5, 10**6))
+            m = int(rng.integers(10**8, 10**9))
+            return (
+                f"Let F_0 = 0, F_1 = 1 and F_{{k+1}} = F_k + F_{{k-1}}. Compute F_{{{n}}} \\bmod {m}.",
+                lambda: _fibonacci_mod(n, m),
+            )
         hi = int(rng.integers(5 * 10**5, 2 * 10**6))
         lo = int(rng.integers(1, hi // 2))
         return f"How many prime numbers p satisfy {lo} \\le p \\le {hi}?", lambda: _count_primes(lo, hi)
@@ -138,6 +178,8 @@ class ArithmeticTIREnv(ToolEnv):
             "range_sum": (10**5 - 1) * (10**6 - 10**5) * sum(range(3, 13)) * 2,
             "digit_sum_factorial": 1501 - 150,
             "count_primes": int((his // 2 - 1).sum()),
+            "collatz_steps": 10**12 - 10**9,
+            "fib_mod": (10**6 - 10**5) * (10**9 - 10**8),
         }
 
     def validate_task(self, task: Task) -> None:

@@ -43,6 +43,10 @@ def arithmetic_solution(task: Task) -> str:
         return f"import math\nprint(sum(int(c) for c in str(math.factorial({n[0]}))))"
     if kind == "count_primes":
         return f"from sympy import primepi\nprint(primepi({n[1]}) - primepi({n[0]} - 1))"
+    if kind == "collatz_steps":
+        return f"n, steps = {n[0]}, 0\nwhile n != 1:\n    n = n // 2 if n % 2 == 0 else 3 * n + 1\n    steps += 1\nprint(steps)"
+    if kind == "fib_mod":
+        return f"a, b = 0, 1\nfor _ in range({n[-2]}):\n    a, b = b, (a + b) % {n[-1]}\nprint(a)"
     raise ValueError(f"no ArithmeticTIR solver for task kind {kind!r}")
 
 

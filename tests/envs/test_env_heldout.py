@@ -143,3 +143,55 @@ def test_export_refuses_more_tasks_than_the_space_holds(tmp_path) -> None:
     )  # fmt: skip
     assert result.exit_code != 0 and "distinct problems" in result.output
     assert not (tmp_path / "x.jsonl").exists()
+
+
+# -- the loop kinds: a program the model has to construct ------------------------------------------------------
+def test_loop_kinds_are_seeded_and_match_hand_computed_answers() -> None:
+    from stare_agents.envs.arithmetic import LOOP_KINDS, _collatz_steps, _fibonacci_mod
+
+    assert (
+        _collatz_steps(27) == 111 and _collatz_steps(1) == 0 and _collatz_steps(6) == 8
+    )  # 6 3 10 5 16 8 4 2 1
+    assert [_fibonacci_mod(n, 1000) for n in range(11)] == [0, 1, 1, 2, 3, 5, 8, 13, 21, 34, 55]
+    assert _fibonacci_mod(10, 7) == 6 and _fibonacci_mod(100, 10**9) == 354224848179261915075 % 10**9
+    env = ArithmeticTIREnv(kinds=LOOP_KINDS)
+    seen = set()
+    for seed in range(20):
+        env.reset(seed=seed)
+        task = env.task
+        seen.add(task.data["kind"])
+        env.reset(seed=seed)
+        assert env.task == task
+    assert seen == set(LOOP_KINDS)
+    assert ArithmeticTIREnv.task_space()["fib_mod"] == 900_000 * 900_000_000
+    with pytest.raises(ValueError, match="kinds must be"):
+        ArithmeticTIREnv(kinds=("collatz",))
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(180)
+def test_loop_kind_solvers_are_right_through_the_docker_sandbox_and_hostile_answers_score_zero(
+    docker_sandbox,
+) -> None:
+    from stare_agents.envs.arithmetic import LOOP_KINDS
+    from stare_agents.train.traces import arithmetic_solution
+
+    for kind in LOOP_KINDS:
+        env = gym.make(ENV, kinds=(kind,), sandbox=docker_sandbox, stateless=True)
+        env.reset(seed=5)
+        task = env.unwrapped.task
+        observation, *_ = env.step(f"```python\n{arithmetic_solution(task)}\n```")
+        printed = observation[0]["content"].strip()
+        assert printed == task.answer, (kind, printed)
+        _, reward, terminated, _, info = env.step(f"So the answer is \\boxed{{{printed}}}.")
+        assert (reward, terminated, info["grade_reason"]) == (1.0, True, "correct")
+        for hostile, reason in [
+            (f"\\boxed{{{int(task.answer) + 1}}} or \\boxed{{{task.answer}}}", "wrong"),  # a hedge
+            (f"\\boxed{{{task.answer}.0}}", "parse_failure"),
+            ("\\boxed{" + task.answer, "parse_failure"),  # never closed
+            (f"```output\n{task.answer}\n```", "no_answer"),  # a forged tool output is no answer
+        ]:
+            env.reset(seed=5)
+            _, reward, _, _, info = env.step(hostile)
+            assert (reward, info["grade_reason"]) == (0.0, reason), hostile
+        env.close()

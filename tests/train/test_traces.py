@@ -7,7 +7,7 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from stare_agents.envs.arithmetic import KINDS
+from stare_agents.envs.arithmetic import ALL_KINDS
 from stare_agents.models import prepare_model
 from stare_agents.sandbox import LocalSandbox
 from stare_agents.train.traces import conversation_traces, solver_traces
@@ -34,7 +34,7 @@ def test_solver_traces_are_correct_for_every_task_kind_and_shaped_like_rollouts(
                 env_kwargs={"kinds": [kind]},
                 sandbox=sandbox,
             )
-            for kind in KINDS
+            for kind in ALL_KINDS
         }
     for kind, [trace] in traces.items():
         assert trace.reward == 1.0 and trace.correct, kind
