@@ -42,6 +42,7 @@ __all__ = [
     "PooledSandbox",
     "SandboxError",
     "Session",
+    "check_backend",
     "docker_status",
     "make_sandbox",
 ]
@@ -50,6 +51,24 @@ logger = logging.getLogger("stare_agents.sandbox")
 
 Backend = Literal["docker", "local", "none", "auto"]
 BACKENDS: tuple[str, ...] = ("docker", "local", "none", "auto")
+
+
+def check_backend(backend: str, **kwargs: Any) -> None:
+    """Fail before anything expensive starts when `backend` cannot be used as asked: a SandboxError that says
+    what is missing (Docker's engine, image or runtime; the local backend's acknowledgement or Landlock), a
+    ValueError for an unknown name. kwargs: those make_sandbox would get (image, runtime, allow_host_execution)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"sandbox backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "local":
+        from stare_agents.sandbox.runner import landlock_abi
+
+        LocalSandbox(1, allow_host_execution=bool(kwargs.get("allow_host_execution", False)))  # acknowledged?
+        if landlock_abi() < 1:
+            raise SandboxError(
+                "the local sandbox needs Landlock (Linux >= 5.13) here: use the Docker sandbox"
+            )
+    elif backend in ("docker", "auto"):
+        make_sandbox(backend, pool_size=1, **{k: v for k, v in kwargs.items() if k in ("image", "runtime")})
 
 
 def make_sandbox(backend: Backend = "docker", *, pool_size: int = 4, **kwargs: Any) -> Any:

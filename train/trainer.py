@@ -276,8 +276,10 @@ class Trainer:
     def run(self, *, compare: str | None = None) -> dict[str, Any]:
         """All stages. `compare`: also train this algorithm preset (e.g. "grpo-ds") from the same SFT model."""
         from stare_agents.models import prepare_model
+        from stare_agents.sandbox import check_backend
 
         config = self.config
+        check_backend(config.rollout.sandbox, **config.rollout.sandbox_kwargs)  # no usable sandbox: stop now
         started = time.perf_counter()
         base_dir = prepare_model(config.model.name)
         self._timed("prepare_model", time.perf_counter() - started)

@@ -60,7 +60,12 @@ def test_group_collects_in_order_syncs_weights_and_replaces_a_killed_worker(
     ray_session, toolcaller_model, tiny_model
 ):
     spec = WorkerSpec(
-        model=str(toolcaller_model), dtype="float32", max_model_len=1024, kv_cache_gib=1, sandbox="local"
+        model=str(toolcaller_model),
+        dtype="float32",
+        max_model_len=1024,
+        kv_cache_gib=1,
+        sandbox="local",
+        sandbox_kwargs={"allow_host_execution": True},  # the local backend, acknowledged
     )
     with RolloutWorkerGroup(spec, num_workers=1) as group:
         tasks = [episode(i) for i in range(6)]

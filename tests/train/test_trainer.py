@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from stare_agents.train.checkpoint import latest_checkpoint, load_checkpoint
@@ -23,6 +24,12 @@ TIMING = ("time/", "learner/step_s", "learner/pre_update_s", "learner/tokens_per
 
 
 COIN = ["env.id=tests/Coin-v0", "env.kwargs={}", "env.imports=[coin_env]", "sft.enabled=false"]
+
+
+@pytest.fixture(autouse=True)
+def acknowledge_local_sandbox(monkeypatch):
+    """These runs ask for the local sandbox (rollout.sandbox=local), which needs the acknowledgement."""
+    monkeypatch.setenv("STARE_ALLOW_LOCAL_SANDBOX", "1")
 
 
 def tiny(out: Path, *extra: str):
