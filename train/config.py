@@ -30,7 +30,7 @@ RECIPES_DIR = Path(__file__).with_name("recipes")
 @dataclass
 class ModelSection:
     name: str = "smollm2-135m"  # "tiny", "smollm2-135m", a local HF folder or a hub id
-    rollout_dtype: str = "bfloat16"  # the engine's dtype: "auto", "float32", "bfloat16"
+    rollout_dtype: str = "fast"  # the engine's dtype: "auto" (the checkpoint's), "float32", "bfloat16", "fast"
     max_model_len: int = 2048
 
 
@@ -73,7 +73,7 @@ class SFTSection:
     lr: float = 5e-5
     warmup_steps: int = 2
     micro_batch_tokens: int = 4096
-    precision: str = "bf16"
+    precision: str = "fast"  # "fp32", "bf16" (autocast) or "fast" (bf16 where the hardware has it)
 
 
 @dataclass
@@ -93,8 +93,13 @@ class RLSection:
     # dynamic sampling (DAPO): draw up to this many batches of prompts per step until prompts_per_step groups
     # have reward variance; 1: filter only (a step may train on fewer groups)
     sampling_rounds: int = 1
+    # a step stops the run when more than this share of its episodes failed for the infrastructure (engine,
+    # sandbox, environment); below it, failed episodes leave the loss and are counted (rollout/failed)
+    max_failed_fraction: float = 0.5
 
     def __post_init__(self) -> None:
+        if not 0 <= self.max_failed_fraction <= 1:
+            raise ValueError(f"rl.max_failed_fraction must be in [0, 1], got {self.max_failed_fraction}")
         if (
             self.steps < 0
             or self.prompts_per_step < 1

@@ -35,7 +35,7 @@ from stare_agents.envs.registration import split_kwargs
 from stare_agents.envs.tasks import Task
 from stare_agents.eval.metrics import Estimate, estimate, paired_difference
 from stare_agents.rollout import RolloutConfig, RolloutTask, RolloutWorkerGroup, WorkerSpec
-from stare_agents.rollout.summary import summarize
+from stare_agents.rollout.summary import check_failed_share, summarize
 from stare_agents.train.checkpoint import checkpoint_path as checkpoint_file
 from stare_agents.train.checkpoint import (
     latest_checkpoint,
@@ -680,6 +680,8 @@ class Trainer:
             seconds["advantages"] += time.perf_counter() - started
             if not algorithm.dynamic_sampling:
                 break  # nothing is dropped, so nothing needs refilling
+        # infrastructure failures leave the loss (a group keeps its other members); too many stop the run
+        check_failed_share(trajectories, c.rl.max_failed_fraction, step=step)
         advantages = torch.cat(kept_advantages) if kept_advantages else torch.zeros(0)
         groups = list(dict.fromkeys(t.group_id for t in kept))[: c.rl.prompts_per_step]
         if len(groups) < len({t.group_id for t in kept}):  # a refill overshot: train on the first groups

@@ -5,8 +5,10 @@
 
 Each episode is a coroutine; many run at once against one engine (which batches them), while environment
 steps (sandbox calls, grading) run on worker threads so they overlap generation. An episode never raises:
-whatever fails (the environment, the sandbox, the engine) ends it with a failed stop reason and the
-error's text, and the batch goes on.
+whatever fails (the environment, the sandbox, the engine, a bug here) ends it with a failed stop reason, the
+error's text and a short traceback, and the batch goes on. `collect(..., timeout_s=)` bounds a whole batch:
+episodes still running then end as `engine_error` (waiting on the engine) or `tool_failure` (waiting on
+the environment), and their threads are left to finish on their own.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ import contextlib
 import logging
 import math
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from stare_agents.rollout.engine import Engine, SamplingParams, StopOnToolCall
@@ -114,6 +118,20 @@ def _json_safe(info: dict[str, Any]) -> dict[str, Any]:
     return safe
 
 
+def _new_record(engine: Engine, task: RolloutTask) -> Trajectory:
+    return Trajectory(
+        prompt_ids=[],
+        response_ids=[],
+        action_mask=[],
+        rollout_logprobs=[],
+        stop_reason="env_error",
+        weight_version=engine.weight_version,
+        env_id=task.env_id,
+        group_id=task.group_id,
+        sample_index=task.sample_index,
+    )
+
+
 async def run_episode(
     engine: Engine,
     task: RolloutTask,
@@ -131,18 +149,10 @@ async def run_episode(
 
     tokenizer = engine.tokenizer
     eos_ids = engine.eos_ids
-    record = Trajectory(
-        prompt_ids=[],
-        response_ids=[],
-        action_mask=[],
-        rollout_logprobs=[],
-        stop_reason="env_error",
-        weight_version=engine.weight_version,
-        env_id=task.env_id,
-        group_id=task.group_id,
-        sample_index=task.sample_index,
-    )
+    record = _new_record(engine, task)
     env = None
+    cancelled = False
+    phase = ["env"]  # what the episode waits on: "engine" or "env" (read by collect's timeout)
     try:
         try:
             env = await off_loop(env_factory, task, sandbox)
@@ -151,13 +161,14 @@ async def run_episode(
             return _failed(record, "env_error", error)
         unwrapped = env.unwrapped
         record.task_id = str(info.get("task_id", ""))
-        renderer = make_renderer(config.rendering, tokenizer, eos_ids)
         try:
+            renderer = make_renderer(config.rendering, tokenizer, eos_ids)
             record.prompt_ids = renderer.prompt(observation, info.get("tools"))
         except Exception as error:
             return _failed(record, "env_error", error)
         per_turn = config.max_tokens_per_turn or getattr(unwrapped, "max_response_tokens", None) or 512
         tool_format = getattr(unwrapped, "tool_format", None)
+        languages = getattr(unwrapped, "languages", None)  # the fences the environment runs as code
         last_info = info
         while True:
             used = len(record.prompt_ids) + len(record.response_ids)
@@ -167,13 +178,16 @@ async def run_episode(
                 record.stop_reason = "token_budget" if budget <= room else "context_overflow"
                 break
             params = SamplingParams(config.temperature, config.top_p, min(per_turn, budget, room))
-            stop = StopOnToolCall(tool_format) if tool_format else None
+            stop = (
+                StopOnToolCall(tool_format, tuple(languages) if languages else None) if tool_format else None
+            )
             seed = (
                 None
                 if task.seed is None
                 else hash((config.seed, task.seed, task.sample_index, record.num_turns))
             )
             started = time.perf_counter()
+            phase[0] = "engine"
             try:
                 generation = await engine.generate(
                     record.prompt_ids + record.response_ids, params, stop, seed=seed
@@ -189,6 +203,7 @@ async def run_episode(
             turn.generate_s = time.perf_counter() - started
             record.turns.append(turn)
             started = time.perf_counter()
+            phase[0] = "env"
             try:
                 observation, reward, terminated, truncated, info = await off_loop(env.step, text)
             except Exception as error:
@@ -218,8 +233,10 @@ async def run_episode(
                 break
             try:
                 inserted_ids, inserted_text = renderer.observation(generation.token_ids, observation)
-            except TemplateError as error:  # the policy's turn cannot be continued: its doing, reward 0
-                return _failed(record, "policy_error", error)
+            except (
+                TemplateError
+            ) as error:  # the template cannot render this observation: not the policy's doing
+                return _failed(record, "env_error", error)
             # an observation that does not fit ends the episode before it is inserted
             if len(record.prompt_ids) + len(record.response_ids) + len(inserted_ids) >= engine.max_model_len:
                 record.stop_reason = "context_overflow"
@@ -234,20 +251,36 @@ async def run_episode(
         record.info = _json_safe(last_info)
         record.validate()
         return record
+    except asyncio.CancelledError:  # collect's timeout: what the episode waited on is the failure
+        cancelled = True
+        waited = "the inference engine" if phase[0] == "engine" else "the environment"
+        error = TimeoutError(f"collect timed out while the episode waited on {waited}")
+        return _failed(record, "engine_error" if phase[0] == "engine" else "tool_failure", error)
+    except Exception as error:  # anything else (a bug, an env returning junk): this episode only
+        return _failed(record, "env_error", error)
     finally:
         if env is not None:
             with contextlib.suppress(Exception):
-                await off_loop(env.close)
+                if cancelled and executor is not None:  # a thread may be stuck in env.step: do not wait
+                    executor.submit(env.close)
+                elif not cancelled:
+                    await off_loop(env.close)
 
 
 def _failed(record: Trajectory, reason: str, error: BaseException) -> Trajectory:
+    """End the episode as `reason`, with the error's text and where it was raised (the last frames)."""
     logger.warning(
         "episode %s failed (%s): %s: %s", record.task_id or "?", reason, type(error).__name__, error
     )
     record.stop_reason = reason
-    record.error = f"{type(error).__name__}: {error}"
+    where = traceback.extract_tb(error.__traceback__)[-3:]
+    trace = " <- ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in reversed(where))
+    record.error = f"{type(error).__name__}: {str(error)[:2000]}" + (f" (at {trace})" if trace else "")
     record.reward = 0.0
     record.correct = False
+    # a failure between two list updates leaves them uneven: keep the tokens all three lists have
+    kept = min(len(record.response_ids), len(record.action_mask), len(record.rollout_logprobs))
+    del record.response_ids[kept:], record.action_mask[kept:], record.rollout_logprobs[kept:]
     return record
 
 
@@ -258,22 +291,61 @@ async def collect_async(
     *,
     sandbox: Any = None,
     on_done: Callable[[int, Trajectory], None] | None = None,
+    timeout_s: float | None = None,
 ) -> list[Trajectory]:
     """Run every task (at most `config.max_concurrency` at once); trajectories in the order of `tasks`.
-    `on_done(index, trajectory)` is called as each episode finishes (progress bars, incremental writes)."""
+    `on_done(index, trajectory)` is called as each episode finishes (progress bars, incremental writes).
+    `timeout_s`: the whole batch's limit; episodes unfinished by then end as failed (see the module
+    docstring), so a hung engine or sandbox cannot hold the batch."""
+    if timeout_s is not None and not timeout_s > 0:
+        raise ValueError(f"timeout_s must be > 0 or None, got {timeout_s}")
     semaphore = asyncio.Semaphore(config.max_concurrency)
     # one thread per episode in flight: a step that waits for a sandbox lease must never starve the
     # episodes that hold one
-    with concurrent.futures.ThreadPoolExecutor(config.max_concurrency, thread_name_prefix="env") as executor:
+    executor = concurrent.futures.ThreadPoolExecutor(config.max_concurrency, thread_name_prefix="env")
 
-        async def one(index: int, task: RolloutTask) -> Trajectory:
+    async def one(index: int, task: RolloutTask) -> Trajectory:
+        try:
             async with semaphore:
                 trajectory = await run_episode(engine, task, config, sandbox=sandbox, executor=executor)
-            if on_done is not None:
+        except asyncio.CancelledError:  # timed out before it started
+            error = TimeoutError("collect timed out before the episode started")
+            trajectory = _failed(_new_record(engine, task), "engine_error", error)
+        if on_done is not None:
+            try:
                 on_done(index, trajectory)
-            return trajectory
+            except Exception:
+                logger.exception("on_done failed for episode %d", index)
+        return trajectory
 
-        return list(await asyncio.gather(*(one(i, task) for i, task in enumerate(tasks))))
+    running = [asyncio.ensure_future(one(i, task)) for i, task in enumerate(tasks)]
+    timed_out = False
+    try:
+        if running:
+            _, pending = await asyncio.wait(running, timeout=timeout_s)
+            if pending:
+                timed_out = True
+                logger.warning(
+                    "collect timed out after %.0f s with %d of %d episodes unfinished; they end as failed",
+                    timeout_s,
+                    len(pending),
+                    len(running),
+                )
+                for future in pending:
+                    future.cancel()
+                await asyncio.wait(pending)
+    finally:
+        executor.shutdown(wait=not timed_out, cancel_futures=timed_out)
+    trajectories = []
+    for task, future in zip(tasks, running, strict=True):
+        if (
+            future.cancelled() or future.exception() is not None
+        ):  # should not happen: run_episode never raises
+            error = future.exception() if not future.cancelled() else TimeoutError("collect timed out")
+            trajectories.append(_failed(_new_record(engine, task), "env_error", error))
+        else:
+            trajectories.append(future.result())
+    return trajectories
 
 
 def collect(
@@ -283,9 +355,12 @@ def collect(
     *,
     sandbox: Any = None,
     on_done: Callable[[int, Trajectory], None] | None = None,
+    timeout_s: float | None = None,
 ) -> list[Trajectory]:
     """Synchronous `collect_async` (runs its own event loop)."""
     started = time.perf_counter()
-    trajectories = asyncio.run(collect_async(engine, tasks, config, sandbox=sandbox, on_done=on_done))
+    trajectories = asyncio.run(
+        collect_async(engine, tasks, config, sandbox=sandbox, on_done=on_done, timeout_s=timeout_s)
+    )
     logger.info("collected %d trajectories in %.1f s", len(trajectories), time.perf_counter() - started)
     return trajectories

@@ -49,3 +49,30 @@ def summarize(trajectories: Sequence[Trajectory], seconds: float | None = None) 
         summary["seconds"] = seconds
         summary["action_tokens_per_s"] = action / seconds if seconds > 0 else 0.0
     return summary
+
+
+class TooManyFailedEpisodes(RuntimeError):
+    """More of a step's episodes failed for the infrastructure than the run allows."""
+
+
+def check_failed_share(trajectories: Sequence[Trajectory], max_failed_fraction: float, *, step: int) -> int:
+    """Raise `TooManyFailedEpisodes` when more than `max_failed_fraction` of a step's episodes failed for the
+    infrastructure (engine, sandbox, environment: `Trajectory.failed`); return how many failed.
+
+    Failed episodes leave the loss, and a group keeps its other members (their advantages are computed
+    among themselves; a group left with one member has advantage 0). That is fine for a few failures; when
+    most of a step fails, training would go on from a handful of groups or from nothing, so it stops here
+    with the reasons instead."""
+    if not 0 <= max_failed_fraction <= 1:
+        raise ValueError(f"max_failed_fraction must be in [0, 1], got {max_failed_fraction}")
+    failed = [t for t in trajectories if t.failed]
+    if trajectories and len(failed) > max_failed_fraction * len(trajectories):
+        reasons = Counter(t.stop_reason for t in failed)
+        example = next((t.error for t in failed if t.error), "no error text")
+        raise TooManyFailedEpisodes(
+            f"step {step}: {len(failed)} of {len(trajectories)} episodes failed for the infrastructure "
+            f"({dict(reasons)}), more than rl.max_failed_fraction={max_failed_fraction}; first error: "
+            f"{example[:500]}. Fix the engine, sandbox or environment (the log has every error), or raise "
+            "rl.max_failed_fraction to train on what is left"
+        )
+    return len(failed)

@@ -14,7 +14,6 @@ from stare_agents.algo import AlgorithmConfig, compute_advantages
 from stare_agents.envs.parsing import message
 from stare_agents.rollout import RolloutConfig, RolloutTask, collect
 from stare_agents.rollout.engine import Generation
-from stare_agents.rollout.render import ChatRenderer, TemplateError
 from stare_agents.trajectory import (
     FAILED_STOP_REASONS,
     FAILURE_STOP_REASONS,
@@ -147,19 +146,22 @@ def test_a_bad_reward_from_a_plain_env_fails_that_episode_only(tokenizer, reward
     assert (good.stop_reason, good.reward) == ("answered", 1.0)
 
 
-def test_a_turn_the_template_cannot_continue_scores_zero(tokenizer, monkeypatch):
-    """Whatever makes the template check fail after a policy turn (e.g. a secondary end-of-sequence id), the
-    episode is the policy's failure: reward 0, kept in the loss. The check itself is forced to fail here."""
+def test_a_template_that_cannot_render_the_observation_is_the_infrastructures_failure(tokenizer):
+    """Observation tokens no longer depend on the policy's text, so a template that cannot render an
+    observation fails every episode alike: env_error (left out, counted), not a reward of 0 for the policy."""
+    from transformers import AutoTokenizer
 
-    def refuse(self, sampled_ids, observation):
-        raise TemplateError("the chat template does not render the conversation as an extension")
-
-    monkeypatch.setattr(ChatRenderer, "observation", refuse)
+    strict = AutoTokenizer.from_pretrained(tokenizer.name_or_path)
+    strict.chat_template = (
+        "{% for m in messages %}{% if loop.index0 > 1 %}{{ raise_exception('one exchange only') }}{% endif %}"
+        "{{ m.content }}<|im_end|>{% endfor %}"
+    )
 
     class TwoStepEnv(OneStepEnv):
         def step(self, action):
             return [message("user", "go on")], 1.0, False, False, {}
 
     gym.register("tests/TwoStep-v0", entry_point=TwoStepEnv, disable_env_checker=True)
-    [t] = run(tokenizer, ["hello"], [RolloutTask("tests/TwoStep-v0")])
-    assert (t.stop_reason, t.reward, t.correct, t.failed) == ("policy_error", 0.0, False, False)
+    [t] = run(strict, ["hello"], [RolloutTask("tests/TwoStep-v0")])
+    assert (t.stop_reason, t.reward, t.correct, t.failed) == ("env_error", 0.0, False, True)
+    assert "one exchange only" in t.error and "render.py" in t.error  # the error and where it was raised

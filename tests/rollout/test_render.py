@@ -46,18 +46,6 @@ def test_chat_turns_equal_the_template_of_the_whole_conversation(tokenizer):
     assert renderer.turn_text(answer) == "So \\boxed{42}."
 
 
-def test_a_template_that_rewrites_earlier_turns_is_refused(tokenizer):
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer.name_or_path)
-    tokenizer.chat_template = (  # strips the assistant's text, so the sampled ids no longer render as sampled
-        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] | trim }}<|im_end|>\n{% endfor %}"
-        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-    )
-    renderer = ChatRenderer(tokenizer, {tokenizer.eos_token_id})
-    renderer.prompt([message("user", "hi")])
-    with pytest.raises(TemplateError, match="extension"):
-        renderer.observation(encode(tokenizer, "  padded answer  "), [message("user", "more")])
-
-
 def test_inline_appends_the_observations_inline_text(tokenizer):
     renderer = InlineRenderer(tokenizer, {tokenizer.eos_token_id})
     prompt_ids = renderer.prompt([message("user", "q")])
