@@ -30,7 +30,7 @@ RECIPES_DIR = Path(__file__).with_name("recipes")
 @dataclass
 class ModelSection:
     name: str = "smollm2-135m"  # "tiny", "smollm2-135m", a local HF folder or a hub id
-    rollout_dtype: str = "bfloat16"  # the engine's dtype: "auto", "float32", "bfloat16"
+    rollout_dtype: str = "fast"  # the engine's dtype: "auto" (the checkpoint's), "float32", "bfloat16", "fast"
     max_model_len: int = 2048
 
 
@@ -73,7 +73,7 @@ class SFTSection:
     lr: float = 5e-5
     warmup_steps: int = 2
     micro_batch_tokens: int = 4096
-    precision: str = "bf16"
+    precision: str = "fast"  # "fp32", "bf16" (autocast) or "fast" (bf16 where the hardware has it)
 
 
 @dataclass

@@ -20,9 +20,12 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from stare_agents.hardware import resolve_precision
 from stare_agents.trajectory import Batch
 
-PRECISIONS = ("fp32", "bf16")  # bf16: autocast around the model, fp32 master weights and optimiser state
+# bf16: autocast around the model, fp32 master weights and optimiser state; "fast": bf16 where the device
+# computes it fast, else fp32 (stare_agents.hardware)
+PRECISIONS = ("fp32", "bf16", "fast")
 LR_SCHEDULES = ("constant", "cosine")
 
 
@@ -99,7 +102,7 @@ def autocast(device: torch.device, precision: str):
     """bf16 autocast around the model's forward, or nothing for fp32."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    if precision == "fp32":
+    if resolve_precision(precision, device.type) == "fp32":
         return nullcontext()
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
 
@@ -244,7 +247,8 @@ class PolicyModel(nn.Module):
         p, r = batch.prompt_length, batch.response_length
         is_action = batch.action_mask > 0
         rows = hidden[:, p - 1 : p - 1 + r][is_action]  # the logits at P - 1 + j score response token j
-        compute_dtype = torch.bfloat16 if self.precision == "bf16" else self.head.weight.dtype
+        bf16 = resolve_precision(self.precision, device.type) == "bf16"
+        compute_dtype = torch.bfloat16 if bf16 else self.head.weight.dtype
         logprob, entropy, collision = _ActionTokenHead.apply(
             rows,
             self.head.weight,

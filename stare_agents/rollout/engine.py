@@ -26,7 +26,8 @@ import torch
 FinishReason = Literal["stop", "eos", "length", "abort"]
 FINISH_REASONS: tuple[str, ...] = ("stop", "eos", "length", "abort")
 ENGINES: tuple[str, ...] = ("vllm", "hf")
-DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16")
+# "auto": the checkpoint's; "fast": bfloat16 where this host computes it fast, else float32 (stare_agents.hardware)
+DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "fast")
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,14 @@ def eos_token_ids(tokenizer: Any, generation_config: Any = None) -> set[int]:
 
 
 def make_engine(kind: str, model: str, **kwargs: Any) -> Engine:
-    """`VLLMEngine` ("vllm") or `HFEngine` ("hf") for a local model directory."""
+    """`VLLMEngine` ("vllm") or `HFEngine` ("hf") for a local model directory; `dtype="fast"` is resolved
+    for the host the engine runs on."""
+    if "dtype" in kwargs:
+        import torch
+
+        from stare_agents.hardware import resolve_dtype
+
+        kwargs["dtype"] = resolve_dtype(kwargs["dtype"], "cuda" if torch.cuda.is_available() else "cpu")
     if kind == "vllm":
         from stare_agents.rollout.vllm_engine import VLLMEngine
 
