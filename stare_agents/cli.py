@@ -155,7 +155,7 @@ def rollout(
     model: str = typer.Option(..., help="A local HF folder, 'tiny' or 'smollm2-135m'."),
     out: Path = typer.Option(..., help="JSONL file: one trajectory per line."),
     engine: str = typer.Option("vllm", help="vllm or hf."),
-    dtype: str = typer.Option("auto", help="auto, float32 or bfloat16."),
+    dtype: str = typer.Option("auto", help="auto (the checkpoint's), float32, bfloat16 or fast."),
     num_tasks: int = typer.Option(8, "--num-tasks", help="Distinct tasks (prompts)."),
     n: int = typer.Option(1, "--n", help="Samples per task (a GRPO group)."),
     seed: int = typer.Option(0, help="Task i is reset with seed + i."),

@@ -59,7 +59,7 @@ logger = logging.getLogger("stare_agents.eval")
 
 RUN_FILE = "run.json"
 ENGINES = ("vllm", "hf")
-DTYPES = ("auto", "float32", "bfloat16")
+DTYPES = ("auto", "float32", "bfloat16", "fast")  # "fast": bfloat16 where the host computes it fast
 RENDERINGS = ("auto", "chat", "inline")
 SANDBOXES = ("docker", "local", "auto")  # "auto": an older name of "docker" (never the host)
 
