@@ -30,7 +30,9 @@ RECIPES_DIR = Path(__file__).with_name("recipes")
 @dataclass
 class ModelSection:
     name: str = "smollm2-135m"  # "tiny", "smollm2-135m", a local HF folder or a hub id
-    rollout_dtype: str = "fast"  # the engine's dtype: "auto" (the checkpoint's), "float32", "bfloat16", "fast"
+    rollout_dtype: str = (
+        "fast"  # the engine's dtype: "auto" (the checkpoint's), "float32", "bfloat16", "fast"
+    )
     max_model_len: int = 2048
 
 
@@ -117,7 +119,9 @@ class EvalSection:
     # held-out tasks (distinct problems; environments that take a `split` draw them from split="heldout" and
     # train on split="train", so no training draw can be an evaluation problem)
     num_tasks: int = 64
-    base_num_tasks: int | None = None  # held-out tasks for the base model (the first of them; None: num_tasks)
+    base_num_tasks: int | None = (
+        None  # held-out tasks for the base model (the first of them; None: num_tasks)
+    )
     every: int = 0  # also evaluate every N RL steps (0: only before SFT, after SFT and at the end)
     every_num_tasks: int | None = None  # held-out tasks for the evaluations during RL (None: num_tasks)
     temperature: float = 0.0  # 0: greedy accuracy
@@ -145,6 +149,10 @@ class LoggingSection:
     wandb_project: str | None = None  # W&B when set (needs `pip install wandb` and a login)
     progress: bool = True
     rollouts: float = 1.0  # share of each RL step's groups saved to rollouts/ (1: all, 0: none)
+    # also log learner/entropy_all: the learner's exact entropy over every trajectory that ran, not only the
+    # trained ones (one more no-grad forward pass over the untrained trajectories per step). Off: the sampler's
+    # mean surprisal over all trajectories (rollout/sampler_entropy, free) estimates the same quantity.
+    entropy_all: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.rollouts, bool) or not 0.0 <= self.rollouts <= 1.0:

@@ -624,8 +624,9 @@ class Trainer:
     ) -> tuple[float, float]:
         """(sum, count) of the current policy's entropy over the action tokens of every trajectory that ran.
         With token-mean aggregation the kept ones are left out here (the learner's pre-update pass measures
-        them). (nan, 0) for a learner without `token_stats` (the data-parallel group)."""
-        if not hasattr(learner, "token_stats"):
+        them). (nan, 0) unless `logging.entropy_all`, and for a learner without `token_stats` (the
+        data-parallel group)."""
+        if not self.config.logging.entropy_all or not hasattr(learner, "token_stats"):
             return float("nan"), 0.0
         token_mean = algorithm.loss.aggregation == "token-mean"
         kept_ids = {id(t) for t in kept} if token_mean else set()
@@ -717,7 +718,7 @@ class Trainer:
             for category, count in reflection_counts("".join(turn.text for turn in t.turns)).items():
                 reflections[category] = reflections.get(category, 0) + count
         record: dict[str, Any] = {"kind": "rl", "step": step, "algorithm": algorithm.name, **metrics}
-        if kept and algorithm.loss.aggregation == "token-mean":  # kept tokens' sum + the others' sum
+        if kept and c.logging.entropy_all and algorithm.loss.aggregation == "token-mean":  # kept + others
             kept_tokens = sum(t.num_action_tokens for t in kept)
             total, count = entropy_all
             entropy_all = (total + metrics["learner/entropy"] * kept_tokens, count + kept_tokens)
@@ -852,11 +853,15 @@ def entropy_figures(records: list[dict[str, Any]], target: float | None) -> dict
     gate = finite("stare/gate_on", records)
     out["gate_on_fraction"] = mean(gate)
     out["gate_on_fraction_second_half"] = mean(finite("stare/gate_on", second))
-    if target is not None:
-        late = finite("learner/entropy_all", second)
-        out["second_half_within_30pct"] = (
-            sum(abs(v - target) <= 0.3 * target for v in late) / len(late) if late else None
-        )
+    if target is not None:  # the trained batch's (the gate's input), and all trajectories' (exact or sampler)
+        for name, keys in (
+            ("learner", ("learner/entropy",)),
+            ("all", ("learner/entropy_all", "rollout/sampler_entropy")),
+        ):
+            late = next((v for v in (finite(key, second) for key in keys) if v), [])
+            out[f"{name}_second_half_within_30pct"] = (
+                sum(abs(v - target) <= 0.3 * target for v in late) / len(late) if late else None
+            )
     return out
 
 
