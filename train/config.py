@@ -63,6 +63,20 @@ class RolloutSection:
     multiprocess: bool | None = None  # vLLM's engine core in its own process (None: yes on GPUs, no on CPUs)
     num_cpus_per_worker: float = 1.0
     num_gpus_per_worker: float = 0.0  # 1 on a GPU cluster: one rollout worker per GPU
+    timeout_s: float | None = 10800.0  # one step's rollout; episodes unfinished by then fail (engine_error)
+
+    def __post_init__(self) -> None:
+        # the learner scores softmax(logits / temperature) exactly; a top-p nucleus it cannot reproduce per token
+        # (the rollout log-prob of a token inside the nucleus is renormalised, the learner's would not be)
+        if not self.temperature > 0:
+            raise ValueError(f"rollout.temperature must be > 0 for RL training, got {self.temperature}")
+        if self.top_p != 1.0:
+            raise ValueError(
+                f"rollout.top_p={self.top_p}: RL training samples with top_p=1, because the learner scores the "
+                "full distribution at rollout.temperature, and nucleus-truncated log-probs would make every "
+                "ratio, TIS weight and surprisal compare two different distributions; use rollout.temperature "
+                "to sharpen sampling (evaluation has its own eval.temperature)"
+            )
 
 
 @dataclass
@@ -175,6 +189,17 @@ class TrainConfig:
     eval: EvalSection = field(default_factory=EvalSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     logging: LoggingSection = field(default_factory=LoggingSection)
+
+    def __post_init__(self) -> None:
+        # the learner scores what the rollout sampled: one temperature, set under rollout
+        if self.rl.learner.temperature == 1.0:
+            self.rl.learner.temperature = self.rollout.temperature
+        elif self.rl.learner.temperature != self.rollout.temperature:
+            raise ValueError(
+                f"rl.learner.temperature={self.rl.learner.temperature} differs from rollout.temperature="
+                f"{self.rollout.temperature}: the learner must score the distribution the rollout sampled "
+                "from; set rollout.temperature only"
+            )
 
     def algorithm(self) -> AlgorithmConfig:
         """The RL algorithm: the preset with `rl.algorithm_overrides` applied (dotted keys)."""

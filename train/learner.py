@@ -113,6 +113,9 @@ class LearnerConfig:
     fuse_single_micro_batch: bool = True
     device: str = "cpu"
     seed: int = 0  # Clip-Cov's random token choice
+    # the rollout's sampling temperature: the learner scores softmax(logits / temperature), what the engine
+    # sampled from (ratios, TIS weights, entropy, surprisal); the trainer sets it from rollout.temperature
+    temperature: float = 1.0
 
     def __post_init__(self) -> None:
         if isinstance(self.optimizer, dict):
@@ -191,7 +194,10 @@ class Learner:
         if self.config.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.policy = PolicyModel(
-            model, precision=self.config.precision, head_chunk_rows=self.config.head_chunk_rows
+            model,
+            precision=self.config.precision,
+            head_chunk_rows=self.config.head_chunk_rows,
+            temperature=self.config.temperature,
         )
         if shard is not None:
             shard(self.policy)

@@ -126,7 +126,9 @@ class _ActionTokenHead(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, tokens, chunk_rows, compute_dtype, want_collision):
+    def forward(
+        ctx, hidden, weight, bias, tokens, chunk_rows, compute_dtype, want_collision, temperature=1.0
+    ):
         ctx.set_materialize_grads(False)
         n = hidden.shape[0]
         out = {
@@ -136,7 +138,7 @@ class _ActionTokenHead(torch.autograd.Function):
             w = weight.to(compute_dtype)
             for start in range(0, n, chunk_rows):
                 rows = slice(start, start + chunk_rows)
-                logits = _logits(hidden[rows], w, bias, compute_dtype)
+                logits = _logits(hidden[rows], w, bias, compute_dtype, temperature)
                 lse = torch.logsumexp(logits, dim=-1)
                 logp = logits.sub_(lse[:, None])
                 p = logp.exp()
@@ -146,7 +148,7 @@ class _ActionTokenHead(torch.autograd.Function):
                 if want_collision:
                     out["collision"][rows] = (p * p * (logp + h[:, None])).sum(-1)
         ctx.save_for_backward(hidden, weight, bias, tokens, out["lse"], out["entropy"])
-        ctx.chunk_rows, ctx.compute_dtype = chunk_rows, compute_dtype
+        ctx.chunk_rows, ctx.compute_dtype, ctx.temperature = chunk_rows, compute_dtype, temperature
         ctx.mark_non_differentiable(out["collision"])
         return out["logprob"], out["entropy"], out["collision"]
 
@@ -154,7 +156,7 @@ class _ActionTokenHead(torch.autograd.Function):
     def backward(ctx, grad_logprob, grad_entropy, _grad_collision):
         hidden, weight, bias, tokens, lse, entropy = ctx.saved_tensors
         if grad_logprob is None and grad_entropy is None:
-            return (None,) * 7
+            return (None,) * 8
         cd = ctx.compute_dtype
         grad_hidden = torch.empty_like(hidden)
         grad_weight = torch.zeros_like(weight, dtype=torch.float32)
@@ -163,7 +165,7 @@ class _ActionTokenHead(torch.autograd.Function):
             w = weight.to(cd)
             for start in range(0, hidden.shape[0], ctx.chunk_rows):
                 rows = slice(start, start + ctx.chunk_rows)
-                logp = _logits(hidden[rows], w, bias, cd).sub_(lse[rows, None])
+                logp = _logits(hidden[rows], w, bias, cd, ctx.temperature).sub_(lse[rows, None])
                 p = logp.exp()
                 grad_z = torch.zeros_like(p)
                 if grad_logprob is not None:  # d log p_a / dz = onehot(a) - p
@@ -171,18 +173,24 @@ class _ActionTokenHead(torch.autograd.Function):
                     grad_z.sub_(p * g).scatter_add_(1, tokens[rows, None], g)
                 if grad_entropy is not None:  # dH / dz = -p (log p + H)
                     grad_z.sub_(p * (logp + entropy[rows, None]) * grad_entropy[rows, None])
+                if ctx.temperature != 1.0:  # z / T: the chain rule's 1 / T
+                    grad_z.div_(ctx.temperature)
                 grad_z = grad_z.to(cd)
                 grad_hidden[rows] = (grad_z @ w).to(hidden.dtype)
                 grad_weight += (grad_z.t() @ hidden[rows].to(cd)).float()
                 if grad_bias is not None:
                     grad_bias += grad_z.float().sum(0)
         grad_bias = grad_bias.to(bias.dtype) if grad_bias is not None else None
-        return grad_hidden, grad_weight.to(weight.dtype), grad_bias, None, None, None, None
+        return grad_hidden, grad_weight.to(weight.dtype), grad_bias, None, None, None, None, None
 
 
-def _logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, compute_dtype: torch.dtype) -> Tensor:
+def _logits(
+    hidden: Tensor, weight: Tensor, bias: Tensor | None, compute_dtype: torch.dtype, temperature: float = 1.0
+) -> Tensor:
+    """(hidden @ W^T + b) / T: the sampling distribution's logits at temperature T."""
     logits = (hidden.to(compute_dtype) @ weight.t()).float()
-    return logits + bias.float() if bias is not None else logits
+    logits = logits + bias.float() if bias is not None else logits
+    return logits.div_(temperature) if temperature != 1.0 else logits
 
 
 class PolicyModel(nn.Module):
@@ -192,10 +200,24 @@ class PolicyModel(nn.Module):
     models that rescale or soft-cap their logits are refused rather than scored wrongly.
     """
 
-    def __init__(self, model: nn.Module, *, precision: str = "fp32", head_chunk_rows: int = 1024) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        precision: str = "fp32",
+        head_chunk_rows: int = 1024,
+        temperature: float = 1.0,
+    ) -> None:
         super().__init__()
         if head_chunk_rows < 1:
             raise ValueError(f"head_chunk_rows must be >= 1, got {head_chunk_rows}")
+        if not (math.isfinite(temperature) and temperature > 0):
+            raise ValueError(
+                f"temperature must be finite and > 0 (the rollout's sampling temperature), got {temperature}"
+            )
+        # the rollout's temperature: log-probs, entropy and gradients are those of softmax(logits / T), the
+        # distribution the engine sampled from (as verl does)
+        self.temperature = float(temperature)
         dtype = next(model.parameters()).dtype
         if dtype != torch.float32:
             raise ValueError(
@@ -257,6 +279,7 @@ class PolicyModel(nn.Module):
             self.head_chunk_rows,
             compute_dtype,
             want_collision,
+            self.temperature,
         )
         return TokenStats(*(_scatter(values, is_action) for values in (logprob, entropy, collision)))
 

@@ -368,6 +368,7 @@ class Trainer:
             rendering=r.rendering,
             max_concurrency=r.max_concurrency,
             seed=self.config.seed,
+            timeout_s=None if evaluation else r.timeout_s,  # a hung engine or sandbox cannot hold a step
         )
 
     # ---- evaluation ----

@@ -53,10 +53,10 @@ def test_overrides_are_typed_and_unknown_keys_are_refused():
             "rl.steps=7",
             "rl.algorithm=stare-c2",
             "rl.algorithm_overrides.stare.w=1.3",
-            "rollout.top_p=0.7",
+            "rollout.temperature=0.7",
         ],
     )
-    assert config.rl.steps == 7 and config.rollout.top_p == 0.7
+    assert config.rl.steps == 7 and config.rollout.temperature == 0.7 == config.rl.learner.temperature
     algo = config.algorithm()
     assert algo.stare.variant == "C2" and algo.stare.w == 1.3
     assert (
@@ -89,7 +89,6 @@ def test_trainer_reads_the_task_and_sampling_fields(tmp_path):
             "rl.prompts_per_step=3",
             "rl.samples_per_prompt=2",
             "rollout.temperature=0.8",
-            "rollout.top_p=0.9",
             "eval.temperature=0.0",
         ],
     )
@@ -108,7 +107,7 @@ def test_trainer_reads_the_task_and_sampling_fields(tmp_path):
         t.env_id == config.env.id and t.env_kwargs == {**config.env.kwargs, "split": "train"} for t in tasks
     )
     sampling = trainer.rollout_config()
-    assert (sampling.temperature, sampling.top_p, sampling.max_tokens_per_turn) == (0.8, 0.9, 32)
+    assert (sampling.temperature, sampling.top_p, sampling.max_tokens_per_turn) == (0.8, 1.0, 32)
     assert trainer.rollout_config(evaluation=True).temperature == 0.0
     with pytest.raises(FileExistsError, match="--resume"):
         (tmp_path / "run" / "x").write_text("")
