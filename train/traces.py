@@ -53,6 +53,18 @@ def arithmetic_solution(task: Task) -> str:
 SOLVERS: dict[str, Callable[[Task], str]] = {"stare_agents/ArithmeticTIR-v0": arithmetic_solution}
 
 
+def end_of_turn(renderer: Any, tokenizer: Any) -> int:
+    """The id an assistant turn ends with, as the rollout would sample it: the chat template's end-of-turn
+    token (<|im_end|> for Qwen2.5-Instruct, whose eos list also holds <|endoftext|>), else the tokenizer's eos."""
+    if renderer.end_of_turn_id is not None:
+        return int(renderer.end_of_turn_id)
+    if tokenizer.eos_token_id is None:
+        raise ValueError(
+            "the tokenizer has neither a chat template with an end-of-turn token nor an eos token"
+        )
+    return int(tokenizer.eos_token_id)
+
+
 def _encode(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
@@ -110,7 +122,7 @@ def _solver_trace(
         inserted, inserted_text = renderer.observation(code_ids, observation)
         result = observation[0]["content"].strip()
         answer = f"The result is \\boxed{{{result}}}."
-        answer_ids = [*_encode(tokenizer, answer), min(eos_ids)]
+        answer_ids = [*_encode(tokenizer, answer), end_of_turn(renderer, tokenizer)]
         _, reward, terminated, _, info = env.step(answer)
         if not (terminated and info.get("correct")):
             return None
@@ -139,7 +151,6 @@ def conversation_traces(path: str | Path, tokenizer: Any, eos_ids: set[int]) -> 
 
     Each assistant message is learned and ends with the end-of-turn token when it is the last message or
     when a user message follows; before a tool message it ends where the model would stop for the tool."""
-    eos = min(eos_ids)
     traces = []
     for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
@@ -169,7 +180,7 @@ def conversation_traces(path: str | Path, tokenizer: Any, eos_ids: set[int]) -> 
             ids = _encode(tokenizer, as_messages[i]["content"])
             following = as_messages[i + 1 : j]
             if not following or following[0]["role"] != "tool":
-                ids.append(eos)
+                ids.append(end_of_turn(renderer, tokenizer))
             response += ids
             mask += [1] * len(ids)
             if following:

@@ -69,3 +69,25 @@ def test_conversation_traces_learn_only_the_assistant(tokenizer, tmp_path):
     path.write_text('{"messages": [{"role": "user", "content": "no answer"}]}\n')
     with pytest.raises(ValueError, match=r"traces\.jsonl:1"):
         conversation_traces(path, tokenizer, {tokenizer.eos_token_id})
+
+
+def test_assistant_turns_end_with_the_templates_end_of_turn_token_not_the_smallest_eos_id(
+    tokenizer, tmp_path
+):
+    """Qwen2.5-Instruct lists <|endoftext|> (the smaller id) and <|im_end|> as end-of-sequence ids; its template
+    closes turns with <|im_end|>, which is what the rollout samples and what SFT must teach."""
+    qwen_like = AutoTokenizer.from_pretrained(tokenizer.name_or_path)
+    qwen_like.eos_token = "<|endoftext|>"
+    eos_ids = {
+        qwen_like.convert_tokens_to_ids("<|endoftext|>"),
+        qwen_like.convert_tokens_to_ids("<|im_end|>"),
+    }
+    assert min(eos_ids) == qwen_like.convert_tokens_to_ids("<|endoftext|>")  # what SFT used to append
+    path = tmp_path / "traces.jsonl"
+    conversation = [{"role": "user", "content": "2 + 2?"}, {"role": "assistant", "content": "\\boxed{4}"}]
+    path.write_text(json.dumps({"messages": conversation}) + "\n")
+    [trace] = conversation_traces(path, qwen_like, eos_ids)
+    assert trace.response_ids == [
+        *encode(qwen_like, "\\boxed{4}"),
+        qwen_like.convert_tokens_to_ids("<|im_end|>"),
+    ]
