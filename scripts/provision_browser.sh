@@ -22,9 +22,10 @@ find_browser() {
     return 1
 }
 
-# one provisioning at a time on this machine (apt holds its own lock, but a second apt-get would fail on it)
-exec 9>/var/lock/stare-provision-browser.lock
-flock 9
+# one provisioning at a time on this machine (apt holds its own lock, but a second apt-get would fail on it),
+# with the lock in a folder only this user can write (scripts/_lock.sh)
+source "$(dirname "${BASH_SOURCE[0]}")/_lock.sh"
+take_lock provision-browser
 
 if browser="$(find_browser)"; then
     say "a browser is installed: $browser"

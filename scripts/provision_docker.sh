@@ -26,19 +26,10 @@ DAEMON_JSON="${STARE_DOCKER_DAEMON_JSON:-/etc/docker/daemon.json}"
 
 say() { echo "[provision_docker] $*"; }
 
-# one provisioning at a time on this machine (several shells may run this script at once). The lock lives in
-# a folder only this user can write (not world-writable /var/lock, where another user could plant a symlink
-# that root would then open and truncate): /run/stare-agents as root, else ~/.cache/stare-agents.
-if [ "$(id -u)" -eq 0 ]; then default_lock_dir=/run/stare-agents; else default_lock_dir="$HOME/.cache/stare-agents"; fi
-LOCK_DIR="${STARE_LOCK_DIR:-$default_lock_dir}"
-mkdir -p -m 700 "$LOCK_DIR" 2>/dev/null || true
-if [ -L "$LOCK_DIR" ] || [ ! -d "$LOCK_DIR" ] || [ "$(stat -c %u "$LOCK_DIR")" != "$(id -u)" ] \
-    || [ -n "$(find "$LOCK_DIR" -maxdepth 0 -perm /022)" ]; then
-    say "refusing the lock folder $LOCK_DIR: it must be a real folder owned by $(id -un) that no one else can write"
-    exit 1
-fi
-exec 9>>"$LOCK_DIR/provision-docker.lock"
-flock 9
+# one provisioning at a time on this machine (several shells may run this script at once), with the lock in a
+# folder only this user can write (scripts/_lock.sh)
+source "$(dirname "${BASH_SOURCE[0]}")/_lock.sh"
+take_lock provision-docker
 
 if [ "$(id -u)" -ne 0 ] && ! docker info >/dev/null 2>&1; then
     say "not root and no Docker engine answers: run this script as root (or start an engine yourself)"

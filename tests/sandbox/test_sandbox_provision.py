@@ -28,17 +28,21 @@ def test_debootstrap_checks_signatures_and_never_skips_them(tmp_path):
 
 def test_provisioning_installs_the_keyring_and_locks_outside_var_lock():
     text = SCRIPT.read_text()
-    assert "/var/lock" not in text.replace("world-writable /var/lock", "")
+    for script in (SCRIPT, SCRIPT.with_name("provision_browser.sh"), SCRIPT.with_name("_lock.sh")):
+        assert "/var/lock" not in script.read_text().replace("world-writable /var/lock", ""), script
     assert "debian-archive-keyring" in text and "gpgv" in text
 
 
-def run_script(lock_dir: Path) -> subprocess.CompletedProcess:
+def run_script(lock_dir: Path, script: Path = SCRIPT) -> subprocess.CompletedProcess:
     env = {**os.environ, "STARE_LOCK_DIR": str(lock_dir)}
-    return subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=60)
+    return subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.parametrize(
+    "script", [SCRIPT, SCRIPT.with_name("provision_browser.sh")], ids=["docker", "browser"]
+)
 @pytest.mark.parametrize("kind", ["symlink", "foreign", "world-writable"])
-def test_a_planted_lock_folder_is_refused_before_anything_runs(tmp_path, kind):
+def test_a_planted_lock_folder_is_refused_before_anything_runs(tmp_path, kind, script):
     target = tmp_path / "victim"
     target.mkdir()
     lock_dir = tmp_path / "lock"
@@ -52,7 +56,7 @@ def test_a_planted_lock_folder_is_refused_before_anything_runs(tmp_path, kind):
     else:
         lock_dir.mkdir()
         lock_dir.chmod(0o777)
-    done = run_script(lock_dir)
+    done = run_script(lock_dir, script)
     assert done.returncode == 1 and "refusing the lock folder" in done.stdout, done
     assert "installing" not in done.stdout and "engine" not in done.stdout  # stopped before step 1
     assert list(target.iterdir()) == []
