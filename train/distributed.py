@@ -247,6 +247,7 @@ class LearnerGroup:
             advantages,
             mini_batches=self.config.mini_batches,
             micro_batch_tokens=self.config.micro_batch_tokens,
+            packing=self.config.micro_batch_packing,
         )
         parts = deal_micro_batches(plan, len(self.workers), equal_counts=self.distributed.fsdp)
         return ray.get([w.step.remote(part) for w, part in zip(self.workers, parts, strict=True)])[0]

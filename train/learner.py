@@ -11,7 +11,9 @@ One step, as the official STARE code does it:
   3. for each optimiser update (`mini_batches`, 1 by default) and each token-budget micro-batch: forward
      with grad, surprisal = -log pi(a) of the current policy (detached), L+/L- and the STARE weights over
      the micro-batch (scope "micro-batch") or over the step batch (scope "batch", from pass 1), the clipped
-     surrogate normalised over the whole update, backward (gradient accumulation);
+     surrogate normalised over the whole update (`loss.normalization` "global") or as the official code
+     does it, each micro-batch's own mean times its share of the update's rows ("micro-batch"), backward
+     (gradient accumulation);
   4. gradients summed over data-parallel workers, clipped, AdamW; then the LR schedule.
 """
 
@@ -38,6 +40,7 @@ from stare_agents.algo import (
     sensitivity_from_statistics,
 )
 from stare_agents.train.policy import (
+    PACKINGS,
     PRECISIONS,
     MicroBatch,
     OptimizerConfig,
@@ -102,6 +105,11 @@ LEARNER_METRICS = (
 class LearnerConfig:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     micro_batch_tokens: int = 8192  # padded tokens per micro-batch (rows x longest prompt + response)
+    # how rows are packed into micro-batches: "longest-first" (rows of like length together, fewest padding
+    # tokens) or "balanced" (padded token counts evened out across micro-batches, as the official code's
+    # dynamic batching does); with several micro-batches this changes the per-micro-batch STARE selection
+    # and the "micro-batch" loss normalisation, never the budget
+    micro_batch_packing: str = "longest-first"
     mini_batches: int = 1  # optimiser updates per training step (contiguous row ranges of the step batch)
     precision: str = "fp32"  # "fp32" or "bf16" (autocast)
     gradient_checkpointing: bool = False
@@ -122,6 +130,10 @@ class LearnerConfig:
             self.optimizer = OptimizerConfig(**self.optimizer)
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if self.micro_batch_packing not in PACKINGS:
+            raise ValueError(
+                f"micro_batch_packing must be one of {PACKINGS}, got {self.micro_batch_packing!r}"
+            )
         if self.old_logprobs not in OLD_LOGPROB_SOURCES:
             raise ValueError(f"old_logprobs must be one of {OLD_LOGPROB_SOURCES}, got {self.old_logprobs!r}")
         if self.tis_cap is not None and (self.old_logprobs != "recompute" or not self.tis_cap > 0):
@@ -242,6 +254,7 @@ class Learner:
             advantages,
             mini_batches=self.config.mini_batches,
             micro_batch_tokens=self.config.micro_batch_tokens,
+            packing=self.config.micro_batch_packing,
         )
         return self.step_micro_batches(plan)
 
@@ -284,12 +297,12 @@ class Learner:
             self._step_selection(micro_batches, pre, advantages) if self.scope == "batch" else None
         )
 
-        # 3. the updates: gradient accumulation over micro-batches, normalised over the whole update
+        # 3. the updates: gradient accumulation over micro-batches, normalised as loss.normalization says
         sums = dict.fromkeys(SUMMED, 0.0)
         grad_norms = []
         lr = self.optimizer.param_groups[0]["lr"]
         index = 0
-        for update, normalizer in zip(plan, totals["normalizers"], strict=True):
+        for update, normalizer, rows in zip(plan, totals["normalizers"], totals["rows"], strict=True):
             self.optimizer.zero_grad(set_to_none=True)
             for mb in update:
                 self._accumulate(
@@ -298,7 +311,7 @@ class Learner:
                     advantages[index],
                     step_selection,
                     index,
-                    normalizer,
+                    self._normalizer(mb, normalizer, rows),
                     reweighting,
                     sums,
                     forward[index],
@@ -322,9 +335,19 @@ class Learner:
             return advantages
         return switch.apply(advantages, entropy, self.step_count)
 
+    def _normalizer(self, mb: MicroBatch, update_normalizer: float, update_rows: float) -> float:
+        """What this micro-batch's summed loss is divided by. "global": the update's count (all workers), so
+        the accumulated gradient is that of the unsplit update. "micro-batch" (the official code's): the
+        micro-batch's own count times rows_update / rows_mb, i.e. its own mean weighted by its share of the
+        update's rows (all workers; a filler micro-batch has no rows and no loss)."""
+        if self.algorithm.loss.normalization == "global":
+            return update_normalizer
+        own = max(loss_normalizer(mb.batch.action_mask, self.algorithm.loss.aggregation), 1.0)
+        return own * update_rows / max(len(mb.rows), 1)
+
     def _step_totals(self, micro_batches: list[MicroBatch], pre: list[TokenStats], plan) -> dict:
         """Step-level sums over all workers, in one all-reduce: entropy for the gate, token counts, the
-        loss normaliser of each update and the rollout/learner mismatch."""
+        loss normaliser and the row count of each update and the rollout/learner mismatch."""
         aggregation = self.algorithm.loss.aggregation
         names = ["entropy_sum", "entropy_count", "tokens", "action_tokens", "micro_batches"]
         names += ["abs_diff", "outside"]
@@ -347,10 +370,13 @@ class Learner:
             local["abs_diff"] += float(diff.abs().sum())
             local["outside"] += float(((diff.exp() < 0.9) | (diff.exp() > 1.1)).sum())
         normalizers = [sum(loss_normalizer(mb.batch.action_mask, aggregation) for mb in u) for u in plan]
-        vector = torch.tensor([local[k] for k in names] + normalizers, dtype=torch.float64)
+        rows = [float(sum(len(mb.rows) for mb in u if not mb.filler)) for u in plan]
+        vector = torch.tensor([local[k] for k in names] + normalizers + rows, dtype=torch.float64)
         vector = self.collective.all_reduce_sum(vector).tolist()
         totals = dict(zip(names, vector[: len(names)], strict=True))
-        totals["normalizers"] = [max(c, 1.0) for c in vector[len(names) :]]
+        counts = vector[len(names) :]
+        totals["normalizers"] = [max(c, 1.0) for c in counts[: len(plan)]]
+        totals["rows"] = counts[len(plan) :]
         return totals
 
     def _step_selection(

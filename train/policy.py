@@ -27,6 +27,10 @@ from stare_agents.trajectory import Batch
 # computes it fast, else fp32 (stare_agents.hardware)
 PRECISIONS = ("fp32", "bf16", "fast")
 LR_SCHEDULES = ("constant", "cosine")
+PACKINGS = (
+    "longest-first",
+    "balanced",
+)  # how plan_micro_batches packs rows (LearnerConfig.micro_batch_packing)
 
 
 @dataclass
@@ -315,15 +319,25 @@ def row_lengths(batch: Batch) -> tuple[list[int], list[int]]:
     return batch.attention_mask[:, :p].sum(-1).tolist(), batch.attention_mask[:, p:].sum(-1).tolist()
 
 
-def plan_micro_batches(batch: Batch, max_tokens: int, rows: Sequence[int] | None = None) -> list[list[int]]:
+def plan_micro_batches(
+    batch: Batch, max_tokens: int, rows: Sequence[int] | None = None, *, packing: str = "longest-first"
+) -> list[list[int]]:
     """Pack rows into micro-batches of at most `max_tokens` padded tokens (rows x (longest prompt + longest
-    response)), longest rows first so that rows of like length share padding. A row longer than the
-    budget gets a micro-batch of its own. Deterministic: ties keep row order; rows ascend in each group."""
+    response)). A row longer than the budget gets a micro-batch of its own. Deterministic: ties keep row
+    order; rows ascend in each group.
+
+    "longest-first": rows sorted by length fill one micro-batch after another, so rows of like length share
+    padding (fewest padded tokens). "balanced": the padded token counts are evened out across micro-batches
+    (what the official code's dynamic batching aims at); see `_balanced_groups`."""
     if max_tokens < 1:
         raise ValueError(f"micro_batch_tokens must be >= 1, got {max_tokens}")
+    if packing not in PACKINGS:
+        raise ValueError(f"micro_batch_packing must be one of {PACKINGS}, got {packing!r}")
     prompt_lens, response_lens = row_lengths(batch)
     rows = list(range(len(prompt_lens))) if rows is None else list(rows)
     order = sorted(rows, key=lambda i: -(prompt_lens[i] + response_lens[i]))
+    if packing == "balanced":
+        return _balanced_groups(order, prompt_lens, response_lens, max_tokens)
     groups: list[list[int]] = []
     current: list[int] = []
     longest_p = longest_r = 0
@@ -337,6 +351,43 @@ def plan_micro_batches(batch: Batch, max_tokens: int, rows: Sequence[int] | None
     if current:
         groups.append(sorted(current))
     return groups
+
+
+def _balanced_groups(
+    order: list[int], prompt_lens: list[int], response_lens: list[int], max_tokens: int
+) -> list[list[int]]:
+    """Greedy longest-processing-time packing over k micro-batches: each row (longest first) joins the
+    micro-batch whose padded token count after adding it is smallest among those it fits in, and opens a new
+    one when it fits in none. k starts at ceil(total tokens / budget), the fewest any packing can use, and
+    is raised to the count a pass ended with until a pass ends with k (at most len(rows) passes, usually
+    one or two). Rows longer than the budget come first, each alone, as in longest-first."""
+
+    def length(i: int) -> int:
+        return prompt_lens[i] + max(response_lens[i], 1)
+
+    alone = [[i] for i in order if length(i) > max_tokens]
+    rest = [i for i in order if length(i) <= max_tokens]
+    k = math.ceil(sum(length(i) for i in rest) / max_tokens)
+    while True:
+        groups: list[list[int]] = [[] for _ in range(k)]
+        shape = [(0, 0)] * k  # (longest prompt, longest response) of each group
+        for i in rest:
+            best, best_cost = None, None
+            for g, (p, r) in enumerate(shape):
+                p, r = max(p, prompt_lens[i]), max(r, response_lens[i], 1)
+                cost = (len(groups[g]) + 1) * (p + r)
+                if cost <= max_tokens and (best_cost is None or cost < best_cost):
+                    best, best_cost = g, cost
+            if best is None:
+                groups.append([])
+                shape.append((0, 0))
+                best = len(groups) - 1
+            groups[best].append(i)
+            p, r = shape[best]
+            shape[best] = (max(p, prompt_lens[i]), max(r, response_lens[i], 1))
+        if len(groups) == k:
+            return alone + [sorted(g) for g in groups]
+        k = len(groups)
 
 
 def slice_batch(batch: Batch, rows: Sequence[int]) -> Batch:
@@ -359,9 +410,15 @@ def slice_batch(batch: Batch, rows: Sequence[int]) -> Batch:
 
 
 def split_step(
-    batch: Batch, advantages: Tensor | None, *, mini_batches: int, micro_batch_tokens: int
+    batch: Batch,
+    advantages: Tensor | None,
+    *,
+    mini_batches: int,
+    micro_batch_tokens: int,
+    packing: str = "longest-first",
 ) -> list[list[MicroBatch]]:
-    """A step batch -> `mini_batches` optimiser updates (contiguous row ranges) -> token-budget micro-batches."""
+    """A step batch -> `mini_batches` optimiser updates (contiguous row ranges) -> token-budget micro-batches
+    (packed as `packing` says, see `plan_micro_batches`)."""
     num_rows = batch.input_ids.shape[0]
     if advantages is None:
         advantages = torch.zeros(num_rows)
@@ -382,7 +439,7 @@ def split_step(
     plan = []
     for part in torch.arange(num_rows).tensor_split(mini_batches):
         micro = []
-        for rows in plan_micro_batches(batch, micro_batch_tokens, part.tolist()):
+        for rows in plan_micro_batches(batch, micro_batch_tokens, part.tolist(), packing=packing):
             sliced = slice_batch(batch, rows)
             adv = advantages[rows]
             if adv.dim() == 2:

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from stare_agents.algo.config import AlgorithmConfig
 
 T = TypeVar("T")
+ONE_MEMBER_GROUPS = ("drop", "keep")  # AlgorithmConfig.one_member_groups
 
 
 def _groups(rewards: Tensor, group_size: int) -> Tensor:
@@ -185,6 +186,10 @@ def compute_advantages(
        their advantages are 0 and `keep` is False. Train on `result.kept(trajectories)` so they leave the
        loss normaliser too (that is what distinguishes DAPO dynamic sampling from zero advantages).
 
+    A group of one member has no baseline: with `one_member_groups="drop"` its advantage is 0 (r minus its
+    own mean) and step 3 drops it; with "keep" (the official code's) its baseline is 0 and its std 1, so
+    its advantage is the shaped reward r / (1 + std_eps) (r without `normalize_std`) and step 3 keeps it.
+
     `groups` is a group size (contiguous groups of equal size) or one group id per sequence.
     """
     rewards = rewards.detach().float()
@@ -207,9 +212,16 @@ def compute_advantages(
         shaped = rewards + penalty
     advantages = _group_normalised(shaped, index, normalize_std=config.normalize_std, eps=config.std_eps)
     num_groups = int(index.max()) + 1 if index.numel() else 0
+    alone = torch.bincount(index, minlength=num_groups)[index] == 1 if num_groups else index.bool()
+    if config.one_member_groups == "keep":
+        baseline_free = shaped / (1.0 + config.std_eps) if config.normalize_std else shaped
+        advantages = torch.where(alone, baseline_free, advantages)
     keep, dropped = torch.ones_like(rewards, dtype=torch.bool), 0
     if config.dynamic_sampling:
         group_filter = filter_zero_variance_groups(rewards, index.tolist())
         keep, dropped = group_filter.keep, group_filter.dropped_groups
+        if config.one_member_groups == "keep":
+            dropped -= int((alone & ~keep).sum())  # one row per such group
+            keep = keep | alone
         advantages = torch.where(keep, advantages, 0.0)
     return Advantages(advantages, shaped, keep, num_groups, dropped)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from stare_agents.algo.advantages import EntrocraftSwitch
+from stare_agents.algo.advantages import ONE_MEMBER_GROUPS, EntrocraftSwitch
 from stare_agents.algo.losses import PolicyLossConfig
 from stare_agents.algo.stare import StareConfig
 
@@ -25,6 +25,10 @@ class AlgorithmConfig:
     normalize_std: bool = True  # GRPO advantage divided by the group std (False: Dr. GRPO centring only)
     std_eps: float = 1e-6
     dynamic_sampling: bool = True  # drop groups whose rewards are all equal (DAPO)
+    # a group with one member (e.g. the others failed): "drop" (advantage 0, and dynamic sampling drops it as a
+    # group without variance) or "keep" (the official code's: advantage r / (1 + std_eps), or r without
+    # normalize_std, i.e. mean 0 and std 1, and dynamic sampling keeps it)
+    one_member_groups: str = "drop"
     overlong_shaping: bool = False  # DAPO soft overlong punishment
     overlong_cache_length: int = 256
     overlong_factor: float = 1.0
@@ -33,6 +37,10 @@ class AlgorithmConfig:
     entrocraft: EntrocraftSwitch | None = None
 
     def __post_init__(self) -> None:
+        if self.one_member_groups not in ONE_MEMBER_GROUPS:
+            raise ValueError(
+                f"one_member_groups must be one of {ONE_MEMBER_GROUPS}, got {self.one_member_groups!r}"
+            )
         if not (self.std_eps > 0 and self.overlong_cache_length > 0 and self.overlong_factor >= 0):
             raise ValueError(
                 f"need std_eps > 0, overlong_cache_length > 0 and overlong_factor >= 0; got "

@@ -18,6 +18,7 @@ from stare_agents.algo.logits import masked_mean
 from stare_agents.algo.stare import broadcast_advantages
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+NORMALIZATIONS = ("global", "micro-batch")
 COV_MODES = ("none", "clip-cov", "kl-cov")
 LOG_RATIO_LIMIT = 20.0  # log pi - log pi_old is clamped to [-20, 20] before exp
 
@@ -28,6 +29,11 @@ class PolicyLossConfig:
     clip_high: float = 0.28  # ratio ceiling 1 + eps_high (DAPO clip-higher)
     dual_clip: float = 10.0  # c: per-token loss of a negative-advantage token is at most -A * c
     aggregation: str = "token-mean"
+    # what a gradient-accumulation micro-batch's loss is divided by (the learner applies it, knowing the plan):
+    # "global": the whole optimiser update's count (tokens, or sequences for the seq-mean modes), so the
+    #   update equals one pass over the unsplit batch; "micro-batch": the official STARE code's, each
+    #   micro-batch's own mean scaled by its share of the update's rows, loss_mb * rows_mb / rows_update
+    normalization: str = "global"
     entropy_coef: float = 0.0  # entropy bonus: loss -= coef * aggregate(H)
     cov_mode: str = "none"  # "clip-cov" / "kl-cov" (Cui et al. 2025)
     clip_cov_ratio: float = 2e-4
@@ -39,6 +45,12 @@ class PolicyLossConfig:
     def __post_init__(self) -> None:
         if self.aggregation not in AGGREGATIONS:
             raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {self.aggregation!r}")
+        if self.normalization not in NORMALIZATIONS:
+            raise ValueError(
+                f"loss.normalization must be one of {NORMALIZATIONS}, got {self.normalization!r}: 'global' "
+                "divides by the whole update's token count, 'micro-batch' (the official STARE code) takes each "
+                "micro-batch's mean weighted by its share of rows"
+            )
         if self.cov_mode not in COV_MODES:
             raise ValueError(f"cov_mode must be one of {COV_MODES}, got {self.cov_mode!r}")
         if not (0 <= self.clip_low < 1 and self.clip_high >= 0 and self.dual_clip > 1):

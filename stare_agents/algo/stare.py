@@ -30,6 +30,12 @@ class StareConfig:
     m: float = 0.9
     target_entropy: float = 0.3
     gated: bool = True  # False: reweight every step (open loop)
+    # the gate's state before its first update. The gate is updated before it is used in every step, so this
+    # decides only a step whose entropy is unknown (non-finite, or no action tokens): the gate then keeps its
+    # state. The official code starts on; the default here is off, so that STARE never reweights before it
+    # has measured an entropy below the target (the contract "on iff entropy < target"), e.g. a first step
+    # whose logits are already non-finite. Set True for the official behaviour (the paper recipes do).
+    initial_on: bool = False
     adaptive: bool = False  # adapt w / m by alpha * sign(H_tgt - H) each step
     alpha: float = 0.01
     w_max: float = 1.5
@@ -216,8 +222,10 @@ class Stare:
             alpha=c.alpha,
             w_max=c.w_max,
             m_min=c.m_min,
+            active=c.initial_on,
         )
-        self.reweighting = not c.gated  # this step's decision; open loop reweights from the first step
+        # this step's decision: the gate's initial state; open loop reweights from the first step
+        self.reweighting = c.initial_on or not c.gated
 
     @property
     def w(self) -> float:
