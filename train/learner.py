@@ -106,9 +106,10 @@ class LearnerConfig:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     micro_batch_tokens: int = 8192  # padded tokens per micro-batch (rows x longest prompt + response)
     # how rows are packed into micro-batches: "longest-first" (rows of like length together, fewest padding
-    # tokens) or "balanced" (padded token counts evened out across micro-batches, as the official code's
-    # dynamic batching does); with several micro-batches this changes the per-micro-batch STARE selection
-    # and the "micro-batch" loss normalisation, never the budget
+    # tokens) or "balanced" (padded token counts evened out across micro-batches by mixing long and short
+    # rows, as the official code's dynamic batching does; costs some padding, sometimes one micro-batch
+    # more); with several micro-batches this changes the per-micro-batch STARE selection and the
+    # "micro-batch" loss normalisation, never the budget
     micro_batch_packing: str = "longest-first"
     mini_batches: int = 1  # optimiser updates per training step (contiguous row ranges of the step batch)
     precision: str = "fp32"  # "fp32" or "bf16" (autocast)

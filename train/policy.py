@@ -336,8 +336,6 @@ def plan_micro_batches(
     prompt_lens, response_lens = row_lengths(batch)
     rows = list(range(len(prompt_lens))) if rows is None else list(rows)
     order = sorted(rows, key=lambda i: -(prompt_lens[i] + response_lens[i]))
-    if packing == "balanced":
-        return _balanced_groups(order, prompt_lens, response_lens, max_tokens)
     groups: list[list[int]] = []
     current: list[int] = []
     longest_p = longest_r = 0
@@ -350,24 +348,28 @@ def plan_micro_batches(
         longest_p, longest_r = p, r
     if current:
         groups.append(sorted(current))
+    if packing == "balanced":
+        return _balanced_groups(order, prompt_lens, response_lens, max_tokens, len(groups))
     return groups
 
 
 def _balanced_groups(
-    order: list[int], prompt_lens: list[int], response_lens: list[int], max_tokens: int
+    order: list[int], prompt_lens: list[int], response_lens: list[int], max_tokens: int, start: int
 ) -> list[list[int]]:
     """Greedy longest-processing-time packing over k micro-batches: each row (longest first) joins the
     micro-batch whose padded token count after adding it is smallest among those it fits in, and opens a new
-    one when it fits in none. k starts at ceil(total tokens / budget), the fewest any packing can use, and
-    is raised to the count a pass ended with until a pass ends with k (at most len(rows) passes, usually
-    one or two). Rows longer than the budget come first, each alone, as in longest-first."""
+    one when it fits in none. k starts at `start` (longest-first's count, less its oversized rows) and is
+    raised to the count a pass ended with until a pass ends with k (at most len(rows) passes, usually one).
+    Rows longer than the budget come first, each alone, as in longest-first. Mixing long and short rows
+    evens the micro-batches out at the price of some padding."""
 
     def length(i: int) -> int:
         return prompt_lens[i] + max(response_lens[i], 1)
 
     alone = [[i] for i in order if length(i) > max_tokens]
     rest = [i for i in order if length(i) <= max_tokens]
-    k = math.ceil(sum(length(i) for i in rest) / max_tokens)
+    start -= len(alone)
+    k = start
     while True:
         groups: list[list[int]] = [[] for _ in range(k)]
         shape = [(0, 0)] * k  # (longest prompt, longest response) of each group
