@@ -127,3 +127,31 @@ def test_compute_advantages_rejects_hostile_rewards():
         compute_advantages(torch.ones(4), 3, config)
     with pytest.raises(ValueError, match="std_eps"):
         AlgorithmConfig(std_eps=0.0)
+
+
+@pytest.mark.parametrize("dynamic_sampling", [True, False])
+def test_one_member_groups_are_dropped_or_kept_with_advantage_r(dynamic_sampling):
+    # a: two members (1, 0); b: two equal (1, 1); c: one member r = 1; d: one member r = 0
+    rewards = torch.tensor([1.0, 0.0, 1.0, 1.0, 1.0, 0.0])
+    groups = ["a", "a", "b", "b", "c", "d"]
+    pair = 0.5 / (0.5**0.5 + 1e-6)  # (r - 0.5) / (unbiased std sqrt(1/2) + eps)
+    drop = AlgorithmConfig(dynamic_sampling=dynamic_sampling)
+    keep = AlgorithmConfig(dynamic_sampling=dynamic_sampling, one_member_groups="keep")
+    dropped, kept = compute_advantages(rewards, groups, drop), compute_advantages(rewards, groups, keep)
+    # drop: a one-member group is its own baseline (advantage 0) and, without variance, dynamic sampling drops it
+    assert torch.allclose(dropped.advantages, torch.tensor([pair, -pair, 0, 0, 0, 0]))
+    # keep (official): baseline 0, std 1 -> r / (1 + eps); dynamic sampling keeps it (b is still dropped)
+    assert torch.allclose(kept.advantages, torch.tensor([pair, -pair, 0, 0, 1 / (1 + 1e-6), 0]))
+    if dynamic_sampling:
+        assert (
+            dropped.keep.tolist() == [True, True, False, False, False, False] and dropped.dropped_groups == 3
+        )
+        assert kept.keep.tolist() == [True, True, False, False, True, True] and kept.dropped_groups == 1
+    else:
+        assert dropped.keep.all() and kept.keep.all() and dropped.dropped_groups == kept.dropped_groups == 0
+    centred = compute_advantages(
+        rewards, groups, AlgorithmConfig(normalize_std=False, one_member_groups="keep")
+    )
+    assert centred.advantages[4] == 1.0  # Dr. GRPO centring: advantage r exactly
+    with pytest.raises(ValueError, match="one_member_groups must be one of"):
+        AlgorithmConfig(one_member_groups="zero")

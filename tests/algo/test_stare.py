@@ -220,3 +220,18 @@ def test_stare_config_rejects_bad_values():
         StareConfig(w=0.0)
     with pytest.raises(ValueError, match="target_entropy"):
         StareConfig(target_entropy=float("nan"))
+
+
+def test_initial_gate_state_decides_only_until_the_first_measured_entropy():
+    surprisal, advantages, mask = torch.tensor([[0.1, 2.0]]), torch.tensor([1.0]), torch.ones(1, 2)
+    off, on = (
+        Stare(StareConfig(top_ratio=0.5, w=1.5)),
+        Stare(StareConfig(top_ratio=0.5, w=1.5, initial_on=True)),
+    )
+    assert off.reweighting is False and off.gate.active is False  # the project's default: off
+    assert torch.equal(off.weights(surprisal, advantages, mask), torch.ones(1, 2))
+    assert on.reweighting is True and on.gate.active is True  # the official code's: on
+    assert torch.equal(on.weights(surprisal, advantages, mask), torch.tensor([[1.0, 1.5]]))
+    with pytest.warns(RuntimeWarning, match="keeps its state"):
+        assert on.update(float("nan")) is True and off.update(float("nan")) is False  # unknown: kept
+    assert on.update(0.5) is False and off.update(0.2) is True  # the first measured entropy decides

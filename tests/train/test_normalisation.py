@@ -209,3 +209,27 @@ def test_the_learner_steps_on_balanced_micro_batches():
     a = make_learner(micro_batch_tokens=10_000, micro_batch_packing="balanced").step(batch, advantages)
     b = make_learner(micro_batch_tokens=10_000).step(batch, advantages)
     assert a["learner/loss"] == pytest.approx(b["learner/loss"], rel=1e-6)
+
+
+def test_the_paper_recipes_train_as_the_official_code_and_the_others_keep_the_defaults():
+    from stare_agents.train.config import load_config
+
+    for name in (
+        "qwen2.5-7b-tir-stare-c2",
+        "qwen2.5-7b-tir-grpo-ds",
+        "simpletir-qwen2.5-7b",
+        "short-cot-qwen2.5-7b",
+    ):
+        config = load_config(recipe=name)
+        algorithm = config.algorithm()
+        assert (algorithm.loss.normalization, algorithm.one_member_groups) == ("micro-batch", "keep"), name
+        assert config.rl.learner.micro_batch_packing == "balanced", name
+        assert algorithm.stare is None or algorithm.stare.initial_on, name
+    tiny = load_config(recipe="tiny")
+    algorithm = tiny.algorithm()
+    assert (algorithm.loss.normalization, algorithm.one_member_groups, algorithm.stare.initial_on) == (
+        "global",
+        "drop",
+        False,
+    )
+    assert tiny.rl.learner.micro_batch_packing == "longest-first"
