@@ -208,7 +208,7 @@ def test_protocol_env_kwargs_take_effect_in_the_environment() -> None:
     from stare_agents.sandbox import make_sandbox
 
     protocol = PROTOCOLS["simpletir"]
-    with make_sandbox("local", pool_size=1) as sandbox:
+    with make_sandbox("local", pool_size=1, allow_host_execution=True) as sandbox:
         # a generous tool time limit: this test checks formatting and statelessness, not speed under load
         env = gym.make(protocol.env_id, sandbox=sandbox, tool_timeout_s=60.0, **protocol.make_env_kwargs())
         try:
