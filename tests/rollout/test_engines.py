@@ -139,6 +139,17 @@ def test_vllm_per_request_seeds_reproduce_whatever_the_batch(vllm_engine, tiny_m
     assert together[0].token_ids != together[1].token_ids
 
 
+def test_vllm_float32_rollout_and_learner_logprobs_agree_at_temperature_0_7(vllm_engine, tiny_model):
+    """The learner scores what vLLM sampled at temperature 0.7 (test_temperature.py has the HF engine's
+    case). Here, before the engine-process tests below: after them, the session's in-process engine failed
+    its steps in a full run ('pipeline model parallel group is not initialized')."""
+    from test_temperature import learner_logprobs, sampled
+
+    load_weights(vllm_engine, tiny_model)
+    learner, rollout = learner_logprobs(tiny_model, sampled(vllm_engine, 0.7), 0.7)
+    assert torch.allclose(learner, rollout, atol=2e-3), (learner - rollout).abs().max()
+
+
 def test_vllm_multiprocess_engine_syncs_weights_through_a_file(vllm_engine, tiny_model, toolcaller_model):
     """The engine core in its own process: weights go through a safetensors file in shared memory."""
     engine = make_engine(
