@@ -767,7 +767,9 @@ class Trainer:
         figures = entropy_figures(records, target)
         final_eval = evaluations.get("rl", {})
         scores = {
-            point: accuracy_estimate(e["per_task"], c.eval.bootstrap) for point, e in evaluations.items()
+            point: accuracy_estimate(e["per_task"], c.eval.bootstrap)
+            for point, e in evaluations.items()
+            if "per_task" in e  # a run folder written before per-task scores has accuracies only
         }
         start = "sft" if "sft" in evaluations else "base"
         summary: dict[str, Any] = {
@@ -815,7 +817,7 @@ def accuracy_estimate(per_task: dict[str, float], bootstrap: int) -> Estimate:
 
 
 def _gain(evaluations: dict[str, Any], after: str, before: str, bootstrap: int) -> dict[str, Any] | None:
-    if after not in evaluations or before not in evaluations:
+    if not all("per_task" in evaluations.get(point, {}) for point in (after, before)):
         return None
     gain = paired_difference(
         evaluations[after]["per_task"], evaluations[before]["per_task"], bootstrap=bootstrap
