@@ -242,7 +242,11 @@ def test_envs_without_a_sandbox_share_one_process_wide_pool() -> None:
     from stare_agents.sandbox import PooledSandbox
 
     def started_pools() -> set[int]:
-        return {id(o) for o in gc.get_objects() if isinstance(o, PooledSandbox) and getattr(o, "_pool", None) is not None}
+        return {
+            id(o)
+            for o in gc.get_objects()
+            if isinstance(o, PooledSandbox) and getattr(o, "_pool", None) is not None
+        }
 
     before = started_pools()
     envs = [gym.make("stare_agents/ArithmeticTIR-v0") for _ in range(3)]
