@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from stare_agents.envs import Task
+from stare_agents.envs.parsing import format_inline
 from stare_agents.rollout import RolloutTask, make_env, make_renderer
 from stare_agents.trajectory import Trajectory, TurnRecord
 
@@ -146,45 +147,76 @@ def _solver_trace(
     )
 
 
-def conversation_traces(path: str | Path, tokenizer: Any, eos_ids: set[int]) -> list[Trajectory]:
-    """Traces from a JSONL of chat conversations (see the module docstring), rendered with the chat template.
+def conversation_traces(
+    path: str | Path,
+    tokenizer: Any,
+    eos_ids: set[int],
+    *,
+    rendering: str = "chat",
+    observation_format: str = "output_block",
+) -> list[Trajectory]:
+    """Traces from a JSONL of chat conversations (see the module docstring), laid out as the recipe rolls out.
 
-    Each assistant message is learned and ends with the end-of-turn token when it is the last message or
-    when a user message follows; before a tool message it ends where the model would stop for the tool."""
+    `rendering="chat"` (or "auto" with a chat template): each assistant message is a turn of the chat template,
+    learned, and ends with the end-of-turn token when it is the last message or when a user message follows;
+    before a tool message it ends where the model would stop for the tool. The observation tokens are what the
+    rollout's renderer inserts.
+    `rendering="inline"` (base models, SimpleTIR style): after the prompt, the whole conversation is one running
+    assistant turn; a tool message is spliced in as its `inline` text (a message's own "inline" field, else
+    its content formatted as the environment would, `observation_format`), and only the last assistant message
+    ends with the end-of-turn token. Other messages after the first assistant one need an "inline" field."""
+    if rendering == "auto":
+        rendering = "chat" if getattr(tokenizer, "chat_template", None) else "inline"
     traces = []
     for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
             continue
+        where = f"{path}:{number}"
         try:
             messages = json.loads(line)["messages"]
             first = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
-        except (ValueError, KeyError, TypeError, StopIteration) as error:
+            as_messages = []
+            for m in messages:
+                content = m["content"]
+                inline = m.get("inline")
+                if inline is None:
+                    inline = format_inline(content, observation_format) if m["role"] == "tool" else None
+                if not isinstance(content, str) or not isinstance(inline, str | None):
+                    raise TypeError("content and inline must be strings")
+                as_messages.append({"role": m["role"], "content": content, "inline": inline})
+        except (ValueError, KeyError, TypeError, StopIteration, AttributeError) as error:
             raise ValueError(
-                f'{path}:{number}: expected {{"messages": [{{"role", "content"}}, ...]}} with an assistant '
+                f'{where}: expected {{"messages": [{{"role", "content"}}, ...]}} with an assistant '
                 f"message ({type(error).__name__}: {error})"
             ) from None
-        renderer = make_renderer("chat", tokenizer, eos_ids)
-        as_messages = [{"role": m["role"], "content": m["content"], "inline": m["content"]} for m in messages]
+        renderer = make_renderer(rendering, tokenizer, eos_ids)
         prompt_ids = renderer.prompt(as_messages[:first])
         response: list[int] = []
         mask: list[int] = []
         i = first
         while i < len(as_messages):
             if as_messages[i]["role"] != "assistant":
-                raise ValueError(
-                    f"{path}:{number}: message {i} is {as_messages[i]['role']!r}, expected assistant"
-                )
+                raise ValueError(f"{where}: message {i} is {as_messages[i]['role']!r}, expected assistant")
             j = i + 1
             while j < len(as_messages) and as_messages[j]["role"] != "assistant":
                 j += 1
             ids = _encode(tokenizer, as_messages[i]["content"])
             following = as_messages[i + 1 : j]
-            if not following or following[0]["role"] != "tool":
+            if not following or (rendering == "chat" and following[0]["role"] != "tool"):
                 ids.append(end_of_turn(renderer, tokenizer))
             response += ids
             mask += [1] * len(ids)
             if following:
-                inserted, _ = renderer.observation(ids, following)
+                if rendering == "inline":
+                    missing = [k for k, m in enumerate(following, i + 1) if m["inline"] is None]
+                    if missing:
+                        raise ValueError(
+                            f"{where}: message {missing[0]} ({following[missing[0] - i - 1]['role']!r}) has no "
+                            '"inline" text: with rendering=inline only tool messages are formatted for you'
+                        )
+                inserted, _ = renderer.observation(
+                    ids, [{**m, "inline": m["inline"] or ""} for m in following]
+                )
                 response += inserted
                 mask += [0] * len(inserted)
             i = j

@@ -431,6 +431,20 @@ class Trainer:
         return result
 
     # ---- SFT cold start ----
+    def _observation_format(self) -> str:
+        """How the training environment splices tool output into an inline episode (its own setting)."""
+        from stare_agents.rollout import make_env
+        from stare_agents.sandbox import make_sandbox
+
+        c = self.config
+        with make_sandbox("none") as sandbox:
+            kwargs = split_kwargs(c.env.id, dict(c.env.kwargs), "train")
+            env = make_env(RolloutTask(c.env.id, env_kwargs=kwargs), sandbox)
+            try:
+                return str(getattr(env.unwrapped, "observation_format", "output_block"))
+            finally:
+                env.close()
+
     def supervised_fine_tuning(self, base_dir: Path, out: Path) -> None:
         from transformers import AutoTokenizer
 
@@ -462,7 +476,13 @@ class Trainer:
                     rendering=c.rollout.rendering,
                 )
         else:
-            traces = conversation_traces(c.sft.data, tokenizer, eos_ids)[: c.sft.num_examples]
+            traces = conversation_traces(
+                c.sft.data,
+                tokenizer,
+                eos_ids,
+                rendering=c.rollout.rendering,
+                observation_format=self._observation_format(),
+            )[: c.sft.num_examples]
         if not traces:
             raise RuntimeError(f"SFT: no usable traces from {c.sft.data!r} for {c.env.id}")
         self._timed("sft_data", time.perf_counter() - started)
