@@ -204,7 +204,7 @@ class RolloutLog:
             return None
         rows = {id(t): i for i, t in enumerate(kept)}
         token_data = (getattr(learner, "last_token_data", None) or {}) if kept else {}
-        gate = getattr(getattr(learner, "stare", None), "reweighting", None) if kept else None
+        gate = getattr(learner, "gate_on", None) if kept else None  # a Learner or a LearnerGroup
         adv = advantages.tolist() if hasattr(advantages, "tolist") else list(advantages)
         saved = []
         for t in trajectories:

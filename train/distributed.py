@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from stare_agents.algo import AlgorithmConfig
-from stare_agents.train.learner import Collective, Learner, LearnerConfig
+from stare_agents.train.learner import Collective, Learner, LearnerConfig, TokenRecord
 from stare_agents.train.policy import MicroBatch, PolicyModel, load_causal_lm, split_step
 from stare_agents.trajectory import Batch
 
@@ -173,8 +173,14 @@ class LearnerWorker:
             model, algorithm, config, collective=ProcessGroupCollective(shards_gradients=fsdp), shard=shard
         )
 
-    def step(self, plan: list[list[MicroBatch]]) -> dict[str, float]:
-        return self.learner.step_micro_batches(plan)
+    def step(
+        self, plan: list[list[MicroBatch]], record_tokens: bool = False
+    ) -> tuple[dict[str, float], dict[int, TokenRecord], bool | None]:
+        """The step on this worker's micro-batches: (metrics, this worker's per-token records when asked,
+        whether STARE reweighted)."""
+        self.learner.record_tokens = record_tokens
+        metrics = self.learner.step_micro_batches(plan)
+        return metrics, (self.learner.last_token_data if record_tokens else {}), self.learner.gate_on
 
     def state_dict(self) -> dict | None:
         state = self.learner.state_dict()
@@ -230,6 +236,11 @@ class LearnerGroup:
         self.workers = [
             actor.remote(rank, d.num_workers, d.threads_per_worker) for rank in range(d.num_workers)
         ]
+        # as `Learner`: per-token records of the last step (step-batch row -> TokenRecord, from every worker)
+        # when `record_tokens` is set, and whether STARE reweighted it
+        self.record_tokens = False
+        self.last_token_data: dict[int, TokenRecord] = {}
+        self.gate_on: bool | None = None
         address = ray.get(self.workers[0].address.remote())
         ray.get(
             [
@@ -250,7 +261,12 @@ class LearnerGroup:
             packing=self.config.micro_batch_packing,
         )
         parts = deal_micro_batches(plan, len(self.workers), equal_counts=self.distributed.fsdp)
-        return ray.get([w.step.remote(part) for w, part in zip(self.workers, parts, strict=True)])[0]
+        results = ray.get(
+            [w.step.remote(part, self.record_tokens) for w, part in zip(self.workers, parts, strict=True)]
+        )
+        self.last_token_data = {row: record for _, records, _ in results for row, record in records.items()}
+        metrics, _, self.gate_on = results[0]
+        return metrics
 
     def state_dict(self) -> dict:
         import ray

@@ -242,6 +242,11 @@ class Learner:
         return self.policy.model
 
     @property
+    def gate_on(self) -> bool | None:
+        """Whether STARE reweighted the last step (None without STARE)."""
+        return self.stare.reweighting if self.stare is not None else None
+
+    @property
     def scope(self) -> str:
         return self.stare.config.scope if self.stare is not None else "micro-batch"
 

@@ -45,16 +45,40 @@ def test_two_gloo_workers_take_the_same_update_as_one_learner(ray_cluster, tiny_
         for step in range(3):  # later steps start from the synchronised replicas
             if step == 2:  # and a checkpoint round trip on the workers changes nothing
                 group.load_state_dict(group.state_dict())
+            single.record_tokens = group.record_tokens = step == 1  # per-token records for saved rollouts
             expected = single.step(batch, advantages)
             got = group.step(batch, advantages)
             assert got["learner/micro_batches"] >= 3 and got["stare/gate_on"] == 1.0
             assert_same_metrics(expected, got, rel=1e-5)
+            assert group.gate_on is single.gate_on is True
+            assert_same_token_records(single.last_token_data, group.last_token_data)
         replica = make_learner(algorithm)
         replica.model.load_state_dict(group.model_state_dict())
         assert max_param_diff(single.model, replica.model) < 2e-6
         assert group.state_dict()["step_count"] == 3
     finally:
         group.close()
+
+
+def assert_same_token_records(expected: dict, got: dict) -> None:
+    """Every row from one of the workers (FSDP's all-masked fillers never overwrite a row), the same
+    log-probs to float noise and the same STARE selection but for tokens at the quantile's edge."""
+    assert sorted(got) == sorted(expected)
+    tokens = agree = 0
+    for row, record in expected.items():
+        other = got[row]
+        assert torch.allclose(
+            torch.tensor(other.learner_logprobs), torch.tensor(record.learner_logprobs), atol=1e-4
+        )
+        tokens += len(record.selection)
+        agree += sum(a == b for a, b in zip(record.selection, other.selection, strict=True))
+        assert all(
+            abs(a - b) < 1e-6 or sa != sb
+            for a, b, sa, sb in zip(
+                record.stare_weights, other.stare_weights, record.selection, other.selection, strict=True
+            )
+        )
+    assert agree >= 0.99 * tokens
 
 
 def test_micro_batches_are_dealt_round_robin_and_padded_for_fsdp():
