@@ -87,6 +87,7 @@ LEARNER_METRICS = (
     "stare/gate_on",  # 1 if this step was reweighted (gate on, or open loop), else 0
     "stare/w",  # the w and m in force (adaptive: after this step's update); 1 for non-STARE algorithms
     "stare/m",
+    "stare/target_entropy",  # the gate's target (NaN for non-STARE algorithms)
     "stare/gate_skipped",  # cumulative gate updates skipped for a non-finite entropy
     "stare/lplus_share",  # share of action tokens in L+ (non-STARE algorithms: the L+ STARE would take)
     "stare/lminus_share",
@@ -532,6 +533,7 @@ class Learner:
             "stare/gate_on": float(reweighting),
             "stare/w": self.stare.w if self.stare is not None else 1.0,
             "stare/m": self.stare.m if self.stare is not None else 1.0,
+            "stare/target_entropy": self.stare.config.target_entropy if self.stare is not None else math.nan,
             "stare/gate_skipped": float(self.stare.gate.skipped_updates) if self.stare is not None else 0.0,
             "stare/lplus_share": per_action(s["lplus"]) if diagnostics else float("nan"),
             "stare/lminus_share": per_action(s["lminus"]) if diagnostics else float("nan"),

@@ -34,6 +34,7 @@ from stare_agents.algo import AlgorithmConfig, compute_advantages
 from stare_agents.envs.registration import split_kwargs
 from stare_agents.envs.tasks import Task
 from stare_agents.eval.metrics import Estimate, estimate, paired_difference
+from stare_agents.records import read_records
 from stare_agents.rollout import RolloutConfig, RolloutTask, RolloutWorkerGroup, WorkerSpec
 from stare_agents.rollout.summary import check_failed_share, summarize
 from stare_agents.train.checkpoint import checkpoint_path as checkpoint_file
@@ -51,6 +52,7 @@ logger = logging.getLogger("stare_agents.train")
 
 PROGRESS_FILE = "progress.json"
 SFT_MODEL = "sft_model"
+EVALS_DIR = "evals"  # eval.benchmarks during RL: <run>/evals/step-NNNNNN/<benchmark>/ (an eval harness folder)
 FINAL_MODEL = "final_model"  # the trained policy as a Hugging Face folder, in each RL run's folder
 
 
@@ -171,21 +173,6 @@ def scalars(record: dict[str, Any], prefix: str) -> dict[str, float]:
         if key in ("step", "kind", "point"):
             continue
         visit(key if "/" in key else f"{prefix}/{key}", value)
-    return out
-
-
-def read_records(path: Path, kind: str | None = None) -> list[dict[str, Any]]:
-    """The records of a metrics.jsonl (of one `kind`), skipping a line torn by a kill."""
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if kind is None or record.get("kind") == kind:
-            out.append(record)
     return out
 
 
@@ -430,6 +417,86 @@ class Trainer:
         self.run_log().log({"kind": "eval", "point": point, "step": step or 0, **record})
         return result
 
+    def evaluate_benchmarks(self, steps_done: int, folder: Path, tokenizer_dir: Path, key: str) -> dict:
+        """`eval.benchmarks` on the workers' current weights (the policy after `steps_done` RL steps), each with
+        the eval harness into `folder/evals/step-NNNNNN/<name>/` (samples.jsonl, results.json, ...); returns
+        the figures for the step's record: `benchmark/<name>/avg@k` with its 95% interval, pass@1, pass@k."""
+        from stare_agents.eval.harness import EvalConfig, RolloutRunner, evaluate
+        from stare_agents.eval.report import metrics_of
+        from stare_agents.train.config import benchmark_protocol
+
+        c = self.config
+        assert self.workers is not None
+        started = time.perf_counter()
+        figures: dict[str, Any] = {}
+        for entry, benchmark in zip(c.eval.benchmarks, self.benchmarks(), strict=True):
+            config = EvalConfig(
+                protocol=entry.protocol,
+                samples=entry.k,
+                temperature=entry.temperature,
+                top_p=entry.top_p,
+                max_turns=entry.max_turns,
+                max_tokens_per_turn=entry.max_tokens_per_turn,
+                max_total_tokens=entry.max_total_tokens,
+                limit=entry.limit,
+                data_dir=c.eval.data_dir,
+                engine=c.rollout.engine,
+                dtype=c.model.rollout_dtype,
+                rendering=c.rollout.rendering,
+                sandbox=c.rollout.sandbox if c.rollout.sandbox in ("docker", "local") else "docker",
+                max_concurrency=c.rollout.max_concurrency,
+                max_model_len=c.model.max_model_len,
+                seed=c.seed,
+                bootstrap=c.eval.bootstrap,
+            )
+            out = folder / EVALS_DIR / f"step-{steps_done:06d}" / benchmark.name
+            shutil.rmtree(out, ignore_errors=True)  # a repeated step (resume) evaluates afresh
+            runner = RolloutRunner.on_workers(self.workers, benchmark_protocol(entry), config)
+            identity = {
+                "path": str(out),
+                "name": f"{c.name} ({key}) after {steps_done} RL steps",
+                "fingerprint": None,
+                "weight_version": self.workers.weight_version,
+            }
+            results = evaluate(
+                tokenizer_dir,
+                [benchmark],
+                config,
+                out=out,
+                runner=runner,
+                identity=identity,
+                progress=c.logging.progress,
+            )
+            metrics = metrics_of(results["benchmarks"][benchmark.name])
+            assert metrics is not None  # every planned sample ran
+            k, prefix = entry.k, f"benchmark/{benchmark.name}"
+            figures.update(
+                {
+                    f"{prefix}/avg@{k}": metrics.avg.value,
+                    f"{prefix}/avg@{k}_ci_low": metrics.avg.ci_low,
+                    f"{prefix}/avg@{k}_ci_high": metrics.avg.ci_high,
+                    **{f"{prefix}/pass@{n}": metrics.pass_at[n].value for n in {1, k} if n in metrics.pass_at},
+                    f"{prefix}/error_rate": metrics.error_rate,
+                    f"{prefix}/problems": metrics.problems,
+                }
+            )
+            logger.info(
+                "%s after %d RL steps: avg@%d %s", benchmark.name, steps_done, k, metrics.avg.format()
+            )
+        self._timed("eval_benchmarks", time.perf_counter() - started)
+        return figures
+
+    def benchmarks(self) -> list[Any]:
+        """The loaded `eval.benchmarks` (read once per run; a Hugging Face id is fetched here)."""
+        if getattr(self, "_benchmarks", None) is None:
+            from stare_agents.eval.benchmarks import load_benchmark
+
+            c = self.config
+            self._benchmarks = [
+                load_benchmark(e.benchmark, data_dir=c.eval.data_dir, limit=e.limit) for e in c.eval.benchmarks
+            ]
+        return self._benchmarks
+
     # ---- SFT cold start ----
     def _observation_format(self) -> str:
         """How the training environment splices tool output into an inline episode (its own setting)."""
@@ -593,6 +660,10 @@ class Trainer:
                             "eval/tasks": score.problems,
                         }
                     )
+                if c.eval.benchmarks and (
+                    (c.eval.every and (step + 1) % c.eval.every == 0) or step + 1 == c.rl.steps
+                ):
+                    record.update(self.evaluate_benchmarks(step + 1, folder, start_dir, key))
                 log.log(record)
                 if bar is not None:
                     bar.set_postfix(
@@ -603,14 +674,19 @@ class Trainer:
                     bar.update(1)
                 if c.checkpoint.every and ((step + 1) % c.checkpoint.every == 0 or step + 1 == c.rl.steps):
                     started = time.perf_counter()
-                    save_checkpoint(
+                    state = learner.state_dict()
+                    save_checkpoint(  # a folder `stare-agents eval --model` takes, and resume reads
                         {
                             "next_step": step + 1,
                             "data_position": self.data_position,
-                            "learner": learner.state_dict(),
+                            "learner": state,
                             "weight_version": self.workers.weight_version,
                         },
                         checkpoint_file(folder, step + 1),
+                        model=learner.model
+                        if isinstance(learner, Learner)
+                        else _loaded(start_dir, state["model"]),
+                        tokenizer_dir=start_dir,
                     )
                     prune_checkpoints(folder, c.checkpoint.keep_last)
                     self._timed("checkpoint", time.perf_counter() - started)

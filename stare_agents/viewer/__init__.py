@@ -125,7 +125,7 @@ def load_source(source: str | Path) -> tuple[str, dict[str, list[SavedRollout]],
 
 
 def _rl_records(path: Path) -> list[dict[str, Any]]:
-    from stare_agents.train.trainer import read_records
+    from stare_agents.records import read_records
 
     return read_records(path, "rl")
 
@@ -187,13 +187,13 @@ def build_page(source: str | Path, *, steps: Iterable[int] | None = None) -> str
         row.update({key: record.get(key) for key in OVERVIEW})
         row["target"] = record.get("stare/target_entropy")
         overview.append(row)
-    target = next((r.get("stare/target_entropy") for r in records if r.get("stare/target_entropy")), None)
+    target = next((r["stare/target_entropy"] for r in records if _number(r.get("stare/target_entropy"))), None)
     meta = {
         "title": title,
         "columns": OVERVIEW,
         "overview": overview,
         "curve": [{"step": r.get("step"), "entropy": r.get("learner/entropy")} for r in records],
-        "target": target if target is not None else _config_target(source),
+        "target": target,
     }
     blocks = [f'<script type="application/json" id="meta">{escape_json(meta)}</script>']
     for name, saved in data.items():
@@ -214,18 +214,8 @@ def build_page(source: str | Path, *, steps: Iterable[int] | None = None) -> str
     )
 
 
-def _config_target(source: str | Path) -> float | None:
-    """The entropy target from a run folder's config.yaml, when its metrics do not carry it."""
-    path = Path(source) / "config.yaml"
-    if not path.is_file():
-        return None
-    try:
-        from stare_agents.train.config import load_config
-
-        algorithm = load_config(path=path).algorithm()
-    except Exception:  # an older or foreign config: the overview just shows no target
-        return None
-    return algorithm.stare.target_entropy if algorithm.stare is not None else None
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _safe_id(name: str) -> str:

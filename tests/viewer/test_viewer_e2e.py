@@ -3,6 +3,7 @@ outputs, and `stare-agents show` renders the run in headless Chromium with the s
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -10,9 +11,10 @@ from test_viewer_browser import Page, browser  # noqa: F401 (the browser fixture
 from typer.testing import CliRunner
 
 from stare_agents.cli import app
+from stare_agents.records import read_records
 from stare_agents.rollout_log import read_rollouts, saved_steps
 from stare_agents.train.config import load_config
-from stare_agents.train.trainer import read_records, train
+from stare_agents.train.trainer import train
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +57,9 @@ def test_show_renders_the_run(tiny_run: Path, browser):  # noqa: F811
     assert result.exit_code == 0, result.output
     page_path = Path(result.output.strip().splitlines()[-1])
     assert page_path == tiny_run / "rollouts.html"
+    meta = json.loads(page_path.read_text().split('id="meta">', 1)[1].split("</script>", 1)[0])
+    target = load_config(path=tiny_run / "config.yaml").algorithm().stare.target_entropy
+    assert meta["target"] == target and all(r["target"] == target for r in meta["overview"])
     view = Page(browser, page_path)
     try:
         assert view.page.locator("#overview tbody tr").count() == 2

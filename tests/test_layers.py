@@ -1,0 +1,118 @@
+"""The import rules of the design (shared/DESIGN.md, "Layout"), checked by a static scan of every module,
+lazy imports inside functions included, with the package-dir mapping of pyproject.toml (envs/ is
+stare_agents.envs, and so on):
+
+* `stare_agents.algo` imports torch and the standard library only;
+* `stare_agents.envs` imports nothing of the project but `stare_agents.sandbox`;
+* `stare_agents.sandbox` imports nothing else of the project;
+* nothing imports `stare_agents.train` but the CLI (`stare_agents.cli`) and the training package itself;
+* evaluation imports the rollout layer, never training.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+import tomllib
+
+ROOT = Path(__file__).resolve().parents[1]
+STDLIB = set(sys.stdlib_module_names) | {"__future__"}
+
+
+def modules() -> dict[str, Path]:
+    """Module name -> file, through the package-dir mapping (a nested mapped package wins over a folder)."""
+    mapping = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    found: dict[str, Path] = {}
+    for package, folder in sorted(mapping.items(), key=lambda item: -item[0].count(".")):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            parts = list(path.relative_to(ROOT / folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found.setdefault(".".join([package, *parts]), path)
+    return found
+
+
+def imports(name: str, path: Path) -> set[str]:
+    """Every module `name` imports (absolute names; relative imports resolved)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            out.add(module)
+            out.update(f"{module}.{alias.name}" for alias in node.names)  # `from pkg import submodule`
+    return out
+
+
+def within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+GRAPH = {name: imports(name, path) for name, path in modules().items()}
+
+
+def test_the_scan_sees_the_mapped_packages():
+    """A scan that misses the package-dir mapping would find nothing to check and pass."""
+    assert {"stare_agents.envs.core", "stare_agents.sandbox.pool", "stare_agents.train.trainer"} <= set(GRAPH)
+    assert any(within(m, "stare_agents.train") for m in GRAPH["stare_agents.cli"])
+
+
+def project(module: str) -> bool:
+    return within(module, "stare_agents")
+
+
+@pytest.mark.parametrize(
+    ("layer", "allowed"),
+    [
+        ("stare_agents.algo", ("stare_agents.algo",)),
+        ("stare_agents.envs", ("stare_agents.envs", "stare_agents.sandbox")),
+        ("stare_agents.sandbox", ("stare_agents.sandbox",)),
+        ("stare_agents.eval", None),  # checked below: anything but training
+    ],
+)
+def test_layers_import_only_what_the_design_allows(layer, allowed):
+    broken = []
+    for name, targets in GRAPH.items():
+        if not within(name, layer):
+            continue
+        for target in targets:
+            if not project(target):
+                continue
+            if allowed is None:
+                if within(target, "stare_agents.train"):
+                    broken.append(f"{name} imports {target}")
+            elif not any(within(target, a) for a in allowed):
+                broken.append(f"{name} imports {target}")
+    assert broken == []
+
+
+def test_algo_imports_torch_and_the_standard_library_only():
+    foreign = sorted(
+        f"{name} imports {target}"
+        for name, targets in GRAPH.items()
+        if within(name, "stare_agents.algo")
+        for target in targets
+        if target.split(".")[0] not in STDLIB | {"torch", "stare_agents"}
+    )
+    assert foreign == []
+
+
+def test_nothing_but_the_cli_imports_training():
+    broken = sorted(
+        f"{name} imports {target}"
+        for name, targets in GRAPH.items()
+        if name != "stare_agents.cli" and not within(name, "stare_agents.train")
+        for target in targets
+        if within(target, "stare_agents.train")
+    )
+    assert broken == []
