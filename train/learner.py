@@ -19,6 +19,7 @@ One step, as the official STARE code does it:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 import warnings
@@ -47,26 +48,57 @@ from stare_agents.train.policy import (
     PolicyModel,
     TokenStats,
     build_optimizer,
-    clip_and_step,
     load_causal_lm,
+    optimizer_step,
     split_step,
 )
 from stare_agents.trajectory import Batch
 
 OLD_LOGPROB_SOURCES = ("recompute", "rollout")
 QUADRANTS = ("pos_high", "pos_low", "neg_high", "neg_low")
-# what the update loop sums over micro-batches (and workers)
-SUMMED = (
-    "loss",
-    "clipfrac",
-    "approx_kl",
-    "ratio_mean",
-    "lplus",
-    "lminus",
-    "lplus_neg",
-    "tis_capped",
-    *QUADRANTS,
-)
+
+
+@dataclass
+class UpdateSums:
+    """What one micro-batch's update adds up (summed over micro-batches, then over workers): the loss as
+    normalised, and per-action-token sums of the loss's statistics, STARE's selection, TIS capping and the
+    sensitivity quadrants."""
+
+    loss: float = 0.0
+    clipfrac: float = 0.0
+    approx_kl: float = 0.0
+    ratio_mean: float = 0.0
+    lplus: float = 0.0  # tokens in L+ / L-
+    lminus: float = 0.0
+    lplus_neg: float = 0.0  # L+ tokens with Phi < 0
+    tis_capped: float = 0.0
+    pos_high: float = 0.0  # action tokens by advantage sign and Phi sign (diagnostics)
+    pos_low: float = 0.0
+    neg_high: float = 0.0
+    neg_low: float = 0.0
+
+    def __add__(self, other: UpdateSums) -> UpdateSums:
+        return UpdateSums(*(a + b for a, b in zip(self.values(), other.values(), strict=True)))
+
+    def values(self) -> list[float]:
+        return [getattr(self, f.name) for f in dataclasses.fields(self)]
+
+    def all_reduced(self, collective: Collective) -> UpdateSums:
+        return UpdateSums(
+            *collective.all_reduce_sum(torch.tensor(self.values(), dtype=torch.float64)).tolist()
+        )
+
+
+@dataclass
+class MicroBatchWork:
+    """One micro-batch and what the pre-update pass decided for it."""
+
+    mb: MicroBatch
+    pre: TokenStats  # the pre-update policy's log-probs (pi_old), entropy and collision term
+    advantages: Tensor  # after Entrocraft's switch, when there is one
+    selection: tuple[Tensor, Tensor] | None  # L+/L- chosen over the whole step (scope "batch"), else None
+    forward: TokenStats | None  # the update's own forward, when the pre-update pass was fused with it
+
 
 # The metrics `Learner.step` returns, always all of them (NaN where a value is undefined that step).
 LEARNER_METRICS = (
@@ -305,28 +337,25 @@ class Learner:
         )
 
         # 3. the updates: gradient accumulation over micro-batches, normalised as loss.normalization says
-        sums = dict.fromkeys(SUMMED, 0.0)
-        grad_norms = []
+        work = [
+            MicroBatchWork(
+                mb, pre[i], advantages[i], step_selection[i] if step_selection else None, forward[i]
+            )
+            for i, mb in enumerate(micro_batches)
+        ]
+        sums, grad_norms, at = UpdateSums(), [], 0
         lr = self.optimizer.param_groups[0]["lr"]
-        index = 0
         for update, normalizer, rows in zip(plan, totals["normalizers"], totals["rows"], strict=True):
             self.optimizer.zero_grad(set_to_none=True)
-            for mb in update:
-                self._accumulate(
-                    mb,
-                    pre[index],
-                    advantages[index],
-                    step_selection,
-                    index,
-                    self._normalizer(mb, normalizer, rows),
-                    reweighting,
-                    sums,
-                    forward[index],
+            for item in work[at : at + len(update)]:
+                sums += self._update_micro_batch(
+                    item, self._normalizer(item.mb, normalizer, rows), reweighting
                 )
-                index += 1
+            at += len(update)
             grad_norms.append(self._apply_gradients())
         self.scheduler.step()
         self.step_count += 1
+        sums = sums.all_reduced(self.collective)
         return self._metrics(totals, sums, grad_norms, lr, entropy, reweighting, start, pre_update_s)
 
     def _score(self, mb: MicroBatch, *, want_collision: bool = False) -> TokenStats:
@@ -413,30 +442,19 @@ class Learner:
             offset += n
         return out
 
-    def _accumulate(
-        self,
-        mb: MicroBatch,
-        pre: TokenStats,
-        advantages: Tensor,
-        step_selection,
-        index: int,
-        normalizer: float,
-        reweighting: bool,
-        sums: dict,
-        stats: TokenStats | None = None,
-    ) -> None:
-        """Forward (unless `stats` holds it) + backward of one micro-batch; adds its metric sums (weighted by
-        action tokens)."""
+    def _update_micro_batch(self, work: MicroBatchWork, normalizer: float, reweighting: bool) -> UpdateSums:
+        """Forward (unless fused with the pre-update pass) + backward of one micro-batch; its sums."""
+        mb, pre, advantages = work.mb, work.pre, work.advantages
         mask = mb.batch.action_mask
         num_actions = int((mask > 0).sum())
+        sums = UpdateSums()
         if num_actions == 0 and not self.collective.shards_gradients:
-            return  # an all-masked micro-batch contributes exactly nothing (under FSDP: a zero backward)
-        stats = stats if stats is not None else self._score(mb)
-        need_selection = reweighting or self.config.diagnostics
+            return sums  # an all-masked micro-batch contributes exactly nothing (under FSDP: a zero backward)
+        stats = work.forward if work.forward is not None else self._score(mb)
         top_pos = top_neg = None
-        if step_selection is not None:
-            top_pos, top_neg = step_selection[index]
-        elif need_selection:  # the current policy's surprisal, over this micro-batch
+        if work.selection is not None:
+            top_pos, top_neg = work.selection
+        elif reweighting or self.config.diagnostics:  # the current policy's surprisal, over this micro-batch
             top_pos, top_neg = self.selector.selection(-stats.logprob.detach(), advantages, mask)
         weights = self.stare.weights_from_selection(top_pos, top_neg) if reweighting else None
         if self.record_tokens and not mb.filler:
@@ -446,7 +464,7 @@ class Learner:
         if self.config.tis_cap is not None:
             log_w = (pre.logprob - mb.batch.rollout_logprobs).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
             tis = log_w.exp().clamp(max=self.config.tis_cap)
-            sums["tis_capped"] += float(((log_w.exp() >= self.config.tis_cap) & (mask > 0)).sum())
+            sums.tis_capped = float(((log_w.exp() >= self.config.tis_cap) & (mask > 0)).sum())
         loss, metrics = policy_loss(
             stats.logprob,
             old,
@@ -460,19 +478,21 @@ class Learner:
             generator=self.generator,
         )
         (loss * self.collective.loss_scale if self.collective.loss_scale != 1.0 else loss).backward()
-        sums["loss"] += float(loss.detach())
-        for name in ("clipfrac", "approx_kl", "ratio_mean"):
-            sums[name] += float(metrics[f"policy/{name}"]) * num_actions
+        sums.loss = float(loss.detach())
+        sums.clipfrac = float(metrics["policy/clipfrac"]) * num_actions
+        sums.approx_kl = float(metrics["policy/approx_kl"]) * num_actions
+        sums.ratio_mean = float(metrics["policy/ratio_mean"]) * num_actions
         if self.config.diagnostics:  # Phi of the pre-update policy
             phi = sensitivity_from_statistics(
                 {"logprob": pre.logprob, "entropy": pre.entropy, "collision": pre.collision}
             )
             for key, count in quadrant_counts(advantages, phi, mask).items():
-                sums[key] += count
-            sums["lplus_neg"] += float((top_pos & (phi < 0)).sum())
-        if need_selection:
-            sums["lplus"] += float(top_pos.sum())
-            sums["lminus"] += float(top_neg.sum())
+                setattr(sums, key, float(count))
+            sums.lplus_neg = float((top_pos & (phi < 0)).sum())
+        if reweighting or self.config.diagnostics:
+            sums.lplus = float(top_pos.sum())
+            sums.lminus = float(top_neg.sum())
+        return sums
 
     def _record_tokens(
         self, mb: MicroBatch, pre: TokenStats, top_pos: Tensor | None, top_neg: Tensor | None, weights
@@ -491,12 +511,14 @@ class Learner:
 
     def _apply_gradients(self) -> float:
         params = [p for p in self.model.parameters() if p.requires_grad]
-        if not self.collective.shards_gradients:
-            for p in params:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-            self.collective.reduce_gradients(params)
-        grad_norm = clip_and_step(self.optimizer, params, self.config.optimizer.max_grad_norm)
+        sharded = self.collective.shards_gradients  # under FSDP the wrapper reduces gradients itself
+        grad_norm = optimizer_step(
+            self.optimizer,
+            params,
+            self.config.optimizer.max_grad_norm,
+            zero_missing=not sharded,
+            reduce=None if sharded else self.collective.reduce_gradients,
+        )
         if not math.isfinite(grad_norm):
             self.skipped_updates += 1
             warnings.warn(
@@ -507,17 +529,17 @@ class Learner:
             )
         return grad_norm
 
-    def _metrics(self, totals, sums, grad_norms, lr, entropy, reweighting, start, pre_update_s) -> dict:
-        names = list(sums)
-        reduced = self.collective.all_reduce_sum(torch.tensor([sums[k] for k in names], dtype=torch.float64))
-        s = dict(zip(names, reduced.tolist(), strict=True))
+    def _metrics(
+        self, totals, s: UpdateSums, grad_norms, lr, entropy, reweighting, start, pre_update_s
+    ) -> dict[str, float]:
+        """LEARNER_METRICS from the step's totals and its update sums (both over all workers)."""
         actions = totals["action_tokens"]
         per_action = (lambda x: x / actions) if actions else (lambda x: float("nan"))
         step_s = time.perf_counter() - start
         diagnostics = self.config.diagnostics or reweighting
         metrics = {
             "learner/entropy": entropy,
-            "learner/loss": s["loss"] / len(grad_norms),
+            "learner/loss": s.loss / len(grad_norms),
             "learner/grad_norm": sum(grad_norms) / len(grad_norms),
             "learner/lr": lr,
             "learner/tokens": totals["tokens"],
@@ -527,23 +549,23 @@ class Learner:
             "learner/step_s": step_s,
             "learner/pre_update_s": pre_update_s,
             "learner/skipped_updates": float(self.skipped_updates),
-            "policy/clipfrac": per_action(s["clipfrac"]),
-            "policy/approx_kl": per_action(s["approx_kl"]),
-            "policy/ratio_mean": per_action(s["ratio_mean"]),
+            "policy/clipfrac": per_action(s.clipfrac),
+            "policy/approx_kl": per_action(s.approx_kl),
+            "policy/ratio_mean": per_action(s.ratio_mean),
             "stare/gate_on": float(reweighting),
             "stare/w": self.stare.w if self.stare is not None else 1.0,
             "stare/m": self.stare.m if self.stare is not None else 1.0,
             "stare/target_entropy": self.stare.config.target_entropy if self.stare is not None else math.nan,
             "stare/gate_skipped": float(self.stare.gate.skipped_updates) if self.stare is not None else 0.0,
-            "stare/lplus_share": per_action(s["lplus"]) if diagnostics else float("nan"),
-            "stare/lminus_share": per_action(s["lminus"]) if diagnostics else float("nan"),
-            "stare/lplus_negative_phi": s["lplus_neg"] / s["lplus"] if s["lplus"] else float("nan"),
+            "stare/lplus_share": per_action(s.lplus) if diagnostics else float("nan"),
+            "stare/lminus_share": per_action(s.lminus) if diagnostics else float("nan"),
+            "stare/lplus_negative_phi": s.lplus_neg / s.lplus if s.lplus else float("nan"),
             "mismatch/logprob_abs_diff": per_action(totals["abs_diff"]),
             "mismatch/ratio_outside": per_action(totals["outside"]),
-            "tis/capped_share": per_action(s["tis_capped"]) if actions else 0.0,
+            "tis/capped_share": per_action(s.tis_capped) if actions else 0.0,
         }
         for key in QUADRANTS:
-            metrics[f"quadrant/{key}"] = s[key] if self.config.diagnostics else float("nan")
+            metrics[f"quadrant/{key}"] = getattr(s, key) if self.config.diagnostics else float("nan")
         if not self.config.diagnostics:
             metrics["stare/lplus_negative_phi"] = float("nan")
         return {name: float(metrics[name]) for name in LEARNER_METRICS}

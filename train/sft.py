@@ -28,8 +28,8 @@ from stare_agents.train.policy import (
     OptimizerConfig,
     PolicyModel,
     build_optimizer,
-    clip_and_step,
     load_causal_lm,
+    optimizer_step,
     split_step,
 )
 from stare_agents.trajectory import Trajectory, collate
@@ -126,10 +126,7 @@ class SFTTrainer:
             nll_sum += float(loss.detach()) * normalizer
             entropy_sum += float(stats.entropy.detach()[mask > 0].sum())
         params = [p for p in self.model.parameters() if p.requires_grad]
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        grad_norm = clip_and_step(self.optimizer, params, self.config.optimizer.max_grad_norm)
+        grad_norm = optimizer_step(self.optimizer, params, self.config.optimizer.max_grad_norm)
         skipped = not math.isfinite(grad_norm)
         if skipped:
             warnings.warn(
