@@ -12,10 +12,11 @@ each chunk's logits. Observation, prompt and padding positions get 0 and carry n
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal, get_args
 
 import torch
 from torch import Tensor, nn
@@ -25,7 +26,8 @@ from stare_agents.trajectory import Batch
 
 # bf16: autocast around the model, fp32 master weights and optimiser state; "fast": bf16 where the device
 # computes it fast, else fp32 (stare_agents.hardware)
-PRECISIONS = ("fp32", "bf16", "fast")
+Precision = Literal["fp32", "bf16", "fast"]
+PRECISIONS: tuple[str, ...] = get_args(Precision)
 LR_SCHEDULES = ("constant", "cosine")
 PACKINGS = (
     "longest-first",
@@ -100,6 +102,26 @@ def clip_and_step(
     else:
         optimizer.zero_grad(set_to_none=True)
     return grad_norm
+
+
+def optimizer_step(
+    optimizer: torch.optim.Optimizer,
+    params: list[nn.Parameter],
+    max_grad_norm: float,
+    *,
+    zero_missing: bool = True,
+    reduce: Callable[[list[nn.Parameter]], None] | None = None,
+) -> float:
+    """The optimiser step SFT and RL share: a parameter without a gradient gets zeros (`zero_missing`; every
+    data-parallel worker then reduces the same list), `reduce` sums gradients across workers, then
+    `clip_and_step`. Returns the norm before clipping (not finite: the step was skipped)."""
+    if zero_missing:
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+    if reduce is not None:
+        reduce(params)
+    return clip_and_step(optimizer, params, max_grad_norm)
 
 
 def autocast(device: torch.device, precision: str):
