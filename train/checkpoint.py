@@ -1,69 +1,115 @@
 """Checkpoints written atomically: a process killed mid-save (SIGKILL included) never leaves a corrupt
 or half-written checkpoint under a checkpoint's name, so the last complete one always loads.
 
-    save_checkpoint(learner.state_dict() | {"data_position": 7}, checkpoint_path(run_dir, step=7))
+    save_checkpoint(state, checkpoint_path(run_dir, step=7), model=learner.model, tokenizer_dir=start_dir)
     path = latest_checkpoint(run_dir)          # None when there is none yet
-    learner.load_state_dict(load_checkpoint(path))
+    state = load_checkpoint(path)              # state["learner"]["model"] filled from the folder's weights
+
+A checkpoint of a run is a folder `checkpoints/step-<8 digits>/` that is also a Hugging Face model folder
+(config.json, model.safetensors, the tokenizer), so `stare-agents eval --model <it>` evaluates the policy
+of that step; what resuming needs besides the weights (optimiser, schedule, gate, RNG states, counters) is
+in `trainer_state.ckpt` next to them. The weights are written once: `state["learner"]["model"]` is left out
+of `trainer_state.ckpt` and put back by `load_checkpoint` from the folder's safetensors.
 
 A save writes `.<name>.tmp-<pid>` next to the target, flushes and fsyncs it, renames it over the target
 (atomic on POSIX) and fsyncs the directory. Loading uses `torch.load(weights_only=True)`: a checkpoint
-holds tensors, numbers, strings, lists, tuples and dicts only, never pickled code.
+holds tensors, numbers, strings, lists, tuples and dicts only, never pickled code. A single-file
+checkpoint (`step-<8 digits>.pt`, the layout before folders) still lists, loads and resumes.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 
-CHECKPOINT_NAME = re.compile(r"^step-(\d{8})\.pt$")
+CHECKPOINT_NAME = re.compile(r"^step-(\d{8})(\.pt)?$")
+STATE_FILE = "trainer_state.ckpt"  # not a weight-file suffix: model loaders and fingerprints ignore it
+MODEL_STATE = ("learner", "model")  # where a trainer's state keeps the policy's weights
 
 
 def checkpoint_path(directory: str | Path, step: int) -> Path:
-    """`<directory>/checkpoints/step-<8 digits>.pt`."""
+    """`<directory>/checkpoints/step-<8 digits>` (a folder)."""
     if step < 0:
         raise ValueError(f"checkpoint step must be >= 0, got {step}")
-    return Path(directory) / "checkpoints" / f"step-{step:08d}.pt"
+    return Path(directory) / "checkpoints" / f"step-{step:08d}"
 
 
-def save_checkpoint(state: dict[str, Any], path: str | Path) -> Path:
-    """Write `state` to `path` atomically (see the module docstring); returns `path`."""
+def save_checkpoint(
+    state: dict[str, Any],
+    path: str | Path,
+    *,
+    model: Any = None,
+    tokenizer_dir: str | Path | None = None,
+) -> Path:
+    """Write `state` to `path` atomically (see the module docstring); returns `path`.
+
+    `path` ending in `.pt` is one file; otherwise a folder holding `trainer_state.ckpt` and, given `model`
+    (a Hugging Face model), the model with the tokenizer of `tokenizer_dir`: then `state["learner"]["model"]`
+    (when present, the same weights) is not stored twice."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    _remove(tmp)
     try:
-        with open(tmp, "wb") as handle:
-            torch.save(state, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
+        if path.suffix == ".pt":
+            _save_file(state, tmp)
+        else:
+            tmp.mkdir()
+            if model is not None:
+                model.save_pretrained(tmp, safe_serialization=True)
+                if tokenizer_dir is not None:
+                    from transformers import AutoTokenizer
+
+                    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(tmp)
+                state = _without_model(state)
+            _save_file(state, tmp / STATE_FILE)
+            for file in tmp.iterdir():  # the model's files too: the folder is complete once renamed
+                if file.is_file():
+                    _fsync_file(file)
+            _fsync_dir(tmp)
+            _remove(path)  # only a repeated save of the same step finds one here
         os.replace(tmp, path)
     finally:
-        tmp.unlink(missing_ok=True)
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
+        _remove(tmp)
+    _fsync_dir(path.parent)
     return path
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """The state of a checkpoint folder (with the policy's weights put back) or of a `.pt` file."""
     path = Path(path)
-    if not path.is_file():
+    file = path / STATE_FILE if path.is_dir() else path
+    if not file.is_file():
         raise FileNotFoundError(
             f"no checkpoint at {path}; list the run's checkpoints with latest_checkpoint(run_dir)"
         )
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
+        state = torch.load(file, map_location=map_location, weights_only=True)
     except Exception as error:
         raise ValueError(
-            f"checkpoint {path} cannot be loaded ({type(error).__name__}: {str(error)[:300]}); it holds "
+            f"checkpoint {file} cannot be loaded ({type(error).__name__}: {str(error)[:300]}); it holds "
             "something other than tensors, numbers, strings, lists and dicts, or was not written by "
             "save_checkpoint"
         ) from error
+    if not isinstance(state, dict):
+        raise ValueError(f"checkpoint {file} holds a {type(state).__name__}, not a state dict")
+    if path.is_dir() and (path / "config.json").is_file():
+        outer, key = MODEL_STATE
+        if isinstance(state.get(outer), dict) and key not in state[outer]:
+            state[outer][key] = checkpoint_model_state(path)
+    return state
+
+
+def checkpoint_model_state(path: str | Path) -> dict[str, torch.Tensor]:
+    """The policy's weights of a checkpoint folder, as the learner holds them (float32, tied weights too)."""
+    from stare_agents.train.policy import load_causal_lm
+
+    return load_causal_lm(path).state_dict()
 
 
 def list_checkpoints(directory: str | Path) -> list[tuple[int, Path]]:
@@ -71,7 +117,12 @@ def list_checkpoints(directory: str | Path) -> list[tuple[int, Path]]:
     folder = Path(directory) / "checkpoints"
     if not folder.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := CHECKPOINT_NAME.match(p.name))]
+    found = [
+        (int(m.group(1)), p)
+        for p in folder.iterdir()
+        if (m := CHECKPOINT_NAME.match(p.name))
+        and (p.is_file() if m.group(2) else (p / STATE_FILE).is_file())
+    ]
     return sorted(found)
 
 
@@ -90,5 +141,39 @@ def prune_checkpoints(directory: str | Path, keep_last: int) -> list[Path]:
     if folder.is_dir():
         removed += [p for p in folder.iterdir() if p.name.startswith(".") and ".tmp-" in p.name]
     for path in removed:
-        path.unlink(missing_ok=True)
+        _remove(path)
     return removed
+
+
+def _without_model(state: dict[str, Any]) -> dict[str, Any]:
+    outer, key = MODEL_STATE
+    if isinstance(state.get(outer), dict) and key in state[outer]:
+        state = {**state, outer: {k: v for k, v in state[outer].items() if k != key}}
+    return state
+
+
+def _save_file(state: dict[str, Any], path: Path) -> None:
+    with open(path, "wb") as handle:
+        torch.save(state, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as handle:
+        os.fsync(handle.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    directory = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)

@@ -52,7 +52,7 @@ logger = logging.getLogger("stare_agents.train")
 
 PROGRESS_FILE = "progress.json"
 SFT_MODEL = "sft_model"
-EVALS_DIR = "evals"  # eval.benchmarks during RL: <run>/evals/step-NNNNNN/<benchmark>/ (an eval harness folder)
+EVALS_DIR = "evals"  # eval.benchmarks during RL: <run>/evals/step-NNNNNN/<name>/ (eval harness folders)
 FINAL_MODEL = "final_model"  # the trained policy as a Hugging Face folder, in each RL run's folder
 
 
@@ -267,6 +267,7 @@ class Trainer:
 
         config = self.config
         check_backend(config.rollout.sandbox, **config.rollout.sandbox_kwargs)  # no usable sandbox: stop now
+        self.benchmarks()  # eval.benchmarks that cannot load (a Hugging Face id offline) stop the run now
         started = time.perf_counter()
         base_dir = prepare_model(config.model.name)
         self._timed("prepare_model", time.perf_counter() - started)
@@ -475,7 +476,9 @@ class Trainer:
                     f"{prefix}/avg@{k}": metrics.avg.value,
                     f"{prefix}/avg@{k}_ci_low": metrics.avg.ci_low,
                     f"{prefix}/avg@{k}_ci_high": metrics.avg.ci_high,
-                    **{f"{prefix}/pass@{n}": metrics.pass_at[n].value for n in {1, k} if n in metrics.pass_at},
+                    **{
+                        f"{prefix}/pass@{n}": metrics.pass_at[n].value for n in {1, k} if n in metrics.pass_at
+                    },
                     f"{prefix}/error_rate": metrics.error_rate,
                     f"{prefix}/problems": metrics.problems,
                 }
@@ -489,11 +492,18 @@ class Trainer:
     def benchmarks(self) -> list[Any]:
         """The loaded `eval.benchmarks` (read once per run; a Hugging Face id is fetched here)."""
         if getattr(self, "_benchmarks", None) is None:
-            from stare_agents.eval.benchmarks import load_benchmark
+            from stare_agents.eval.benchmarks import get_protocol, load_benchmark
 
             c = self.config
+            for i, entry in enumerate(c.eval.benchmarks):
+                if c.rollout.sandbox == "none" and not get_protocol(entry.protocol).single_turn:
+                    raise ValueError(
+                        f"eval.benchmarks[{i}].protocol = {entry.protocol!r} runs the Python tool, but "
+                        "rollout.sandbox is 'none': use a sandbox, or a single-turn protocol (cot)"
+                    )
             self._benchmarks = [
-                load_benchmark(e.benchmark, data_dir=c.eval.data_dir, limit=e.limit) for e in c.eval.benchmarks
+                load_benchmark(e.benchmark, data_dir=c.eval.data_dir, limit=e.limit)
+                for e in c.eval.benchmarks
             ]
         return self._benchmarks
 
@@ -883,6 +893,7 @@ class Trainer:
             "entropy_final": figures["learner_final"],
             "entropy": figures,
             "gate_on_fraction": figures["gate_on_fraction"],
+            "benchmarks": benchmark_figures(records),
             "tool_use": {
                 key: final_eval.get(key)
                 for key in ("tool_calls_per_episode", "tool_error_rate", "mean_turns", "stop_reasons")
@@ -901,6 +912,7 @@ class Trainer:
                 "difference": _gain(evaluations, "rl", f"rl-{compare}", c.eval.bootstrap),
                 "entropy_final": other["learner_final"],
                 "entropy": other,
+                "benchmarks": benchmark_figures(read_records(self.folder / compare / "metrics.jsonl", "rl")),
             }
         (self.folder / "summary.json").write_text(json.dumps(summary, indent=2))
         plot_run(self.folder, summary, compare)
@@ -925,6 +937,27 @@ def _gain(evaluations: dict[str, Any], after: str, before: str, bootstrap: int) 
         "ci_high": gain.ci_high,
         "tasks": gain.problems,
     }
+
+
+def benchmark_figures(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """eval.benchmarks over an RL run, from its "rl" records: per benchmark, the figures of the last
+    evaluation (`final`, after `steps` RL steps; its files in evals/step-NNNNNN/<name>/) and avg@k after
+    each evaluated step (`avg_by_step`)."""
+    out: dict[str, Any] = {}
+    for record in records:
+        steps = int(record["step"]) + 1
+        for key, value in record.items():
+            if not key.startswith("benchmark/") or key.count("/") != 2:
+                continue
+            _, name, figure = key.split("/")
+            entry = out.setdefault(name, {"steps": None, "final": {}, "avg_by_step": {}})
+            if entry["steps"] != steps:
+                entry["steps"], entry["final"] = steps, {}
+                entry["folder"] = f"{EVALS_DIR}/step-{steps:06d}/{name}"
+            entry["final"][figure] = value
+            if figure.startswith("avg@") and "_ci_" not in figure:
+                entry["avg_by_step"][str(steps)] = value
+    return out
 
 
 def entropy_figures(records: list[dict[str, Any]], target: float | None) -> dict[str, Any]:

@@ -188,10 +188,36 @@ class Runner(typing.Protocol):
 class RolloutRunner:
     """Samples through the rollout layer: a `RolloutWorkerGroup` of Ray actors (`workers >= 1`) or one
     worker in this process (`workers = 0`). Each worker holds one engine and one sandbox (none for
-    single-turn protocols)."""
+    single-turn protocols). `RolloutRunner.on_workers` runs on a group that is already up instead."""
 
     def __init__(self, model_dir: str, protocol: Protocol, config: EvalConfig) -> None:
-        from stare_agents.rollout import RolloutConfig, RolloutTask, RolloutWorkerGroup, WorkerSpec
+        from stare_agents.rollout import RolloutWorkerGroup, WorkerSpec
+
+        self._setup(protocol, config)
+        self.spec = WorkerSpec(
+            model=model_dir,
+            engine=config.engine,
+            dtype=config.dtype,
+            seed=config.seed,
+            max_model_len=config.max_model_len or default_max_model_len(model_dir, protocol),
+            sandbox="none" if protocol.single_turn else config.sandbox,
+        )
+        self.group = RolloutWorkerGroup(self.spec, max(1, config.workers), use_ray=config.workers > 0)
+        self.owns_group = True
+
+    @classmethod
+    def on_workers(cls, group: Any, protocol: Protocol, config: EvalConfig) -> RolloutRunner:
+        """A runner on rollout workers that are already running (a training run's, with its current weights):
+        the group's engines, sandboxes and context window; `close()` leaves the group running."""
+        runner = cls.__new__(cls)
+        runner._setup(protocol, config)
+        runner.spec = group.spec
+        runner.group = group
+        runner.owns_group = False
+        return runner
+
+    def _setup(self, protocol: Protocol, config: EvalConfig) -> None:
+        from stare_agents.rollout import RolloutConfig, RolloutTask
 
         self.task_class = RolloutTask
         self.protocol = protocol
@@ -205,15 +231,6 @@ class RolloutRunner:
             max_concurrency=config.max_concurrency,
             seed=config.seed,
         )
-        self.spec = WorkerSpec(
-            model=model_dir,
-            engine=config.engine,
-            dtype=config.dtype,
-            seed=config.seed,
-            max_model_len=config.max_model_len or default_max_model_len(model_dir, protocol),
-            sandbox="none" if protocol.single_turn else config.sandbox,
-        )
-        self.group = RolloutWorkerGroup(self.spec, max(1, config.workers), use_ray=config.workers > 0)
 
     def describe(self) -> dict[str, Any]:
         """What actually ran (e.g. which sandbox backend "auto" chose), for the results."""
@@ -243,7 +260,8 @@ class RolloutRunner:
         return self.group.collect(tasks, self.rollout_config, progress=False)
 
     def close(self) -> None:
-        self.group.close()
+        if self.owns_group:
+            self.group.close()
 
 
 PROMPT_ROOM_TOKENS = 1024
@@ -411,12 +429,15 @@ def evaluate(
     runner: Runner | None = None,
     on_chunk: Callable[[Progress], None] | None = None,
     progress: bool = True,
+    identity: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Evaluate `model` on `benchmarks` into the folder `out`; returns the results.json content.
 
     model: a model name `prepare_model` knows ("tiny", "smollm2-135m"), a local HF folder (a checkpoint) or
     a hub id. benchmarks: names, files or dataset ids (see `load_benchmark`), or loaded `Benchmark`s.
     runner: how samples are drawn (default: `RolloutRunner` on the rollout layer).
+    identity: who is evaluated, when `runner` samples from weights that are in no folder (a training run's
+    workers mid-run): {"path", "name", "fingerprint"}; `model` is then the folder of their tokenizer.
     """
     config = config or EvalConfig()
     config.check()
@@ -436,8 +457,10 @@ def evaluate(
         raise ValueError(
             f"two benchmarks share a name ({names}); reports are keyed by name: rename one of the files"
         )
+    if identity is not None and runner is None:
+        raise ValueError("evaluate(identity=...) names weights that only a given runner holds; pass runner=")
     model_dir = _model_dir(model)
-    identity = model_identity(model_dir)
+    identity = dict(identity) if identity is not None else model_identity(model_dir)
     settings = run_settings(config, protocol, loaded, identity)
 
     out = Path(out)

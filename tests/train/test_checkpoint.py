@@ -50,13 +50,24 @@ def test_round_trip_gives_an_identical_next_step(tmp_path):
 
 def test_listing_latest_and_pruning(tmp_path):
     assert latest_checkpoint(tmp_path) is None
-    for step in (3, 10, 7):
+    for step in (3, 10):
         save_checkpoint({"step": step}, checkpoint_path(tmp_path, step))
+    save_checkpoint({"step": 7}, tmp_path / "checkpoints" / "step-00000007.pt")  # the single-file layout
     (tmp_path / "checkpoints" / ".step-00000011.pt.tmp-4242").write_bytes(b"torn")
+    (tmp_path / "checkpoints" / ".step-00000012.tmp-4242").mkdir()  # a folder save killed half-way
+    (tmp_path / "checkpoints" / "step-00000013").mkdir()  # no state file: not a checkpoint
     assert [s for s, _ in list_checkpoints(tmp_path)] == [3, 7, 10]
-    assert load_checkpoint(latest_checkpoint(tmp_path)) == {"step": 10}
+    assert latest_checkpoint(tmp_path).is_dir() and load_checkpoint(latest_checkpoint(tmp_path)) == {
+        "step": 10
+    }
+    assert load_checkpoint(tmp_path / "checkpoints" / "step-00000007.pt") == {"step": 7}
     removed = prune_checkpoints(tmp_path, keep_last=2)
-    assert sorted(p.name for p in removed) == [".step-00000011.pt.tmp-4242", "step-00000003.pt"]
+    assert sorted(p.name for p in removed) == [
+        ".step-00000011.pt.tmp-4242",
+        ".step-00000012.tmp-4242",
+        "step-00000003",
+    ]
+    assert not any(p.exists() for p in removed)
     assert [s for s, _ in list_checkpoints(tmp_path)] == [7, 10]
     with pytest.raises(ValueError, match="keep_last"):
         prune_checkpoints(tmp_path, keep_last=0)
