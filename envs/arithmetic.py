@@ -39,6 +39,7 @@ from stare_agents.envs.grading import final_boxes, normalize_thousands
 from stare_agents.envs.tasks import Task
 
 _INTEGER = re.compile(r"-?[0-9]+")
+_DIGITS = re.compile(r"\d+")
 KINDS: tuple[str, ...] = ("multiply", "modpow", "range_sum", "digit_sum_factorial", "count_primes")
 LOOP_KINDS: tuple[str, ...] = ("collatz_steps", "fib_mod")  # the model has to write a loop
 ALL_KINDS: tuple[str, ...] = KINDS + LOOP_KINDS
@@ -190,6 +191,31 @@ class ArithmeticTIREnv(ToolEnv):
                 f"task {task.id!r}: ArithmeticTIR grades by exact integer equality, so the answer must be an "
                 f"integer string such as '42', got {answer!r:.60}"
             )
+
+    def solution_code(self, task: Task) -> str:
+        """Python that solves an ArithmeticTIR task, with the numbers copied from the problem text (the SFT
+        cold start's solver, `sft.data=solver`)."""
+        kind = task.data.get("kind")
+        n = [int(x) for x in _DIGITS.findall(task.problem)]
+        if kind == "multiply":
+            return f"print({n[0]} * {n[1]})"
+        if kind == "modpow":
+            return f"print(pow({n[0]}, {n[1]}, {n[2]}))"
+        if kind == "range_sum":
+            k, lo, hi, r, d = n[:5]
+            return f"print(sum(i**{k} for i in range({lo}, {hi} + 1) if i % {d} == {r}))"
+        if kind == "digit_sum_factorial":
+            return f"import math\nprint(sum(int(c) for c in str(math.factorial({n[0]}))))"
+        if kind == "count_primes":
+            return f"from sympy import primepi\nprint(primepi({n[1]}) - primepi({n[0]} - 1))"
+        if kind == "collatz_steps":
+            return (
+                f"n, steps = {n[0]}, 0\nwhile n != 1:\n    n = n // 2 if n % 2 == 0 else 3 * n + 1\n"
+                "    steps += 1\nprint(steps)"
+            )
+        if kind == "fib_mod":
+            return f"a, b = 0, 1\nfor _ in range({n[-2]}):\n    a, b = b, (a + b) % {n[-1]}\nprint(a)"
+        raise ValueError(f"no ArithmeticTIR solver for task kind {kind!r}")
 
     def score(self, task: Task, response: str) -> Score:
         """1.0 when the final `\\boxed{}` holds exactly the reference integer (thousands separators allowed;

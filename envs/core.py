@@ -69,6 +69,7 @@ from stare_agents.envs.parsing import (
 from stare_agents.envs.tasks import FieldSpec, Task, TaskDataset
 from stare_agents.envs.tools import PythonTool, ToolLike, ToolOutput
 from stare_agents.sandbox import SandboxError
+from stare_agents.sandbox.runner import DEFAULT_TIMEOUT_S
 
 logger = logging.getLogger("stare_agents.envs")
 
@@ -629,7 +630,7 @@ class ToolEnv(TextEnv):
             stateless=stateless, error_lines=error_lines, accept_tool_answer=accept_tool_answer)]`; with
             `tools=` given, those five arguments belong to the tool and are refused here.
         sandbox: the sandbox of the default python tool (None: the process-wide shared one).
-        tool_timeout_s: time limit of one python call (default 5 s).
+        tool_timeout_s: time limit of one python call (default DEFAULT_TIMEOUT_S, 5 s; at most MAX_TIMEOUT_S).
         stateless: run each python call in a fresh namespace (SimpleTIR) instead of one session per episode.
         error_lines: show only the last N lines of a traceback (None: all of it).
         accept_tool_answer: also accept a final answer printed by the tool (`final_answer(x)`, defined in the
@@ -693,7 +694,7 @@ class ToolEnv(TextEnv):
             tools = [
                 PythonTool(
                     given.get("sandbox"),
-                    timeout_s=given.get("tool_timeout_s", 5.0),
+                    timeout_s=given.get("tool_timeout_s", DEFAULT_TIMEOUT_S),
                     stateless=given.get("stateless", False),
                     error_lines=given.get("error_lines"),
                     accept_tool_answer=given.get("accept_tool_answer", False),
@@ -780,6 +781,13 @@ class ToolEnv(TextEnv):
                 )
             )
         return Turn(observation=observation, done=done)
+
+    def solution_code(self, task: Task) -> str:
+        """Python whose printed output is `task`'s answer: the environment's own solver, which
+        `sft.data=solver` uses to write verified SFT traces (the code, the tool's output, then the boxed answer;
+        a trace the environment does not score correct is dropped). Override it to give your environment a
+        cold start; the base class has no solver (`stare_agents.envs.registration.has_solver` says which do)."""
+        raise NotImplementedError(f"{type(self).__name__} has no solver (ToolEnv.solution_code)")
 
     def parse_calls(self, action: str) -> tuple[list[ToolCall], int]:
         """(the calls of this turn to run, at most `max_tool_calls_per_turn`; how many more it holds).

@@ -28,6 +28,7 @@ from stare_agents.envs.grading import charge_grading_clock
 from stare_agents.envs.parsing import PYTHON_LANGUAGES, python_blocks
 from stare_agents.envs.tasks import Task, TaskDataset
 from stare_agents.envs.tools import shared_sandbox
+from stare_agents.sandbox.runner import DEFAULT_TIMEOUT_S
 
 HARNESS_SOURCE = Path(__file__).with_name("_unittest_harness.py").read_text(encoding="utf-8")
 # Reasons a unit-test score can give (Score.reason).
@@ -152,7 +153,7 @@ class PythonUnitTestEnv(TextEnv):
     """Write a function that passes hidden unit tests; reward = passed / total (in [0, 1]).
 
     Args (besides `TextEnv`'s): sandbox (None: the process-wide shared one), tool_timeout_s (the whole test
-    run, default 10 s), per_test_timeout_s (each test including any load of the submission, default 2 s),
+    run, default DEFAULT_TIMEOUT_S, 5 s), per_test_timeout_s (each test including any load of the submission, default 2 s),
     dataset (rows with "problem" and "tests"; default: the built-in tasks).
 
     Score reasons: "correct" (all pass), "wrong", "error" (the submission does not load), "timeout" (the run
@@ -173,7 +174,7 @@ class PythonUnitTestEnv(TextEnv):
         *,
         dataset: Any = None,
         sandbox: Any = None,
-        tool_timeout_s: float = 10.0,
+        tool_timeout_s: float = DEFAULT_TIMEOUT_S,
         per_test_timeout_s: float = 2.0,
         max_turns: int = 1,
         languages: tuple[str, ...] = PYTHON_LANGUAGES,

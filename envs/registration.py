@@ -1,6 +1,13 @@
-"""Registration of the built-in environments under `stare_agents/<Name>-v<N>` (runs on `import stare_agents.envs`)."""
+"""Registration of the built-in environments under `stare_agents/<Name>-v<N>` (runs on `import stare_agents.envs`),
+and the look-ups every command that takes an environment shares: `resolve_env_id` (a registered id, your own
+module's ids after `--import MODULE`, or gymnasium's `module:Name-v0`), `accepted_kwargs` / `unknown_kwargs`
+(what the constructor takes), `has_solver` (an SFT solver of its own)."""
 
 from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Iterable, Mapping
 
 import gymnasium as gym
 
@@ -53,3 +60,97 @@ def split_kwargs(env_id: str, kwargs: dict, split: str) -> dict:
     except (TypeError, ValueError):
         takes_split = False
     return {**kwargs, "split": split} if takes_split else dict(kwargs)
+
+
+def import_modules(modules: Iterable[str]) -> None:
+    """Import each module (they register your own environments); an import that fails is a ValueError naming it."""
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError as error:
+            raise ValueError(
+                f"cannot import {module!r} ({type(error).__name__}: {error}): give a module on the Python path "
+                "that registers your environments (gymnasium.register(...) at import)"
+            ) from None
+
+
+def resolve_env_id(env_id: str, imports: Iterable[str] = ()) -> str:
+    """The registered id that `env_id` names, after importing `imports` and, for gymnasium's `module:Name-v0`
+    form, `module`. An id that is not registered then is a ValueError listing the ids that are."""
+    import stare_agents.envs  # noqa: F401  (registers the stare_agents/* ids)
+
+    module, sep, name = env_id.rpartition(":")
+    import_modules([*imports, *([module] if sep and module else [])])
+    bare = name if sep else env_id
+    if bare not in gym.registry:
+        ours = sorted(key for key, spec in gym.registry.items() if not _gymnasiums_own(spec.entry_point))
+        raise ValueError(
+            f"unknown environment {env_id!r}; registered (besides gymnasium's own): {ours}. For your own "
+            "environment, import the module that registers it (--import MODULE, env.imports) or write "
+            "module:Name-v0"
+        )
+    return bare
+
+
+def accepted_kwargs(env_id: str) -> set[str] | None:
+    """The keyword arguments `gymnasium.make(env_id, ...)` can pass to the environment: its constructor's,
+    and its base classes' through `**kwargs`. None when the creator takes anything (a `**kwargs` that does not
+    end in a base class, e.g. a plain function)."""
+    creator = env_class(env_id)
+    if not isinstance(creator, type):
+        return _parameters(creator)
+    names: set[str] = set()
+    for klass in creator.__mro__:
+        if klass in (object, gym.Env):
+            return names
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        taken = _parameters(init)
+        if taken is None:
+            return None
+        names |= taken - {"self"}
+        if not _takes_var_keyword(init):
+            return names
+    return names
+
+
+def unknown_kwargs(env_id: str, kwargs: Mapping[str, object]) -> list[str]:
+    """The keys of `kwargs` that environment `env_id` does not take (empty when it takes anything)."""
+    accepted = accepted_kwargs(env_id)
+    return [] if accepted is None else [key for key in kwargs if key not in accepted]
+
+
+def has_solver(env_id: str) -> bool:
+    """Whether the environment writes its own SFT solutions (`ToolEnv.solution_code` overridden)."""
+    from stare_agents.envs.core import ToolEnv
+
+    creator = env_class(env_id)
+    return (
+        isinstance(creator, type)
+        and issubclass(creator, ToolEnv)
+        and creator.solution_code is not ToolEnv.solution_code
+    )
+
+
+def _gymnasiums_own(entry_point: object) -> bool:
+    where = entry_point if isinstance(entry_point, str) else getattr(entry_point, "__module__", "") or ""
+    return where.startswith(("gymnasium", "shimmy"))
+
+
+def _parameters(function: object) -> set[str] | None:
+    """The keyword parameters of `function`; None for a plain function that also takes **kwargs (anything)."""
+    try:
+        parameters = list(inspect.signature(function).parameters.values())  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    is_method = inspect.isfunction(function) and "." in function.__qualname__
+    if not is_method and any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return None
+    keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return {p.name for p in parameters if p.kind in keyword}
+
+
+def _takes_var_keyword(function: object) -> bool:
+    parameters = inspect.signature(function).parameters.values()  # type: ignore[arg-type]
+    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)

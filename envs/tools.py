@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from stare_agents.envs.grading import _last_box
+from stare_agents.sandbox.runner import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S
 
 if TYPE_CHECKING:
     from stare_agents.sandbox import ExecutionResult, PooledSandbox, Session
@@ -130,13 +131,13 @@ class PythonTool:
         self,
         sandbox: PooledSandbox | None = None,
         *,
-        timeout_s: float = 5.0,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
         stateless: bool = False,
         error_lines: int | None = None,
         accept_tool_answer: bool = False,
     ) -> None:
-        if not timeout_s > 0:
-            raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+        if not 0 < timeout_s <= MAX_TIMEOUT_S:
+            raise ValueError(f"timeout_s must be in (0, {MAX_TIMEOUT_S:g}] seconds, got {timeout_s!r}")
         if error_lines is not None and error_lines < 1:
             raise ValueError(f"error_lines must be >= 1 or None, got {error_lines!r}")
         self._sandbox = sandbox

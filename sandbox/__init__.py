@@ -21,7 +21,7 @@ folders wiped, and that is checked before the container is lent again.
 from __future__ import annotations
 
 import logging
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from stare_agents.sandbox.docker_backend import DEFAULT_IMAGE, DockerLimits, DockerSandbox, docker_status
 from stare_agents.sandbox.local import ALLOW_LOCAL_ENV, LocalSandbox, NoSandbox
@@ -50,7 +50,7 @@ __all__ = [
 logger = logging.getLogger("stare_agents.sandbox")
 
 Backend = Literal["docker", "local", "none", "auto"]
-BACKENDS: tuple[str, ...] = ("docker", "local", "none", "auto")
+BACKENDS: tuple[str, ...] = get_args(Backend)
 
 
 def check_backend(backend: str, **kwargs: Any) -> None:

@@ -24,6 +24,7 @@ from stare_agents.sandbox.pool import (
     Runner,
     SandboxError,
 )
+from stare_agents.sandbox.runner import DEFAULT_TIMEOUT_S
 
 logger = logging.getLogger("stare_agents.sandbox")
 
@@ -310,7 +311,7 @@ class DockerSandbox(PooledSandbox):
         *,
         image: str = DEFAULT_IMAGE,
         limits: DockerLimits | None = None,
-        default_timeout_s: float = 10.0,
+        default_timeout_s: float = DEFAULT_TIMEOUT_S,
         max_output_bytes: int = 32 * 1024,
         lease_timeout_s: float | None = DEFAULT_LEASE_TIMEOUT_S,
         grace_s: float = 1.0,

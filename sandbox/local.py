@@ -30,7 +30,7 @@ from stare_agents.sandbox.pool import (
     Runner,
     SandboxError,
 )
-from stare_agents.sandbox.runner import landlock_abi
+from stare_agents.sandbox.runner import DEFAULT_TIMEOUT_S, landlock_abi
 
 logger = logging.getLogger("stare_agents.sandbox")
 
@@ -168,7 +168,7 @@ class LocalSandbox(PooledSandbox):
         self,
         pool_size: int = 2,
         *,
-        default_timeout_s: float = 10.0,
+        default_timeout_s: float = DEFAULT_TIMEOUT_S,
         max_output_bytes: int = 32 * 1024,
         memory_mb: int = 4096,
         isolate_network: bool = True,

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from stare_agents.sandbox.result import STATUSES, ExecutionResult
-from stare_agents.sandbox.runner import MAC_BYTES, ChannelKey, encode_frame
+from stare_agents.sandbox.runner import MAC_BYTES, MAX_TIMEOUT_S, ChannelKey, encode_frame
 
 logger = logging.getLogger("stare_agents.sandbox")
 
@@ -36,7 +36,6 @@ HOST_SLACK_S = 10.0
 # interpreter that imported them once per container (see runner.py), so they cost no time per session.
 PREIMPORT: tuple[str, ...] = ("numpy", "sympy")
 
-MAX_TIMEOUT_S = 3600.0  # the longest time limit a call may ask for
 MAX_CODE_BYTES = 16 * 1024 * 1024  # the most code one call may send (UTF-8)
 DEFAULT_LEASE_TIMEOUT_S = 300.0  # how long a new session waits for a free runner by default
 RESET_WAIT_S = 20.0  # the previous session's reset (killing, wiping; a template restart imports again)

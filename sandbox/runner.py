@@ -1651,15 +1651,18 @@ def _worker_reply(buffer: bytearray, call: int) -> dict | None:
     return reply
 
 
-MAX_TIMEOUT_S = 24 * 3600.0
+# One python call's time limit: the default (a tool's, a session's) and the cap, for the host and the runner
+# alike (the host imports them from here: this file ships alone into the container)
+DEFAULT_TIMEOUT_S = 5.0
+MAX_TIMEOUT_S = 3600.0
 
 
 def bounded_timeout(value: object) -> float:
-    """A call's time limit as the supervisor applies it: the host validates it (finite, > 0, <= its cap);
-    anything else that reaches here becomes the default of 10 s rather than an exception."""
+    """A call's time limit as the supervisor applies it: the host validates it (finite, > 0, <= MAX_TIMEOUT_S);
+    anything else that reaches here becomes DEFAULT_TIMEOUT_S rather than an exception."""
     if type(value) in (int, float) and 0 < value <= MAX_TIMEOUT_S:
         return float(value)
-    return 10.0
+    return DEFAULT_TIMEOUT_S
 
 
 def _ignore_signal(signum, frame) -> None:

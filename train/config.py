@@ -3,59 +3,135 @@
     config = load_config(recipe="smollm2-arith", overrides=["rl.steps=4", "rl.stare.w=1.2"])
     config = load_config(path="my.yaml")                          # same schema as train/recipes/*.yaml
 
-Every field is read where it takes effect (`Trainer`); an unknown key is an error that lists the known ones.
-The algorithm is a preset name (`rl.algorithm: stare | stare-c2 | grpo | grpo-ds | dapo | entropy-bonus |
-clip-cov | kl-cov | entrocraft`) whose fields can be overridden under `rl.algorithm_overrides`
-(e.g. `rl.algorithm_overrides.stare.target_entropy=0.2`, `rl.algorithm_overrides.loss.clip_high=0.2`).
+Every key is typed and checked where the config loads: an unknown key, a value of the wrong type or shape, or
+a word outside its closed set (engines, dtypes, renderings, sandboxes, algorithms, ...) is an error that names
+the key, the value and what is allowed. A scalar is read with its field's type: `sft.data=off` and
+`name=2024-01-01` stay strings, `rl.steps=4` is an int. Every field is read where it takes effect (`Trainer`).
+
+The algorithm is a preset (`rl.algorithm: stare | stare-c2 | grpo | grpo-ds | dapo | entropy-bonus | clip-cov |
+kl-cov | entrocraft`) whose fields are typed keys under `rl` that override the preset's values:
+`rl.stare.top_ratio` (P), `rl.stare.w` (W), `rl.stare.m` (M), `rl.stare.target_entropy` (H_tgt),
+`rl.stare.adaptive` / `alpha` / `w_max` / `m_min`, `rl.loss.clip_high`, `rl.loss.normalization`,
+`rl.dynamic_sampling`, `rl.one_member_groups`, ... (AlgorithmConfig's fields). A key left out keeps the
+preset's value; `config.algorithm()` is the result. The older spelling `rl.algorithm_overrides.<field>` is
+still read (as `rl.<field>`) and says once that it is deprecated.
+
+`check_run(config)` (the trainer calls it before any work) goes further than the types: it imports
+`env.imports`, constructs the environment once with its keyword arguments (a keyword it does not take is an
+error naming it), and checks that `sft.data` can be served.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import logging
+import math
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
 from stare_agents.algo import AlgorithmConfig
+from stare_agents.algo.advantages import EntrocraftSwitch
+from stare_agents.algo.config import ALGORITHMS, AlgorithmName
+from stare_agents.algo.losses import PolicyLossConfig
+from stare_agents.algo.stare import StareConfig
+from stare_agents.rollout.engine import Dtype, EngineName
+from stare_agents.rollout.render import Rendering
+from stare_agents.sandbox import Backend
+from stare_agents.sandbox.runner import MAX_TIMEOUT_S
 from stare_agents.train.learner import LearnerConfig
-from stare_agents.train.policy import OptimizerConfig
+from stare_agents.train.policy import OptimizerConfig, Precision
 
 RECIPES_DIR = Path(__file__).with_name("recipes")
+logger = logging.getLogger("stare_agents.train")
+
+# vllm.LLM arguments the engine sets itself, from other keys (rollout.engine_kwargs may not set them)
+ENGINE_OWNED_KWARGS = {
+    "model": "model.name",
+    "dtype": "model.rollout_dtype",
+    "seed": "seed",
+    "max_model_len": "model.max_model_len",
+    "logprobs_mode": "(fixed: the rollout's log-probs are those it sampled from)",
+    "gpu_memory_utilization": "rollout.gpu_memory_utilization",
+    "tensor_parallel_size": "rollout.tensor_parallel_size",
+    "max_num_seqs": "rollout.max_num_seqs",
+}
 
 
 @dataclass
 class ModelSection:
     name: str = "smollm2-135m"  # "tiny", "smollm2-135m", a local HF folder or a hub id
-    rollout_dtype: str = (
-        "fast"  # the engine's dtype: "auto" (the checkpoint's), "float32", "bfloat16", "fast"
-    )
+    # the engine's dtype: "auto" (the checkpoint's), "float32", "bfloat16", "fast" (bfloat16 where it is fast)
+    rollout_dtype: Dtype = "fast"
     max_model_len: int = 2048
 
 
 @dataclass
 class EnvSection:
+    """The environment. `id` is a registered id, or gymnasium's `module:Name-v0` (the module is imported
+    first: it is moved to `imports`). `kwargs` go to `gymnasium.make` for training and evaluation; the turn
+    limit and the python tool's time limit have keys of their own."""
+
     id: str = "stare_agents/ArithmeticTIR-v0"
     kwargs: dict[str, Any] = field(default_factory=dict)  # for gym.make (training and evaluation)
     imports: list[str] = field(default_factory=list)  # modules that register your own environments
+    max_turns: int | None = None  # the episode's turn limit (None: the environment's default_max_turns)
+    # one python tool call's time limit in seconds (None: the environment's default, 5 s for ToolEnv's tool)
+    tool_timeout_s: float | None = None
     train_seed: int = 0  # training task i of the run is reset with seed train_seed + i
     eval_seed: int = 1_000_000  # held-out tasks: eval_seed + i (disjoint from training seeds)
+
+    def __post_init__(self) -> None:
+        module, sep, name = self.id.rpartition(":")
+        if sep:
+            if not module or not name:
+                raise ValueError(f"env.id={self.id!r}: expected a registered id or module:Name-v0")
+            self.id = name
+            if module not in self.imports:
+                self.imports = [*self.imports, module]
+        for key in ("max_turns", "tool_timeout_s"):
+            if key in self.kwargs:
+                raise ValueError(
+                    f"env.kwargs.{key}={self.kwargs[key]!r}: set env.{key} instead (a typed key, checked at load)"
+                )
+        if self.max_turns is not None and self.max_turns < 1:
+            raise ValueError(f"env.max_turns={self.max_turns!r}: allowed: an int >= 1, or null (the env's)")
+        if self.tool_timeout_s is not None and not 0 < self.tool_timeout_s <= MAX_TIMEOUT_S:
+            raise ValueError(
+                f"env.tool_timeout_s={self.tool_timeout_s!r}: allowed: seconds in (0, {MAX_TIMEOUT_S:g}], "
+                "or null (the environment's default)"
+            )
+
+    def make_kwargs(self) -> dict[str, Any]:
+        """What `gymnasium.make(self.id, ...)` gets: `kwargs`, plus `max_turns` and `tool_timeout_s` when set."""
+        kwargs = dict(self.kwargs)
+        if self.max_turns is not None:
+            kwargs["max_turns"] = self.max_turns
+        if self.tool_timeout_s is not None:
+            kwargs["tool_timeout_s"] = self.tool_timeout_s
+        return kwargs
 
 
 @dataclass
 class RolloutSection:
-    engine: str = "vllm"  # "vllm" or "hf"
+    engine: EngineName = "vllm"
     use_ray: bool = True  # False: one in-process worker (no Ray)
     workers: int = 1
     temperature: float = 1.0
     top_p: float = 1.0
     max_tokens_per_turn: int = 256
     max_total_tokens: int = 768  # response budget per episode (policy + observation tokens)
-    rendering: str = "auto"  # "auto" | "chat" | "inline"
-    sandbox: str = "docker"  # "docker" | "local" (needs STARE_ALLOW_LOCAL_SANDBOX=1) | "none" (no tools run)
+    rendering: Rendering = (
+        "auto"  # "chat": template tool turns; "inline": in the assistant turn (base models)
+    )
+    sandbox: Backend = (
+        "docker"  # "docker" | "local" (needs STARE_ALLOW_LOCAL_SANDBOX=1) | "none" (no tools run)
+    )
     sandbox_pool_size: int = 8
     sandbox_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. {"runtime": "runsc"}
     max_concurrency: int = 64
@@ -64,6 +140,13 @@ class RolloutSection:
     num_cpus_per_worker: float = 1.0
     num_gpus_per_worker: float = 0.0  # 1 on a GPU cluster: one rollout worker per GPU
     timeout_s: float | None = 10800.0  # one step's rollout; episodes unfinished by then fail (engine_error)
+    # vLLM on GPUs: the share of each GPU's memory the engine may take (weights, activations, KV cache)
+    gpu_memory_utilization: float = 0.5
+    tensor_parallel_size: int = 1  # vLLM: GPUs one engine shards the model over (num_gpus_per_worker too)
+    max_num_seqs: int | None = None  # vLLM: sequences in one engine step (None: vLLM's default)
+    # anything else for vllm.LLM / EngineArgs, e.g. {enable_chunked_prefill: true}; checked against vLLM's
+    # EngineArgs where vLLM is installed; the keys above and those the engine sets itself are refused here
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # the learner scores softmax(logits / temperature) exactly; a top-p nucleus it cannot reproduce per token
@@ -77,28 +160,87 @@ class RolloutSection:
                 "ratio, TIS weight and surprisal compare two different distributions; use rollout.temperature "
                 "to sharpen sampling (evaluation has its own eval.temperature)"
             )
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(
+                f"rollout.gpu_memory_utilization={self.gpu_memory_utilization!r}: allowed: a share in (0, 1]"
+            )
+        if self.tensor_parallel_size < 1:
+            raise ValueError(
+                f"rollout.tensor_parallel_size={self.tensor_parallel_size!r}: allowed: an int >= 1"
+            )
+        if self.max_num_seqs is not None and self.max_num_seqs < 1:
+            raise ValueError(f"rollout.max_num_seqs={self.max_num_seqs!r}: allowed: an int >= 1, or null")
+        for key, value in self.engine_kwargs.items():
+            if key in ENGINE_OWNED_KWARGS:
+                raise ValueError(
+                    f"rollout.engine_kwargs.{key}={value!r}: not allowed here, the engine sets it from "
+                    f"{ENGINE_OWNED_KWARGS[key]}"
+                )
+        if self.engine != "vllm":
+            custom = {
+                key: getattr(self, key)
+                for key in ("gpu_memory_utilization", "tensor_parallel_size", "max_num_seqs", "engine_kwargs")
+                if getattr(self, key) != _default(RolloutSection, key)
+            }
+            if custom:
+                raise ValueError(
+                    f"rollout.engine={self.engine!r}: {sorted(custom)} are settings of the vllm engine "
+                    f"({custom}); allowed with rollout.engine=vllm only"
+                )
+        known = _vllm_engine_args() if self.engine_kwargs else None
+        unknown = sorted(set(self.engine_kwargs) - known) if known is not None else []
+        if unknown:
+            raise ValueError(
+                f"rollout.engine_kwargs: {unknown} are not arguments of vLLM's EngineArgs "
+                f"({ {k: self.engine_kwargs[k] for k in unknown} }); allowed: the fields of "
+                "vllm.engine.arg_utils.EngineArgs"
+            )
+
+    def vllm_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments the vLLM engine gets on top of its own (`VLLMEngine(engine_kwargs=...)`)."""
+        kwargs: dict[str, Any] = {
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "tensor_parallel_size": self.tensor_parallel_size,
+        }
+        if self.max_num_seqs is not None:
+            kwargs["max_num_seqs"] = self.max_num_seqs
+        return {**kwargs, **self.engine_kwargs}
 
 
 @dataclass
 class SFTSection:
     enabled: bool = True
-    data: str = "solver"  # "solver": traces from the environment's solver; or a JSONL file of conversations
+    data: str = "solver"  # "solver": verified traces from the environment's solution_code(); or a JSONL file
     num_examples: int = 128
     epochs: int = 1
     batch_size: int = 8
     lr: float = 5e-5
     warmup_steps: int = 2
     micro_batch_tokens: int = 4096
-    precision: str = "fast"  # "fp32", "bf16" (autocast) or "fast" (bf16 where the hardware has it)
+    precision: Precision = "fast"  # "fp32", "bf16" (autocast) or "fast" (bf16 where the hardware has it)
 
 
 @dataclass
 class RLSection:
+    """The RL stage. `algorithm` is a preset; the fields after it are the algorithm's (AlgorithmConfig's, the
+    same names and types), typed keys whose values default to the preset's (see the module docstring)."""
+
     steps: int = 8
     prompts_per_step: int = 8
     samples_per_prompt: int = 4
-    algorithm: str = "stare"
-    algorithm_overrides: dict[str, Any] = field(default_factory=dict)
+    algorithm: AlgorithmName = "stare"
+    # -- the algorithm's fields (AlgorithmConfig, less its name): the preset's values unless set ------------
+    normalize_std: bool = True
+    std_eps: float = 1e-6
+    dynamic_sampling: bool = True
+    one_member_groups: Literal["drop", "keep"] = "drop"
+    overlong_shaping: bool = False
+    overlong_cache_length: int = 256
+    overlong_factor: float = 1.0
+    loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+    stare: StareConfig | None = field(default_factory=StareConfig)  # null: no reweighting
+    entrocraft: EntrocraftSwitch | None = None
+    # -------------------------------------------------------------------------------------------------------
     learner: LearnerConfig = field(
         default_factory=lambda: LearnerConfig(optimizer=OptimizerConfig(lr=1e-6), micro_batch_tokens=4096)
     )
@@ -126,6 +268,23 @@ class RLSection:
                 f"need rl.steps >= 0 and rl.prompts_per_step, rl.samples_per_prompt, rl.sampling_rounds >= 1; got "
                 f"{self.steps}, {self.prompts_per_step}, {self.samples_per_prompt}, {self.sampling_rounds}"
             )
+        self.algorithm_config()  # the combination is checked where it loads
+
+    @classmethod
+    def preset(cls, algorithm: str) -> RLSection:
+        """The defaults, with the algorithm fields of preset `algorithm`."""
+        if algorithm not in ALGORITHMS:
+            raise ValueError(f"rl.algorithm={algorithm!r}: allowed: {', '.join(ALGORITHMS)}")
+        preset = AlgorithmConfig.preset(algorithm)
+        return cls(algorithm=algorithm, **{name: getattr(preset, name) for name in ALGORITHM_FIELDS})
+
+    def algorithm_config(self) -> AlgorithmConfig:
+        return AlgorithmConfig(
+            name=self.algorithm, **{name: getattr(self, name) for name in ALGORITHM_FIELDS}
+        )
+
+
+ALGORITHM_FIELDS = tuple(f.name for f in dataclasses.fields(AlgorithmConfig) if f.name != "name")
 
 
 @dataclass
@@ -149,7 +308,7 @@ class BenchmarkEval:
 class EvalSection:
     # held-out tasks (distinct problems; environments that take a `split` draw them from split="heldout" and
     # train on split="train", so no training draw can be an evaluation problem)
-    num_tasks: int = 64
+    num_tasks: int = 64  # 0: no held-out tasks of the environment (evaluate on eval.benchmarks only)
     base_num_tasks: int | None = (
         None  # held-out tasks for the base model (the first of them; None: num_tasks)
     )
@@ -164,10 +323,10 @@ class EvalSection:
     data_dir: str | None = None  # where benchmark names resolve (None: $STARE_DATA_DIR, else ../shared/data)
 
     def __post_init__(self) -> None:
-        sizes = (self.num_tasks, self.base_num_tasks or 1, self.every_num_tasks or 1, self.samples)
-        if min(sizes) < 1 or self.every < 0 or self.bootstrap < 0:
+        sizes = (self.base_num_tasks or 1, self.every_num_tasks or 1, self.samples)
+        if min(sizes) < 1 or min(self.num_tasks, self.every, self.bootstrap) < 0:
             raise ValueError(
-                "need eval.num_tasks, eval.base_num_tasks, eval.every_num_tasks, eval.samples >= 1 and "
+                "need eval.base_num_tasks, eval.every_num_tasks, eval.samples >= 1 and eval.num_tasks, "
                 f"eval.every, eval.bootstrap >= 0; got {self}"
             )
         self.benchmarks = check_benchmarks(self.benchmarks, self.data_dir)
@@ -290,14 +449,16 @@ class TrainConfig:
             )
 
     def algorithm(self) -> AlgorithmConfig:
-        """The RL algorithm: the preset with `rl.algorithm_overrides` applied (dotted keys)."""
-        config = AlgorithmConfig.preset(self.rl.algorithm)
-        for key, value in _flatten(self.rl.algorithm_overrides).items():
-            config = _replace_path(config, key.split("."), value, f"rl.algorithm_overrides.{key}")
-        return config
+        """The RL algorithm: preset `rl.algorithm` with the algorithm keys under `rl` as set."""
+        return self.rl.algorithm_config()
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        """The resolved config as YAML: what `--show-config` prints and a run folder's config.yaml holds;
+        `load_config(path=...)` reads it back to an equal config."""
+        return yaml.safe_dump(_plain_data(self.to_dict()), sort_keys=False)
 
 
 # -- loading ----------------------------------------------------------------------------------------------------
@@ -321,18 +482,64 @@ def load_config(
         data = _read_yaml(Path(path))
     for item in overrides:
         key, sep, raw = item.partition("=")
-        if not sep or not key:
+        if not sep or not key.strip():
             raise ValueError(f"override {item!r} is not key=value (e.g. rl.steps=4)")
-        _set_path(data, key.strip().split("."), yaml.safe_load(raw))
+        _set_path(data, key.strip().split("."), _load_scalars(raw, f"override {item!r}"))
+    _merge_algorithm_overrides(data)
     return build(TrainConfig, data, "")
 
 
 def save_config(config: TrainConfig, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+    Path(path).write_text(config.to_yaml())
+
+
+class _Scalar(str):
+    """A plain YAML scalar whose YAML reading is not a string (a bool, number, null or date): its text, and
+    that reading (`value`). A field typed str takes the text (`sft.data: off` is "off"); others the reading."""
+
+    value: Any
+
+
+class _Loader(yaml.SafeLoader):
+    pass
+
+
+def _keep_text(construct: Any) -> Any:
+    def scalar(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> _Scalar:
+        text = _Scalar(node.value)
+        text.value = construct(loader, node)
+        return text
+
+    return scalar
+
+
+for _tag in ("bool", "int", "float", "null", "timestamp"):
+    _name = f"tag:yaml.org,2002:{_tag}"
+    _Loader.add_constructor(_name, _keep_text(yaml.SafeLoader.yaml_constructors[_name]))
+
+
+def _load_scalars(text: str, where: str) -> Any:
+    try:
+        return yaml.load(text, Loader=_Loader)  # a SafeLoader that keeps the scalars' text
+    except yaml.YAMLError as error:
+        raise ValueError(f"{where}: not valid YAML ({error})") from None
+
+
+def _plain_data(value: Any) -> Any:
+    """`value` with every scalar as YAML read it (dates as ISO text), mappings and tuples as dicts and lists."""
+    if isinstance(value, _Scalar):
+        value = value.value
+    if isinstance(value, dict):
+        return {_plain_data(k): _plain_data(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain_data(v) for v in value]
+    if isinstance(value, datetime.date):
+        return value.isoformat()
+    return value
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
-    data = yaml.safe_load(path.read_text()) or {}
+    data = _load_scalars(path.read_text(), str(path)) or {}
     if not isinstance(data, dict):
         raise ValueError(f"{path}: the top level must be a mapping")
     return data
@@ -357,65 +564,232 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def build(cls: type, data: Any, where: str) -> Any:
-    """Build dataclass `cls` from a mapping, checking every key and converting every value to its field's type."""
-    if not isinstance(data, dict):
-        raise ValueError(f"{where or 'config'}: expected a mapping, got {data!r}")
-    hints = typing.get_type_hints(cls)
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(data) - known
-    if unknown:
+def _merge_algorithm_overrides(data: dict[str, Any]) -> None:
+    """The deprecated `rl.algorithm_overrides.<field>` read as `rl.<field>` (a key set both ways is refused)."""
+    rl = data.get("rl")
+    if not isinstance(rl, dict) or "algorithm_overrides" not in rl:
+        return
+    overrides = rl.pop("algorithm_overrides")
+    if not isinstance(overrides, dict):
         raise ValueError(
-            f"unknown key(s) {sorted(unknown)} in {repr(where.rstrip('.')) if where else 'the config'}; "
-            f"known: {sorted(known)}"
+            f"rl.algorithm_overrides={overrides!r}: allowed: a mapping of the algorithm's fields"
         )
-    kwargs = {name: _convert(hints[name], value, f"{where}{name}") for name, value in data.items()}
-    return cls(**kwargs)
+    logger.warning(
+        "rl.algorithm_overrides is deprecated: its keys are typed keys under rl now (rl.stare.w=1.2, "
+        "rl.loss.clip_high=0.2, rl.dynamic_sampling=false); reading %s as rl.*",
+        sorted(_flatten(overrides)),
+    )
+    for key, value in _flatten(overrides).items():
+        path = key.split(".")
+        if path[0] not in ALGORITHM_FIELDS:
+            raise ValueError(
+                f"rl.algorithm_overrides.{key}={_plain_data(value)!r}: {path[0]!r} is not a field of the "
+                f"algorithm; allowed: {', '.join(ALGORITHM_FIELDS)}"
+            )
+        target = rl
+        for part in path[:-1]:
+            target = target.setdefault(part, {})
+            if not isinstance(target, dict):
+                raise ValueError(f"rl.algorithm_overrides.{key}: rl.{part} is set to a value, not a section")
+        if path[-1] in target:
+            raise ValueError(f"rl.{key} is set twice: as rl.{key} and as rl.algorithm_overrides.{key}")
+        target[path[-1]] = value
 
 
-def _convert(hint: Any, value: Any, where: str) -> Any:
+def build(cls: type, data: Any, where: str, base: Any = None) -> Any:
+    """Build dataclass `cls` from a mapping, checking every key and converting every value to its field's type.
+
+    A key left out takes `base`'s value when a base is given (the algorithm preset's, for the RL section), else
+    the field's default. An error names the key (`where` + field), the value and what is allowed."""
+    if isinstance(data, _Scalar):
+        data = data.value
+    if not isinstance(data, dict):
+        raise ValueError(f"{where.rstrip('.') or 'config'}={_plain_data(data)!r}: allowed: a mapping of keys")
+    if cls is RLSection and base is None:
+        algorithm = _convert(AlgorithmName, data.get("algorithm", RLSection.algorithm), f"{where}algorithm")
+        base = RLSection.preset(algorithm)
+    hints = typing.get_type_hints(cls)
+    known = [f.name for f in dataclasses.fields(cls) if f.init]
+    unknown = sorted(set(data) - set(known), key=str)
+    if unknown:
+        section = repr(where.rstrip(".")) if where else "the config"
+        raise ValueError(f"unknown key(s) {unknown} in {section}; known: {known}")
+    kwargs = {}
+    for name in known:
+        if name in data:
+            inner_base = getattr(base, name, None) if base is not None else None
+            if base is not None and inner_base is None and isinstance(data[name], dict) and data[name]:
+                key, value = next(iter(_flatten(data[name]).items()))
+                having = {"stare": " (stare, stare-c2)", "entrocraft": " (entrocraft)"}.get(name, "")
+                raise ValueError(
+                    f"{where}{name}.{key}={_plain_data(value)!r}: rl.algorithm={getattr(base, 'algorithm', '?')} "
+                    f"has no {name} ({name}: null in its preset); allowed: an algorithm whose preset has it"
+                    f"{having}, or {where}{name}=null to leave it out"
+                )
+            kwargs[name] = _convert(hints[name], data[name], f"{where}{name}", inner_base)
+        elif base is not None:
+            kwargs[name] = getattr(base, name)
+    try:
+        return cls(**kwargs)
+    except (ValueError, TypeError) as error:
+        if not where or str(error).startswith(where.rstrip(".")):
+            raise ValueError(str(error)) from None
+        raise ValueError(f"{where.rstrip('.')}: {error}") from None
+
+
+def _convert(hint: Any, value: Any, where: str, base: Any = None) -> Any:
+    """`value` as type `hint`, or a ValueError naming `where`, the value and what is allowed."""
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
         options = [a for a in typing.get_args(hint) if a is not type(None)]
-        if value is None:
+        if (value.value if isinstance(value, _Scalar) else value) is None:
             return None
-        return _convert(options[0], value, where)
-    if dataclasses.is_dataclass(hint):
-        return build(hint, value, where + ".")
-    if hint is Any:
+        return _convert(options[0], value, where, base) if len(options) == 1 else _plain_data(value)
+    if isinstance(value, _Scalar):  # a field typed str (or a set of words) takes the text: off, 2024-01-01
+        value = str(value) if _wants_text(hint) else value.value
+    shown = _plain_data(value)
+    if origin is Literal:
+        allowed = typing.get_args(hint)
+        if isinstance(value, bool) or value not in allowed:
+            raise ValueError(f"{where}={shown!r}: allowed: {', '.join(map(str, allowed))}")
         return value
-    if origin in (dict,):
+    if dataclasses.is_dataclass(hint):
+        return build(hint, value, where + ".", base)
+    if hint is Any:
+        return _plain_data(value)
+    if origin is dict:
         if not isinstance(value, dict):
-            raise ValueError(f"{where}: expected a mapping, got {value!r}")
-        return dict(value)
+            raise ValueError(f"{where}={shown!r}: allowed: a mapping")
+        key_type, value_type = typing.get_args(hint) or (Any, Any)
+        return {
+            _convert(key_type, k, f"{where}.{k}"): _convert(value_type, v, f"{where}.{k}")
+            for k, v in value.items()
+        }
     if origin in (list, tuple):
         if not isinstance(value, list | tuple):
-            raise ValueError(f"{where}: expected a list, got {value!r}")
-        return origin(value)
-    if hint is float and isinstance(value, int | float) and not isinstance(value, bool):
+            raise ValueError(f"{where}={shown!r}: allowed: a list")
+        args = typing.get_args(hint)
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            if len(value) != len(args):
+                raise ValueError(
+                    f"{where}={shown!r}: allowed: a list of {len(args)} "
+                    f"({', '.join(getattr(a, '__name__', str(a)) for a in args)})"
+                )
+            return tuple(
+                _convert(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, value, strict=True))
+            )
+        item = args[0] if args else Any
+        if dataclasses.is_dataclass(item):  # entries that are not mappings are their section's to check
+            return origin(
+                _convert(item, v, f"{where}[{i}]") if isinstance(v, dict) else _text_or_plain(v)
+                for i, v in enumerate(value)
+            )
+        return origin(_convert(item, v, f"{where}[{i}]") for i, v in enumerate(value))
+    if hint is float:
+        if isinstance(value, str):  # YAML 1.1 reads "3e-6" (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                raise ValueError(f"{where}={shown!r}: allowed: a finite number") from None
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise ValueError(f"{where}={shown!r}: allowed: a finite number")
         return float(value)
-    if hint is float and isinstance(value, str):  # YAML reads "3e-6" (no dot) as a string
-        try:
-            return float(value)
-        except ValueError:
-            raise ValueError(f"{where}: expected a number, got {value!r}") from None
-    if hint in (int, str, bool) and not isinstance(value, hint):
-        raise ValueError(f"{where}: expected {hint.__name__}, got {value!r}")
-    if hint is int and isinstance(value, bool):
-        raise ValueError(f"{where}: expected int, got {value!r}")
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{where}={shown!r}: allowed: an int")
+        return value
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"{where}={shown!r}: allowed: true or false")
+        return value
+    if hint is str:
+        if not isinstance(value, str):
+            raise ValueError(f"{where}={shown!r}: allowed: a string")
+        return value
     return value
 
 
-def _replace_path(obj: Any, keys: list[str], value: Any, where: str) -> Any:
-    if not dataclasses.is_dataclass(obj):
-        raise ValueError(f"{where}: cannot set a field on {obj!r}")
-    names = {f.name for f in dataclasses.fields(obj)}
-    if keys[0] not in names:
-        raise ValueError(f"{where}: {type(obj).__name__} has no field {keys[0]!r}; fields: {sorted(names)}")
-    if len(keys) == 1:
-        hint = typing.get_type_hints(type(obj))[keys[0]]
-        return dataclasses.replace(obj, **{keys[0]: _convert(hint, value, where)})
-    inner = getattr(obj, keys[0])
-    if inner is None:
-        raise ValueError(f"{where}: {keys[0]} is None in this preset (the algorithm does not use it)")
-    return dataclasses.replace(obj, **{keys[0]: _replace_path(inner, keys[1:], value, where)})
+def _text_or_plain(value: Any) -> Any:
+    return str(value) if isinstance(value, _Scalar) else _plain_data(value)
+
+
+def _wants_text(hint: Any) -> bool:
+    args = typing.get_args(hint)
+    return hint is str or (typing.get_origin(hint) is Literal and all(isinstance(a, str) for a in args))
+
+
+def _default(cls: type, name: str) -> Any:
+    f = next(f for f in dataclasses.fields(cls) if f.name == name)
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
+def _vllm_engine_args() -> set[str] | None:
+    """The argument names vLLM's engine takes (EngineArgs' fields); None when vLLM is not installed here."""
+    try:
+        from vllm.engine.arg_utils import EngineArgs
+    except ImportError:
+        return None
+    return {f.name for f in dataclasses.fields(EngineArgs)}
+
+
+# -- checks before a run starts -----------------------------------------------------------------------------------
+def check_run(config: TrainConfig, *, compare: str | None = None) -> None:
+    """What the types cannot say, checked before any work (model, engines, base evaluation, SFT) starts:
+    `--compare` names another algorithm; `env.imports` import; the environment exists, takes every keyword of
+    `env.kwargs` (and `env.max_turns` / `env.tool_timeout_s` when set) and can be constructed with them, for
+    training and held-out tasks; `sft.data` can be served (the environment has a solver, or the file exists).
+    Every error is a ValueError naming the key, the value and what is allowed."""
+    from stare_agents.envs.registration import (
+        accepted_kwargs,
+        env_class,
+        has_solver,
+        resolve_env_id,
+        split_kwargs,
+    )
+    from stare_agents.rollout import RolloutTask, make_env
+    from stare_agents.sandbox import NoSandbox
+
+    if compare is not None and (compare not in ALGORITHMS or compare == config.rl.algorithm):
+        others = [name for name in ALGORITHMS if name != config.rl.algorithm]
+        raise ValueError(
+            f"--compare={compare!r}: allowed: an algorithm other than rl.algorithm={config.rl.algorithm!r}: "
+            f"{', '.join(others)}"
+        )
+    env = config.env
+    try:
+        env_id = resolve_env_id(env.id, env.imports)
+    except ValueError as error:
+        raise ValueError(f"env.id={env.id!r} (env.imports={env.imports}): {error}") from None
+    kwargs = env.make_kwargs()
+    accepted = accepted_kwargs(env_id)
+    creator = env_class(env_id)
+    what = f"{env_id} ({getattr(creator, '__name__', creator)})"
+    if accepted is not None:
+        for key, value in kwargs.items():
+            if key not in accepted:
+                name = f"env.{key}" if key in ("max_turns", "tool_timeout_s") else f"env.kwargs.{key}"
+                raise ValueError(
+                    f"{name}={value!r}: {what} takes no keyword {key!r}; allowed: "
+                    f"{', '.join(sorted(accepted - {'sandbox', 'tools'}))}"
+                )
+    for split in ("train", "heldout"):
+        split_args = split_kwargs(env_id, kwargs, split)
+        try:
+            made = make_env(RolloutTask(env_id, env_kwargs=split_args), NoSandbox())
+            made.close()
+        except Exception as error:  # the environment's own check of its arguments, whatever it raises
+            raise ValueError(
+                f"env.kwargs={_plain_data(split_args)!r}: {what} cannot be made with them "
+                f"({type(error).__name__}: {error})"
+            ) from None
+    if config.sft.enabled and config.sft.data == "solver" and not has_solver(env_id):
+        raise ValueError(
+            f"sft.data='solver': {what} has no solver (ToolEnv.solution_code is not overridden); allowed: "
+            "'solver' for an environment with one (e.g. stare_agents/ArithmeticTIR-v0), a JSONL file of "
+            "conversations, or sft.enabled=false"
+        )
+    if config.sft.enabled and config.sft.data != "solver" and not Path(config.sft.data).is_file():
+        raise ValueError(
+            f"sft.data={config.sft.data!r}: no such file; allowed: 'solver' (the environment's solver) or a JSONL "
+            "file of conversations"
+        )

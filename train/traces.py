@@ -2,9 +2,10 @@
 
 Two sources:
 
-* `solver_traces`: an environment's solver writes the code, the real sandbox runs it through the real
-  environment, and the solver answers with the tool's output; only traces the environment scores correct
-  are kept. Solvers are registered per environment id in `SOLVERS` (ArithmeticTIR ships one).
+* `solver_traces`: an environment's solver (its `solution_code(task)` method, a `ToolEnv` override: ArithmeticTIR
+  has one, and so can your environment) writes the code, the real sandbox runs it through the real
+  environment, and the trace answers with the tool's output; only traces the environment scores correct
+  are kept.
 * `conversation_traces`: a JSONL file, one `{"messages": [{"role", "content"}, ...]}` per line; assistant
   messages are what the model learns (action tokens), everything else is prompt or observation.
 
@@ -16,42 +17,14 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from stare_agents.envs import Task
 from stare_agents.envs.parsing import format_inline
+from stare_agents.envs.registration import has_solver
 from stare_agents.rollout import RolloutTask, make_env, make_renderer
 from stare_agents.trajectory import Trajectory, TurnRecord
-
-_INT = re.compile(r"\d+")
-
-
-def arithmetic_solution(task: Task) -> str:
-    """Python that solves an ArithmeticTIR task, with the numbers copied from the problem text."""
-    kind = task.data.get("kind")
-    n = [int(x) for x in _INT.findall(task.problem)]
-    if kind == "multiply":
-        return f"print({n[0]} * {n[1]})"
-    if kind == "modpow":
-        return f"print(pow({n[0]}, {n[1]}, {n[2]}))"
-    if kind == "range_sum":
-        k, lo, hi, r, d = n[:5]
-        return f"print(sum(i**{k} for i in range({lo}, {hi} + 1) if i % {d} == {r}))"
-    if kind == "digit_sum_factorial":
-        return f"import math\nprint(sum(int(c) for c in str(math.factorial({n[0]}))))"
-    if kind == "count_primes":
-        return f"from sympy import primepi\nprint(primepi({n[1]}) - primepi({n[0]} - 1))"
-    if kind == "collatz_steps":
-        return f"n, steps = {n[0]}, 0\nwhile n != 1:\n    n = n // 2 if n % 2 == 0 else 3 * n + 1\n    steps += 1\nprint(steps)"
-    if kind == "fib_mod":
-        return f"a, b = 0, 1\nfor _ in range({n[-2]}):\n    a, b = b, (a + b) % {n[-1]}\nprint(a)"
-    raise ValueError(f"no ArithmeticTIR solver for task kind {kind!r}")
-
-
-SOLVERS: dict[str, Callable[[Task], str]] = {"stare_agents/ArithmeticTIR-v0": arithmetic_solution}
 
 
 def end_of_turn(renderer: Any, tokenizer: Any) -> int:
@@ -84,16 +57,14 @@ def solver_traces(
     """One verified two-turn trace per seed: ```python <solution>```, the tool's output, then
     `\\boxed{<output>}`. Seeds whose trace the environment does not score correct are skipped. Episodes run
     on `threads` threads (their sandbox calls overlap); the result keeps the order of `seeds`."""
-    if env_id not in SOLVERS:
+    if not has_solver(env_id):
         raise ValueError(
-            f"no solver for {env_id!r}; solvers exist for {sorted(SOLVERS)}. Use sft.data=<file.jsonl>"
+            f"{env_id!r} has no solver (ToolEnv.solution_code is not overridden); write one on the environment "
+            "class, or use sft.data=<file.jsonl>"
         )
-    solve = SOLVERS[env_id]
 
     def trace(seed: int) -> Trajectory | None:
-        return _solver_trace(
-            env_id, int(seed), solve, tokenizer, eos_ids, env_kwargs or {}, sandbox, rendering
-        )
+        return _solver_trace(env_id, int(seed), tokenizer, eos_ids, env_kwargs or {}, sandbox, rendering)
 
     with concurrent.futures.ThreadPoolExecutor(max(1, threads)) as pool:
         return [t for t in pool.map(trace, seeds) if t is not None]
@@ -102,7 +73,6 @@ def solver_traces(
 def _solver_trace(
     env_id: str,
     seed: int,
-    solve: Callable[[Task], str],
     tokenizer: Any,
     eos_ids: set[int],
     env_kwargs: dict[str, Any],
@@ -115,7 +85,7 @@ def _solver_trace(
         task = env.unwrapped.task
         renderer = make_renderer(rendering, tokenizer, eos_ids)
         prompt_ids = renderer.prompt(observation, info.get("tools"))
-        code = f"```python\n{solve(task)}\n```"
+        code = f"```python\n{env.unwrapped.solution_code(task)}\n```"
         code_ids = _encode(tokenizer, code)
         observation, _, terminated, truncated, info = env.step(code)
         if terminated or truncated or not observation:

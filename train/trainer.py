@@ -44,7 +44,7 @@ from stare_agents.train.checkpoint import (
     prune_checkpoints,
     save_checkpoint,
 )
-from stare_agents.train.config import TrainConfig, save_config
+from stare_agents.train.config import TrainConfig, check_run, save_config
 from stare_agents.train.learner import LEARNER_METRICS, Learner
 from stare_agents.trajectory import Trajectory, collate, learning_trajectories
 
@@ -266,8 +266,10 @@ class Trainer:
         from stare_agents.sandbox import check_backend
 
         config = self.config
+        check_run(config, compare=compare)  # the environment, its kwargs, sft.data and --compare: before any work
         check_backend(config.rollout.sandbox, **config.rollout.sandbox_kwargs)  # no usable sandbox: stop now
         self.benchmarks()  # eval.benchmarks that cannot load (a Hugging Face id offline) stop the run now
+        self.check_heldout()  # a held-out evaluation that would draw training problems stops the run now
         started = time.perf_counter()
         base_dir = prepare_model(config.model.name)
         self._timed("prepare_model", time.perf_counter() - started)
@@ -327,6 +329,7 @@ class Trainer:
             num_cpus=c.rollout.num_cpus_per_worker,
             num_gpus=c.rollout.num_gpus_per_worker,
             imports=list(c.env.imports),
+            engine_kwargs=c.rollout.vllm_kwargs() if c.rollout.engine == "vllm" else {},
         )
         started = time.perf_counter()
         workers = RolloutWorkerGroup(spec, c.rollout.workers, use_ray=c.rollout.use_ray)
@@ -371,12 +374,28 @@ class Trainer:
             from stare_agents.envs.registration import split_kwargs
             from stare_agents.envs.tasks import unique_tasks
 
-            env = gym.make(c.env.id, **split_kwargs(c.env.id, dict(c.env.kwargs), "heldout"))
+            env = gym.make(c.env.id, **split_kwargs(c.env.id, c.env.make_kwargs(), "heldout"))
             try:
                 self._heldout = unique_tasks(env, needed, first_seed=c.env.eval_seed)
             finally:
                 env.close()
         return self._heldout[:count]
+
+    def check_heldout(self) -> None:
+        """The held-out tasks can be drawn and are not training tasks: an environment with a `split` gets
+        "train" for training and "heldout" here (its own choice: a dataset environment without a held-out
+        part refuses); `env.kwargs.split` would make both the same, so it is refused."""
+        from stare_agents.envs.registration import split_kwargs
+
+        c = self.config
+        if "split" in c.env.kwargs and "split" in split_kwargs(c.env.id, {}, "train"):
+            raise ValueError(
+                f"env.kwargs.split = {c.env.kwargs['split']!r}: the trainer draws training tasks from split "
+                "'train' and held-out ones from 'heldout', and a fixed split would evaluate on training "
+                "problems; remove env.kwargs.split"
+            )
+        if c.eval.num_tasks:
+            self.heldout_tasks(c.eval.num_tasks)
 
     def evaluate(self, num_tasks: int | None = None) -> dict[str, Any]:
         """Accuracy (and tool use) of the workers' current weights on the first `num_tasks` held-out tasks;
@@ -388,7 +407,7 @@ class Trainer:
             RolloutTask(
                 c.env.id,
                 options={**task.data, "problem": task.problem, "answer": task.answer, "id": task.id},
-                env_kwargs=dict(c.env.kwargs),
+                env_kwargs=c.env.make_kwargs(),
                 group_id=task.id,
                 sample_index=j,
             )
@@ -407,6 +426,10 @@ class Trainer:
         return {**summarize(trajectories, seconds), "tasks": len(heldout), "per_task": per_task}
 
     def _record_accuracy(self, point: str, step: int | None = None, num_tasks: int | None = None) -> dict:
+        if not self.config.eval.num_tasks:  # eval.num_tasks=0: benchmarks only (eval.benchmarks)
+            self.progress.setdefault("accuracy", {})[point] = None
+            self._save_progress()
+            return {}
         result = self.evaluate(num_tasks)
         score = accuracy_estimate(result["per_task"], self.config.eval.bootstrap)
         logger.info("accuracy (%s): %s on %d held-out tasks", point, score.format(), result["tasks"])
@@ -515,7 +538,7 @@ class Trainer:
 
         c = self.config
         with make_sandbox("none") as sandbox:
-            kwargs = split_kwargs(c.env.id, dict(c.env.kwargs), "train")
+            kwargs = split_kwargs(c.env.id, c.env.make_kwargs(), "train")
             env = make_env(RolloutTask(c.env.id, env_kwargs=kwargs), sandbox)
             try:
                 return str(getattr(env.unwrapped, "observation_format", "output_block"))
@@ -548,7 +571,7 @@ class Trainer:
                     seeds,
                     tokenizer,
                     eos_ids,
-                    env_kwargs=split_kwargs(c.env.id, dict(c.env.kwargs), "train"),
+                    env_kwargs=split_kwargs(c.env.id, c.env.make_kwargs(), "train"),
                     sandbox=sandbox,
                     rendering=c.rollout.rendering,
                 )
@@ -598,7 +621,7 @@ class Trainer:
             RolloutTask(
                 c.env.id,
                 seed=first + i,
-                env_kwargs=split_kwargs(c.env.id, dict(c.env.kwargs), "train"),
+                env_kwargs=split_kwargs(c.env.id, c.env.make_kwargs(), "train"),
                 group_id=f"{first + i}",
                 sample_index=j,
             )
@@ -658,7 +681,12 @@ class Trainer:
         try:
             for step in range(start, c.rl.steps):
                 record = self.rl_step(step, learner, algorithm, rollout_config)
-                if c.eval.every and (step + 1) % c.eval.every == 0 and step + 1 < c.rl.steps:
+                if (
+                    c.eval.num_tasks
+                    and c.eval.every
+                    and (step + 1) % c.eval.every == 0
+                    and step + 1 < c.rl.steps
+                ):
                     score = accuracy_estimate(
                         self.evaluate(c.eval.every_num_tasks)["per_task"], c.eval.bootstrap
                     )

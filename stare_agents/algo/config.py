@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Literal, get_args
 
 from stare_agents.algo.advantages import ONE_MEMBER_GROUPS, EntrocraftSwitch
 from stare_agents.algo.losses import PolicyLossConfig
@@ -73,6 +74,11 @@ def _with(base, name: str, **changes) -> AlgorithmConfig:
     return replace(base(), name=name, **changes)
 
 
+AlgorithmName = Literal[
+    "stare", "stare-c2", "grpo", "grpo-ds", "dapo", "entropy-bonus", "clip-cov", "kl-cov", "entrocraft"
+]
+ALGORITHMS: tuple[str, ...] = get_args(AlgorithmName)  # the presets' names (rl.algorithm, --compare)
+
 PRESETS = {
     "grpo": _grpo,
     "grpo-ds": _grpo_ds,
@@ -84,3 +90,4 @@ PRESETS = {
     "kl-cov": lambda: _with(_grpo_ds, "kl-cov", loss=PolicyLossConfig(cov_mode="kl-cov")),
     "entrocraft": lambda: _with(_grpo_ds, "entrocraft", entrocraft=EntrocraftSwitch()),
 }
+assert set(PRESETS) == set(ALGORITHMS), "AlgorithmName and PRESETS name the same presets"

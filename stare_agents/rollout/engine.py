@@ -19,15 +19,17 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, get_args, runtime_checkable
 
 import torch
 
 FinishReason = Literal["stop", "eos", "length", "abort"]
 FINISH_REASONS: tuple[str, ...] = ("stop", "eos", "length", "abort")
-ENGINES: tuple[str, ...] = ("vllm", "hf")
+EngineName = Literal["vllm", "hf"]
+ENGINES: tuple[str, ...] = get_args(EngineName)
 # "auto": the checkpoint's; "fast": bfloat16 where this host computes it fast, else float32 (stare_agents.hardware)
-DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "fast")
+Dtype = Literal["auto", "float32", "bfloat16", "fast"]
+DTYPES: tuple[str, ...] = get_args(Dtype)
 
 
 @dataclass(frozen=True)

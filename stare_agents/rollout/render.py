@@ -28,12 +28,12 @@ import hashlib
 import logging
 import secrets
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 logger = logging.getLogger("stare_agents.rollout")
 
-RENDERINGS: tuple[str, ...] = ("auto", "chat", "inline")
 Rendering = Literal["auto", "chat", "inline"]
+RENDERINGS: tuple[str, ...] = get_args(Rendering)
 
 
 class TemplateError(RuntimeError):

@@ -116,8 +116,10 @@ class VLLMEngine:
         seed: the engine's seed, for requests without a seed of their own.
         max_model_len: the context window (prompt + response) the engine reserves for.
         kv_cache_gib: CPU only: GiB of KV cache (`VLLM_CPU_KVCACHE_SPACE`).
-        gpu_memory_utilization: GPU only: the share of GPU memory vLLM may take.
-        engine_kwargs: anything else for `vllm.LLM` (e.g. tensor_parallel_size on a GPU node).
+        gpu_memory_utilization: GPU only: the share of GPU memory vLLM may take (also read from engine_kwargs,
+            where the trainer puts `rollout.gpu_memory_utilization`; left out on CPUs).
+        engine_kwargs: anything else for `vllm.LLM` (the trainer's `rollout.tensor_parallel_size`,
+            `rollout.max_num_seqs`, `rollout.engine_kwargs`); they take precedence over the engine's own.
         multiprocess: run vLLM's engine core in its own process (default: yes on GPUs, no on CPUs, or what
             VLLM_ENABLE_V1_MULTIPROCESSING says). Its work then no longer shares this process's GIL with the
             environments' threads; weight updates go through a safetensors file in /dev/shm.
@@ -154,11 +156,13 @@ class VLLMEngine:
             # rollout log-probs are those of the distribution the token was sampled from (after temperature)
             "logprobs_mode": "processed_logprobs",
         }
+        extra = dict(engine_kwargs or {})
+        gpu_memory_utilization = extra.pop("gpu_memory_utilization", gpu_memory_utilization)
         if gpu:
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
         else:
             kwargs.update(enforce_eager=True, distributed_executor_backend="uni")
-        kwargs.update(engine_kwargs or {})
+        kwargs.update(extra)
         started = time.perf_counter()
         threads = torch.get_num_threads()
         before = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")

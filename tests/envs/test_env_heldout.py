@@ -174,13 +174,12 @@ def test_loop_kind_solvers_are_right_through_the_docker_sandbox_and_hostile_answ
     docker_sandbox,
 ) -> None:
     from stare_agents.envs.arithmetic import LOOP_KINDS
-    from stare_agents.train.traces import arithmetic_solution
 
     for kind in LOOP_KINDS:
         env = gym.make(ENV, kinds=(kind,), sandbox=docker_sandbox, stateless=True)
         env.reset(seed=5)
         task = env.unwrapped.task
-        observation, *_ = env.step(f"```python\n{arithmetic_solution(task)}\n```")
+        observation, *_ = env.step(f"```python\n{env.unwrapped.solution_code(task)}\n```")
         printed = observation[0]["content"].strip()
         assert printed == task.answer, (kind, printed)
         _, reward, terminated, _, info = env.step(f"So the answer is \\boxed{{{printed}}}.")

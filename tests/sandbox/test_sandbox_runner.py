@@ -20,6 +20,7 @@ import pytest
 from stare_agents.sandbox import STATUSES, LocalSandbox, SandboxError
 from stare_agents.sandbox.pool import MAX_TIMEOUT_S, check_timeout
 from stare_agents.sandbox.runner import (
+    DEFAULT_TIMEOUT_S,
     IO_URING,
     ChannelKey,
     _Violation,
@@ -29,6 +30,7 @@ from stare_agents.sandbox.runner import (
     encode_frame,
     syscall_filter,
 )
+from stare_agents.sandbox.runner import MAX_TIMEOUT_S as runner_max_timeout
 
 # ---------------------------------------------------------------------------------------- scratch wipe
 
@@ -210,17 +212,13 @@ def test_timeouts_are_checked_on_both_sides():
     for wrong in ("5", True, None, [5], 1j):
         with pytest.raises(TypeError, match="timeout_s must be a number of seconds"):
             check_timeout(wrong)
-    # the runner never trusts the value either: anything odd becomes its default of 10 s
+    # the runner never trusts the value either: anything odd becomes the one default, DEFAULT_TIMEOUT_S
     assert [bounded_timeout(v) for v in (2, 0.5, math.inf, math.nan, -1, "5", True, None)] == [
         2.0,
         0.5,
-        10.0,
-        10.0,
-        10.0,
-        10.0,
-        10.0,
-        10.0,
+        *[DEFAULT_TIMEOUT_S] * 6,
     ]
+    assert DEFAULT_TIMEOUT_S == 5.0 and runner_max_timeout == MAX_TIMEOUT_S  # one default, one cap
 
 
 # ------------------------------------------------------------------------ sessions through LocalSandbox

@@ -125,7 +125,7 @@ def test_dynamic_sampling_refills_from_the_next_prompts(tmp_path):
     rl.sampling_rounds batches of prompts (the data position moves on by all of them) and trains on nothing."""
     import coin_env  # noqa: F401
 
-    dynamic = ["rl.algorithm_overrides.dynamic_sampling=true", "rl.sampling_rounds=3", "rl.steps=2"]
+    dynamic = ["rl.dynamic_sampling=true", "rl.sampling_rounds=3", "rl.steps=2"]
     train(tiny(tmp_path / "none", *COIN, *dynamic, "rl.samples_per_prompt=1"))
     records = read_records(tmp_path / "none" / "metrics.jsonl", "rl")
     assert [
