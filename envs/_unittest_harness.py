@@ -19,9 +19,29 @@
   a child that misses one is killed and a fresh one serves the next test. Nothing the child does can delay
   the driver past its deadlines.
 
-The driver prints exactly one line: `<nonce>` + JSON `{"load_error": str|null, "outcomes": "PFT...",
-"errors": [str, ...]}`: one letter per test in order (P passed, F failed, T timed out) and the messages of
-the first MAX_ERRORS failures (the sandbox caps its output, so the report stays small). The host validates it.
+The report channel (issue 21). Every process in the container runs as the same user, so the child may
+signal the driver, and under gVisor it may open the driver's stdout through /proc/<pid>/fd (gVisor does not
+guard those entries of a non-dumpable process; it does guard /proc/<pid>/mem and ptrace). Three things keep
+the report out of its hands:
+
+1. **Sealed.** The host sends a fresh 32-byte key with each run; the report carries an HMAC-SHA256 of its
+   body under that key (`seal_report`). The key lives only in the host and in the driver's memory: not in
+   any command line, environment or file, and the driver is non-dumpable from its first line to its last
+   (under runc that closes its /proc entries, memory and ptrace; under gVisor its memory and ptrace). A
+   report the child makes up, or one it changes, fails the host's check.
+2. **Written when nothing of the submission is alive.** Before it reports, the driver kills every process
+   the submission may have started and checks, twice, that none is left: its own descendants (it is a child
+   subreaper where the kernel allows, so orphans stay its descendants), and in a container every process
+   outside the sandbox runner's session but itself (gVisor has no subreaper; a process cannot join another
+   session, so a double-forked `setsid` leaves none behind). So no process can read the report off the
+   pipe, race its write or replace it. If some survive within the time bound, the driver reports nothing
+   and the host scores the run as a harness violation (reward 0).
+3. **Checked.** The host takes exactly one line that starts with `REPORT_TAG`, checks its seal, then its
+   shape and count. Killing or stopping the driver leaves no report: reward 0, never a pass.
+
+The driver prints one line: `REPORT_TAG` + hex HMAC + " " + JSON `{"errors": [str, ...], "load_error":
+str|null, "outcomes": "PFT..."}`: one letter per test in order (P passed, F failed, T timed out) and the
+messages of the first MAX_ERRORS failures (the sandbox caps its output, so the report stays small).
 """
 
 from __future__ import annotations
@@ -29,6 +49,8 @@ from __future__ import annotations
 import base64
 import builtins
 import contextlib
+import hashlib
+import hmac
 import json
 import math
 import os
@@ -42,6 +64,19 @@ MAX_DEPTH = 64
 MAX_LINE_BYTES = 4 * 1024 * 1024  # a reply (a returned value) or request larger than this fails the test
 MAX_ERRORS = 5
 MAX_ERROR_CHARS = 200
+REPORT_TAG = "@@stare-unittest-report@@"
+SWEEP_BUDGET_S = 2.0  # ending the submission's processes before the report; past it, no report
+
+
+def report_mac(key: bytes, body: str) -> str:
+    """The seal of a report body under the run's key (hex HMAC-SHA256; the host checks it the same way)."""
+    return hmac.new(key, REPORT_TAG.encode() + body.encode(), hashlib.sha256).hexdigest()
+
+
+def seal_report(key: bytes, report: dict) -> str:
+    """The report line: tag, seal, body (ASCII JSON with sorted keys)."""
+    body = json.dumps(report, sort_keys=True, separators=(",", ":"))
+    return REPORT_TAG + report_mac(key, body) + " " + body
 
 
 class _Unencodable(Exception):
@@ -364,17 +399,115 @@ def _free_names(code):
     return names
 
 
-def _set_dumpable(value):
+def _prctl(option, value):
     try:
         import ctypes
 
-        ctypes.CDLL(None).prctl(4, value, 0, 0, 0)  # PR_SET_DUMPABLE
+        return ctypes.CDLL(None).prctl(option, value, 0, 0, 0) == 0
     except Exception:
+        return False
+
+
+PR_SET_DUMPABLE = 4
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def _stat(pid):
+    """(state, ppid, session) of a process from /proc, or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return fields[0], int(fields[1]), int(fields[3])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _has_live_threads(pid):
+    """Whether a process /proc shows as a zombie still runs threads (its main thread left with raw exit)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Threads:"):
+                    return int(line.split()[1]) > 1
+    except (OSError, ValueError, IndexError):
         pass
+    return False
+
+
+def _in_container():
+    """In a sandbox container the runner is PID 1, runs as this user and is this process's parent (a
+    local runner never is PID 1: there PID 1 is the host's init, and only descendants are swept)."""
+    try:
+        return os.getppid() == 1 and os.stat("/proc/1").st_uid == os.getuid()
+    except OSError:
+        return False
+
+
+def _submission_pids():
+    """Live processes the submission may have started: this process's descendants and, in a container,
+    every process outside the runner's session (PID 1's: the runner, its template and spare) but this one."""
+    me = os.getpid()
+    runner_session = os.getsid(1) if _in_container() else None
+    table = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in names:
+        if name.isdigit() and int(name) not in (1, me):
+            entry = _stat(int(name))
+            if entry is not None:
+                table[int(name)] = entry
+    found = []
+    for pid, (state, ppid, session) in table.items():
+        if state in ("Z", "X") and not _has_live_threads(pid):
+            continue  # a true zombie: nothing runs in it
+        outside = runner_session is not None and session != runner_session
+        ancestor, steps = ppid, 0
+        while ancestor not in (me, 0, 1) and ancestor in table and steps < 4096:
+            ancestor, steps = table[ancestor][1], steps + 1
+        if outside or ancestor == me:
+            found.append(pid)
+    return found
+
+
+def _reap():
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _end_submission_processes(budget_s=SWEEP_BUDGET_S):
+    """SIGKILL the submission's processes until two sweeps in a row find none; False if the budget ran out
+    first (a process can only be made by a live one, so an empty sweep after the kills means none is left)."""
+    until = time.monotonic() + budget_s
+    empty = 0
+    while time.monotonic() < until:
+        _reap()
+        pids = _submission_pids()
+        if not pids:
+            empty += 1
+            if empty == 2:
+                return True
+            continue
+        empty = 0
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, 9)
+        time.sleep(0.001)
+    return False
 
 
 def _driver(params):
-    _set_dumpable(0)  # the child (same user) cannot open /proc/<driver>/fd or read the driver's memory
+    # first of all, and never undone: the submission's processes (same user) cannot open this process's
+    # /proc entries (runc), read its memory or ptrace it (both), and orphans they leave stay its descendants
+    _prctl(PR_SET_DUMPABLE, 0)
+    _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    key = bytes.fromhex(params.pop("key"))
     driver = _Driver(params["source"], params["per_test_s"], params["budget_s"])
     outcomes, errors = [], []
     try:
@@ -386,9 +519,11 @@ def _driver(params):
         load_error = driver.load_failure[:MAX_ERROR_CHARS] if driver.load_failure else None
     finally:
         driver.drop_child()
-        _set_dumpable(1)
+    if not _end_submission_processes():
+        sys.stderr.write("harness: processes of the submission survived every kill; no report\n")
+        return
     report = {"load_error": load_error, "outcomes": "".join(outcomes), "errors": errors}
-    sys.stdout.write(params["nonce"] + json.dumps(report) + "\n")
+    sys.stdout.write(seal_report(key, report) + "\n")
     sys.stdout.flush()
 
 

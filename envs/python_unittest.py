@@ -5,8 +5,9 @@ the submission). The tests are graded out of the submission's reach (`envs/_unit
 fresh sandbox session a driver process evaluates each test (one `assert` statement) and a separate
 interpreter, which imports the submission as the module `solution`, answers the driver's calls to the
 submission's functions with plain data. The expected values, the comparisons and the verdicts never enter the
-submission's process, and the driver's report goes through the sandbox's stdout, which that process cannot
-write to; the host then checks the report's shape and count. A submission can influence only what its
+submission's process. The driver writes its report on the sandbox's stdout only once every process of the
+submission is gone, sealed with a key made for the run that the submission cannot read; the host checks the
+seal, then the report's shape and count. A submission can influence only what its
 functions return. Each test has its own deadline (`per_test_timeout_s`), enforced from outside the submission.
 
 Tasks come from a built-in set (`BUILTIN_TASKS`) or from a dataset whose rows carry "problem" (the
@@ -18,11 +19,13 @@ dict, set, frozenset; numpy values are converted). Put expected values in the te
 from __future__ import annotations
 
 import ast
+import hmac
 import json
 import secrets
 from pathlib import Path
 from typing import Any, ClassVar
 
+from stare_agents.envs._unittest_harness import REPORT_TAG, report_mac
 from stare_agents.envs.core import Score, TextEnv, load_prompt
 from stare_agents.envs.grading import charge_grading_clock
 from stare_agents.envs.parsing import PYTHON_LANGUAGES, python_blocks
@@ -228,13 +231,13 @@ class PythonUnitTestEnv(TextEnv):
         if not blocks:
             return Score(0.0, "no_answer", details={"tests_total": len(tests), "tests_passed": 0})
         source = blocks[-1]
-        nonce = f"@@stare-report-{secrets.token_hex(16)}@@"
+        key = secrets.token_bytes(32)  # seals the report; only the host and the driver's memory hold it
         params = {
             "source": source,
             "tests": tests,
             "per_test_s": self.per_test_timeout_s,
             "budget_s": max(self.per_test_timeout_s, self.tool_timeout_s - 1.0),
-            "nonce": nonce,
+            "key": key.hex(),
         }
         code = (
             f"{HARNESS_SOURCE}\n_SOURCE = {HARNESS_SOURCE!r}\n"
@@ -243,7 +246,7 @@ class PythonUnitTestEnv(TextEnv):
         with self.sandbox.session(stateless=True) as session:
             result = session.run(code, timeout_s=self.tool_timeout_s)
         charge_grading_clock(result.duration_s, timed_out=result.status == "timeout")
-        report, violation = _read_report(result.stdout, nonce, len(tests))
+        report, violation = _read_report(result.stdout, key, len(tests))
         self.stats.count_call("error" if violation is not None and result.status == "ok" else result.status)
         details: dict[str, Any] = {"tests_total": len(tests), "tests_passed": 0, "status": result.status}
         if report is None:
@@ -261,17 +264,21 @@ class PythonUnitTestEnv(TextEnv):
         return Score(reward, reason, passed == len(tests), source, details)
 
 
-def _read_report(stdout: str, nonce: str, count: int) -> tuple[dict[str, Any] | None, str | None]:
+def _read_report(stdout: str, key: bytes, count: int) -> tuple[dict[str, Any] | None, str | None]:
     """The driver's report, validated: (report, None), or (None, what was wrong).
 
-    A report is `{"load_error": str | null, "outcomes": str, "errors": [str, ...]}`: one letter per test
+    The one line that starts with REPORT_TAG, then the seal (HMAC-SHA256 of the body under the run's `key`),
+    then the body: `{"errors": [str, ...], "load_error": str | null, "outcomes": str}`, one letter per test
     (P passed, F failed, T timed out) and the messages of the first few failures.
     """
-    lines = [line for line in stdout.splitlines() if line.startswith(nonce)]
+    lines = [line for line in stdout.splitlines() if line.startswith(REPORT_TAG)]
     if len(lines) != 1:
         return None, f"expected one report line, found {len(lines)}"
+    mac, _, body = lines[0][len(REPORT_TAG) :].partition(" ")
+    if not hmac.compare_digest(mac.encode(), report_mac(key, body).encode()):
+        return None, "the report's seal does not match the run's key"
     try:
-        report = json.loads(lines[0][len(nonce) :])
+        report = json.loads(body)
     except (ValueError, RecursionError):
         return None, "the report is not valid JSON"
     if not isinstance(report, dict) or set(report) != {"load_error", "outcomes", "errors"}:

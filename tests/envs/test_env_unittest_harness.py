@@ -10,6 +10,7 @@ import gymnasium as gym
 import pytest
 
 from stare_agents.envs import PythonUnitTestEnv, Score, Task, TextEnv
+from stare_agents.envs._unittest_harness import REPORT_TAG, report_mac, seal_report
 from stare_agents.envs.python_unittest import _read_report
 
 FAKE_REPORT = '{"load_error": null, "outcomes": "PPPPP", "errors": []}'
@@ -151,28 +152,40 @@ def test_plain_data_crosses_both_ways(sandbox) -> None:
     assert reward == 1.0, info["score_details"]
 
 
+KEY = bytes(range(32))
+
+
+def sealed(body: str, key: bytes = KEY) -> str:
+    return REPORT_TAG + report_mac(key, body) + " " + body
+
+
 @pytest.mark.parametrize(
     ("stdout", "violation"),
     [
         ("", "found 0"),
-        ("@@N@@" + FAKE_REPORT + "\n@@N@@" + FAKE_REPORT, "found 2"),
-        ("@@N@@{oops", "not valid JSON"),
-        ("@@N@@" + "[" * 100_000 + "]" * 100_000, "not valid JSON|exactly"),
-        ('@@N@@{"load_error": null, "outcomes": "PPPPPPPPPPPPPPPP", "errors": []}', "5 letters"),
-        ('@@N@@{"load_error": null, "outcomes": "PPPPX", "errors": []}', "5 letters"),
-        ('@@N@@{"load_error": null, "outcomes": "PPPPP", "errors": [1]}', "errors"),
-        ('@@N@@{"load_error": 7, "outcomes": "PPPPP", "errors": []}', "load_error"),
-        ('@@N@@{"load_error": null, "outcomes": "PPPPP", "errors": [], "bonus": 10}', "exactly"),
+        (sealed(FAKE_REPORT) + "\n" + sealed(FAKE_REPORT), "found 2"),
+        (REPORT_TAG + "0" * 64 + " " + FAKE_REPORT, "seal does not match"),
+        (REPORT_TAG + FAKE_REPORT, "seal does not match"),
+        (sealed(FAKE_REPORT, key=bytes(32)), "seal does not match"),  # sealed with another run's key
+        (sealed(FAKE_REPORT).replace("PPPPP", "PPPPP "), "seal does not match"),  # body changed after sealing
+        (sealed("{oops"), "not valid JSON"),
+        (sealed("[" * 100_000 + "]" * 100_000), "not valid JSON|exactly"),
+        (sealed('{"load_error": null, "outcomes": "PPPPPPPPPPPPPPPP", "errors": []}'), "5 letters"),
+        (sealed('{"load_error": null, "outcomes": "PPPPX", "errors": []}'), "5 letters"),
+        (sealed('{"load_error": null, "outcomes": "PPPPP", "errors": [1]}'), "errors"),
+        (sealed('{"load_error": 7, "outcomes": "PPPPP", "errors": []}'), "load_error"),
+        (sealed('{"load_error": null, "outcomes": "PPPPP", "errors": [], "bonus": 10}'), "exactly"),
     ],
 )
 def test_malformed_reports_are_violations(stdout: str, violation: str) -> None:
-    report, why = _read_report(stdout, "@@N@@", 5)
+    report, why = _read_report(stdout, KEY, 5)
     assert report is None and why is not None
     assert re.search(violation, why)
 
 
 def test_a_valid_report_is_read() -> None:
-    report, why = _read_report("noise\n@@N@@" + FAKE_REPORT.replace("PPPPP", "PFTPP") + "\nmore", "@@N@@", 5)
+    line = seal_report(KEY, {"load_error": None, "outcomes": "PFTPP", "errors": []})
+    report, why = _read_report("noise\n" + line + "\nmore", KEY, 5)
     assert why is None and report["outcomes"] == "PFTPP"
 
 
