@@ -3,10 +3,19 @@
 Both read tasks from a dataset (`dataset=` a .jsonl/.parquet path or a Hugging Face id; rows need a problem
 and a reference answer) and grade the last `\\boxed{}` with math-verify. Without a dataset they use a small
 built-in demo set (and say so once), so `gymnasium.make("stare_agents/MathTIR-v0")` works offline.
+
+**Splits.** A training run draws its tasks with `split="train"` and its held-out accuracy with
+`split="heldout"` (the trainer passes them), and the two never share a problem: the held-out part is
+`heldout_dataset` (its problems are then left out of training), or the `heldout_fraction` of the dataset's
+rows chosen by a hash of each problem's text (the same on every machine). A dataset with neither has no
+held-out part, and `split="heldout"` is an error instead of an evaluation on training problems.
+`split=None` (the default) is the whole dataset, for direct use and for the eval harness, which pins each
+problem. The Hugging Face split of a dataset id is `hf_split`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from typing import Any, ClassVar, Literal
 
@@ -74,6 +83,82 @@ DEMO_MATH_ROWS: list[dict[str, str]] = [
 _warned_demo: set[str] = set()
 
 
+Split = Literal["train", "heldout"]
+SPLITS: tuple[str, ...] = ("train", "heldout")
+
+
+def _problem_key(problem: str) -> str:
+    return " ".join(problem.split())
+
+
+def in_heldout_fraction(problem: str, fraction: float) -> bool:
+    """Whether `problem` falls in the held-out `fraction` of a dataset (a hash of its text, whitespace
+    collapsed, so a problem repeated in the dataset is always on one side)."""
+    digest = hashlib.sha256(f"stare-agents/math-heldout/{_problem_key(problem)}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < fraction
+
+
+def split_tasks(
+    env_name: str,
+    dataset: Any,
+    *,
+    split: Split | None,
+    heldout_fraction: float = 0.0,
+    heldout_dataset: Any = None,
+    fields: Any = None,
+    hf_split: str = "train",
+) -> TaskDataset:
+    """The tasks of `split` (see the module docstring): None all of `dataset`, "train" the rows outside the
+    held-out part, "heldout" the held-out part (an error when there is none)."""
+    if split not in (None, *SPLITS):
+        raise ValueError(
+            f"{env_name}: split must be 'train', 'heldout' or None (the whole dataset), got {split!r}; the "
+            "split of a Hugging Face dataset id is hf_split"
+        )
+    if isinstance(heldout_fraction, bool) or not 0.0 <= heldout_fraction < 1.0:
+        raise ValueError(f"{env_name}: heldout_fraction must be in [0, 1), got {heldout_fraction!r}")
+    if heldout_dataset is not None and heldout_fraction:
+        raise ValueError(
+            f"{env_name}: give heldout_dataset or heldout_fraction, not both (got {heldout_fraction})"
+        )
+
+    def load(source: Any) -> TaskDataset:
+        if isinstance(source, TaskDataset):
+            return source
+        return TaskDataset(source, fields=fields, split=hf_split)
+
+    tasks = load(_dataset_or_demo(env_name, dataset))
+    if split is None:
+        return tasks
+    if heldout_dataset is not None:
+        heldout = load(heldout_dataset)
+        if split == "heldout":
+            return heldout
+        held: set[str] = set()
+
+        def not_held_out(task: Task) -> bool:
+            if not held:
+                held.update(_problem_key(t.problem) for t in heldout)
+            return _problem_key(task.problem) not in held
+
+        return tasks.where(not_held_out, name=f"{tasks.name!s} without {heldout.name!s}")
+    if heldout_fraction > 0:
+        inside = split == "heldout"
+        return tasks.where(
+            lambda task: in_heldout_fraction(task.problem, heldout_fraction) == inside,
+            name=f"{tasks.name!s} ({split}, heldout_fraction={heldout_fraction})",
+        )
+    if split == "heldout":
+        raise ValueError(
+            f"{env_name}(split='heldout'): the dataset {tasks.name!s} has no held-out part, so a held-out "
+            "evaluation would draw training problems. Set heldout_fraction (env.kwargs.heldout_fraction=0.02: "
+            "that share of the rows, chosen by a hash of the problem text, is never trained on) or "
+            "heldout_dataset=<file or id> (its problems are never trained on), or set eval.num_tasks=0 and "
+            "evaluate on benchmarks only (eval.benchmarks)"
+        )
+    return tasks
+
+
 def _dataset_or_demo(env_name: str, dataset: Any) -> Any:
     if dataset is not None:
         return dataset
@@ -100,13 +185,32 @@ class MathTIREnv(ToolEnv):
 
     default_max_turns: ClassVar[int] = 4
 
-    def __init__(self, *, dataset: Any = None, prompt_template: str | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        dataset: Any = None,
+        split: Split | None = None,
+        heldout_fraction: float = 0.0,
+        heldout_dataset: Any = None,
+        hf_split: str = "train",
+        fields: Any = None,
+        prompt_template: str | None = None,
+        **kwargs: Any,
+    ) -> None:
         if prompt_template is None:
             hermes = kwargs.get("tool_format") == "hermes"
             prompt_template = load_prompt("math_tir_hermes" if hermes else "math_tir")
-        super().__init__(
-            dataset=_dataset_or_demo("MathTIR-v0", dataset), prompt_template=prompt_template, **kwargs
+        tasks = split_tasks(
+            "MathTIR-v0",
+            dataset,
+            split=split,
+            heldout_fraction=heldout_fraction,
+            heldout_dataset=heldout_dataset,
+            fields=fields,
+            hf_split=hf_split,
         )
+        self.split = split
+        super().__init__(dataset=tasks, prompt_template=prompt_template, **kwargs)
 
 
 class MathCoTEnv(TextEnv):
@@ -117,6 +221,11 @@ class MathCoTEnv(TextEnv):
         self,
         *,
         dataset: Any = None,
+        split: Split | None = None,
+        heldout_fraction: float = 0.0,
+        heldout_dataset: Any = None,
+        hf_split: str = "train",
+        fields: Any = None,
         cot: Literal["short", "long"] = "short",
         prompt_template: str | None = None,
         max_response_tokens: int | None = None,
@@ -125,8 +234,18 @@ class MathCoTEnv(TextEnv):
         if cot not in ("short", "long"):
             raise ValueError(f"cot must be 'short' or 'long', got {cot!r}")
         self.cot = cot
+        self.split = split
+        tasks = split_tasks(
+            "MathCoT-v0",
+            dataset,
+            split=split,
+            heldout_fraction=heldout_fraction,
+            heldout_dataset=heldout_dataset,
+            fields=fields,
+            hf_split=hf_split,
+        )
         super().__init__(
-            dataset=_dataset_or_demo("MathCoT-v0", dataset),
+            dataset=tasks,
             prompt_template=prompt_template or load_prompt(f"math_cot_{cot}"),
             max_response_tokens=max_response_tokens or (4096 if cot == "short" else 16384),
             max_turns=1,
@@ -134,4 +253,4 @@ class MathCoTEnv(TextEnv):
         )
 
 
-__all__ = ["DEMO_MATH_ROWS", "MathCoTEnv", "MathTIREnv", "Task"]
+__all__ = ["DEMO_MATH_ROWS", "MathCoTEnv", "MathTIREnv", "Task", "in_heldout_fraction", "split_tasks"]

@@ -74,6 +74,17 @@ class TaskDataset(Sequence[Task]):
         self.limit = limit
         self.name = source if isinstance(source, str | Path) else "rows"
         self._tasks: list[Task] | None = None
+        self._keep: Callable[[Task], bool] | None = None
+
+    def where(self, keep: Callable[[Task], bool], name: str | None = None) -> TaskDataset:
+        """The tasks for which `keep(task)` is true, as a dataset (loaded when first used, like this one)."""
+        subset = TaskDataset.__new__(TaskDataset)
+        subset.__dict__.update(self.__dict__)
+        previous = self._keep
+        subset._keep = keep if previous is None else (lambda task: previous(task) and keep(task))
+        subset._tasks = None if self._tasks is None else [task for task in self._tasks if keep(task)]
+        subset.name = name or f"{self.name!s} (subset)"
+        return subset
 
     # -- Sequence -------------------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -103,7 +114,8 @@ class TaskDataset(Sequence[Task]):
             rows = load_rows(self.source, split=self.split, config=self.config)
             if self.limit is not None:
                 rows = rows[: self.limit]
-            self._tasks = [self._to_task(row, index) for index, row in enumerate(rows)]
+            tasks = [self._to_task(row, index) for index, row in enumerate(rows)]
+            self._tasks = tasks if self._keep is None else [task for task in tasks if self._keep(task)]
         return self._tasks
 
     def _to_task(self, row: Mapping[str, Any], index: int) -> Task:

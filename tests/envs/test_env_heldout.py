@@ -97,7 +97,8 @@ def test_unique_tasks_skips_repeated_problems_and_refuses_a_space_too_small() ->
 def test_split_kwargs_only_for_environments_that_take_a_split() -> None:
     assert split_kwargs(ENV, {"digits": 4}, "heldout") == {"digits": 4, "split": "heldout"}
     assert split_kwargs(ENV, {"split": "train"}, "heldout") == {"split": "train"}  # an explicit choice stays
-    assert split_kwargs("stare_agents/MathTIR-v0", {}, "heldout") == {}
+    assert split_kwargs("stare_agents/MathTIR-v0", {}, "heldout") == {"split": "heldout"}  # dataset splits
+    assert split_kwargs("stare_agents/PythonUnitTest-v0", {}, "heldout") == {}
 
 
 def test_answers_are_exact_for_hand_computed_tasks() -> None:

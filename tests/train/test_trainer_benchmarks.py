@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import gymnasium as gym
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -15,7 +16,7 @@ from stare_agents.eval.report import read_samples
 from stare_agents.records import read_records
 from stare_agents.train.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
 from stare_agents.train.config import load_config
-from stare_agents.train.trainer import train
+from stare_agents.train.trainer import Trainer, train
 
 # a benchmark in the harness's file format, in the default job's task family (the "arith" protocol)
 ROWS = [
@@ -45,9 +46,14 @@ def tiny(out: Path, *extra: str):
 def test_a_tiny_run_evaluates_its_benchmarks_every_n_steps_and_at_the_end(tmp_path):
     bench = benchmark_file(tmp_path)
     entry = json.dumps({"benchmark": str(bench), "protocol": "arith", "k": 2, **SHORT})
-    config = tiny(tmp_path / "run", "rl.steps=3", "eval.every=2", f"eval.benchmarks=[{entry}]")
+    config = tiny(
+        tmp_path / "run", "rl.steps=3", "eval.every=2", f"eval.benchmarks=[{entry}]", "eval.num_tasks=0"
+    )
     summary = train(config)
     folder = tmp_path / "run"
+    # eval.num_tasks=0: no held-out tasks of the environment, the benchmarks only
+    assert summary["accuracy"] == {"base": None, "rl": None} and summary["rl_gain"] is None
+    assert read_records(folder / "metrics.jsonl", "eval") == []
 
     records = read_records(folder / "metrics.jsonl", "rl")
     assert [r["step"] for r in records] == [0, 1, 2]
@@ -163,3 +169,34 @@ def test_benchmark_names_resolve_in_eval_data_dir(tmp_path):
     assert config.eval.benchmarks[0].benchmark == "aime24" and config.eval.benchmarks[0].k == 1
     with pytest.raises(ValueError, match=r"eval.benchmarks\[0\].benchmark = 'aime25': .*does not exist"):
         load_config(recipe="tiny", overrides=[f"eval.data_dir={data}", "eval.benchmarks=[aime25]"])
+
+
+def test_dataset_environments_are_never_evaluated_on_their_training_problems(tmp_path):
+    data = tmp_path / "train.jsonl"
+    rows = [{"id": f"p{i}", "problem": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(40)]
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    env_id = "stare_agents/MathCoT-v0"
+    trainer = Trainer(
+        tiny(tmp_path / "a", f"env.id={env_id}", f"env.kwargs={{dataset: {data}, heldout_fraction: 0.25}}")
+    )
+    trainer.check_heldout()
+    heldout = {task.problem for task in trainer.heldout_tasks(4)}
+    assert len(heldout) == 4
+    training = trainer.training_tasks(0)[0]
+    assert training.env_kwargs["split"] == "train"
+    env = gym.make(env_id, **training.env_kwargs)
+    drawn = set()
+    for seed in range(100):
+        env.reset(seed=seed)
+        drawn.add(env.unwrapped.task.problem)
+    env.close()
+    assert len(drawn) > 10 and not drawn & heldout
+
+    # no held-out part: refused before any work, instead of evaluating on training problems
+    trainer = Trainer(tiny(tmp_path / "b", f"env.id={env_id}", f"env.kwargs={{dataset: {data}}}"))
+    with pytest.raises(ValueError, match="no held-out part"):
+        trainer.check_heldout()
+    # a split fixed in env.kwargs would make training and held-out tasks the same
+    fixed = f"env.kwargs={{dataset: {data}, heldout_fraction: 0.25, split: train}}"
+    with pytest.raises(ValueError, match=r"env\.kwargs\.split = 'train'"):
+        Trainer(tiny(tmp_path / "c", f"env.id={env_id}", fixed)).check_heldout()
