@@ -25,30 +25,42 @@ def list_envs() -> None:
 
 @app.command("check")
 def check(
-    env_id: str = typer.Argument(..., help="a registered id, e.g. stare_agents/MathTIR-v0"),
+    env_id: str = typer.Argument(
+        ..., help="a registered id (stare_agents/MathTIR-v0), yours after --import, or module:Name-v0"
+    ),
     backend: str = typer.Option(
         "docker", help="sandbox for tool environments: docker, or local (needs STARE_ALLOW_LOCAL_SANDBOX=1)"
     ),
     seed: int = typer.Option(0, help="seed for the determinism checks"),
+    imports: list[str] = typer.Option(
+        [], "--import", help="a module that registers your environments (repeatable)"
+    ),
+    env_kwargs: str = typer.Option("{}", "--env-kwargs", help="JSON keyword arguments for the environment"),
 ) -> None:
-    """Run check_env on an environment (made with its defaults) and report the result."""
+    """Run check_env on an environment (made with its defaults, or --env-kwargs) and report the result."""
+
     import gymnasium as gym
 
-    import stare_agents.envs  # noqa: F401  (registers the ids)
     from stare_agents.envs.checker import EnvCheckError, check_env
+    from stare_agents.envs.registration import accepted_kwargs, env_class, resolve_env_id, unknown_kwargs
 
     try:
-        spec = gym.spec(env_id)
-    except gym.error.Error as error:
-        console.print(f"[red]unknown environment {env_id!r}[/red]: {error}")
+        env_id = resolve_env_id(env_id, imports)
+    except ValueError as error:
+        console.print(f"[red]unknown environment[/red]: {error}", soft_wrap=True)
         raise typer.Exit(2) from error
-    env_class = spec.entry_point if not isinstance(spec.entry_point, str) else None
-    if env_class is None:
-        module, _, name = spec.entry_point.partition(":")
-        env_class = getattr(__import__(module, fromlist=[name]), name)
+    kwargs = _json_object(env_kwargs)
+    unknown = unknown_kwargs(env_id, kwargs)
+    if unknown:
+        allowed = sorted((accepted_kwargs(env_id) or set()) - {"sandbox", "tools"})
+        console.print(
+            f"[red]--env-kwargs[/red]: {env_id} takes no keyword {unknown[0]!r} (value "
+            f"{kwargs[unknown[0]]!r}); allowed: {allowed}",
+            soft_wrap=True,
+        )
+        raise typer.Exit(2)
     sandbox = None
-    kwargs = {}
-    if getattr(env_class, "uses_sandbox", False):
+    if getattr(env_class(env_id), "uses_sandbox", False) and "sandbox" not in kwargs:
         from stare_agents.sandbox import make_sandbox
 
         sandbox = make_sandbox(backend, pool_size=2)  # type: ignore[arg-type]
@@ -58,12 +70,24 @@ def check(
         env = gym.make(env_id, **kwargs)
         check_env(env, seed=seed)
     except EnvCheckError as error:
-        console.print(f"[red]FAILED[/red] {env_id}: {error}")
+        console.print(f"[red]FAILED[/red] {env_id}: {error}", soft_wrap=True)
         raise typer.Exit(1) from error
     finally:
         if sandbox is not None:
             sandbox.close()
     console.print(f"[green]ok[/green] {env_id} passed check_env in {time.perf_counter() - started:.2f} s")
+
+
+def _json_object(text: str) -> dict:
+    import json
+
+    try:
+        value = json.loads(text)
+    except ValueError as error:
+        raise typer.BadParameter(f"not JSON: {error}", param_hint="--env-kwargs") from error
+    if not isinstance(value, dict):
+        raise typer.BadParameter(f"expected a JSON object, got {text!r}", param_hint="--env-kwargs")
+    return value
 
 
 @app.command("export")

@@ -35,8 +35,11 @@ Everything else (turn limits, tool-call parsing, observation formatting and trun
 
 from __future__ import annotations
 
+import ctypes
+import json
 import logging
 import math
+import multiprocessing
 import string
 import sys
 from collections.abc import Mapping, Sequence
@@ -48,6 +51,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 from gymnasium.envs.registration import EnvSpec
+from gymnasium.vector.utils import create_shared_memory, read_from_shared_memory, write_to_shared_memory
 from gymnasium.wrappers import TimeLimit
 
 from stare_agents.envs.grading import MathGrader, _last_box, default_grader, grading_clock
@@ -76,6 +80,7 @@ logger = logging.getLogger("stare_agents.envs")
 PROMPTS_DIR = Path(__file__).with_name("prompts")
 MAX_ACTION_CHARS = 16 * 1024 * 1024
 MAX_MESSAGE_CHARS = 16 * 1024 * 1024
+SHARED_MEMORY_BYTES = 1024 * 1024  # MessagesSpace: shared memory per environment of an async vector env
 MAX_TOOL_CALLS_PER_TURN = 1024
 VoidTurnPolicy = Literal["end", "continue"]
 
@@ -156,6 +161,12 @@ class MessagesSpace(gym.Space[list[Message]]):
 
     Not composed from `spaces.Sequence(spaces.Dict(...))` because `Sequence` holds tuples, not lists, and
     `Dict` would insist on Text's charset; this space states the same shape directly.
+
+    Vector environments: `gymnasium.make_vec(id, num_envs=N, vectorization_mode="async")` passes observations
+    through shared memory (Gymnasium's default), `shared_memory_bytes` per environment holding the messages as
+    UTF-8 JSON; an observation that does not fit is an error that says so (raise the limit, or pass
+    `vector_kwargs={"shared_memory": False}`). The batched observation is a tuple of message lists
+    (`SharedMessages`, a live view of the shared memory, when the vector environment does not copy).
     """
 
     def __init__(
@@ -163,10 +174,14 @@ class MessagesSpace(gym.Space[list[Message]]):
         max_messages: int = 64,
         max_chars: int = MAX_MESSAGE_CHARS,
         seed: int | np.random.Generator | None = None,
+        shared_memory_bytes: int = SHARED_MEMORY_BYTES,
     ):
         super().__init__(shape=None, dtype=None, seed=seed)
         self.max_messages = max_messages
         self.max_chars = max_chars
+        if shared_memory_bytes < 64:
+            raise ValueError(f"shared_memory_bytes must be >= 64, got {shared_memory_bytes!r}")
+        self.shared_memory_bytes = shared_memory_bytes
         self._text = UnicodeText(max_length=64)
 
     @property
@@ -197,6 +212,60 @@ class MessagesSpace(gym.Space[list[Message]]):
             and other.max_messages == self.max_messages
             and other.max_chars == self.max_chars
         )
+
+
+# shared memory for AsyncVectorEnv: per environment, an 8-byte length, then the observation as UTF-8 JSON
+@create_shared_memory.register(MessagesSpace)
+def _create_messages_shared_memory(space: MessagesSpace, n: int = 1, ctx: Any = multiprocessing) -> Any:
+    return ctx.Array(ctypes.c_uint8, n * space.shared_memory_bytes)
+
+
+class SharedMessages(Sequence):
+    """The observations of an async vector environment's sub-environments, read from its shared memory when
+    indexed (a live view, as Gymnasium's arrays are); a copy (`copy=True`, the default) is a tuple of lists."""
+
+    def __init__(self, rows: np.ndarray) -> None:
+        self._rows = rows
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return tuple(self)[index]
+        row = self._rows[index]
+        length = int.from_bytes(row[:8].tobytes(), "little")
+        return json.loads(row[8 : 8 + length].tobytes()) if length else []  # 0: nothing written yet
+
+    def __deepcopy__(self, memo: dict) -> tuple[list[Message], ...]:
+        return tuple(self)
+
+    def __repr__(self) -> str:
+        return f"SharedMessages({list(self)!r})"
+
+
+@read_from_shared_memory.register(MessagesSpace)
+def _read_messages_from_shared_memory(space: MessagesSpace, shared_memory: Any, n: int = 1) -> SharedMessages:
+    return SharedMessages(
+        np.frombuffer(shared_memory.get_obj(), dtype=np.uint8).reshape(n, space.shared_memory_bytes)
+    )
+
+
+@write_to_shared_memory.register(MessagesSpace)
+def _write_messages_to_shared_memory(
+    space: MessagesSpace, index: int, value: list[Message], shared_memory: Any
+) -> None:
+    data = json.dumps(value, ensure_ascii=False).encode("utf-8")
+    size = space.shared_memory_bytes
+    if len(data) + 8 > size:
+        raise ValueError(
+            f"an observation of {len(data)} bytes (UTF-8 JSON) does not fit the {size - 8} bytes of shared memory "
+            "per environment: make the vector environment with vector_kwargs={'shared_memory': False}, or give "
+            "its MessagesSpace a larger shared_memory_bytes"
+        )
+    row = np.frombuffer(shared_memory.get_obj(), dtype=np.uint8, count=size, offset=index * size)
+    row[:8] = np.frombuffer(len(data).to_bytes(8, "little"), dtype=np.uint8)
+    row[8 : 8 + len(data)] = np.frombuffer(data, dtype=np.uint8)
 
 
 def _is_message(item: Any, max_chars: int) -> bool:

@@ -59,17 +59,27 @@ def train(
     compare: str | None = typer.Option(
         None, help="Also train this algorithm (e.g. grpo-ds) from the same SFT model and plot both."
     ),
+    imports: list[str] = typer.Option(
+        [], "--import", help="A module that registers your environments (repeatable; added to env.imports)."
+    ),
+    show_config: bool = typer.Option(
+        False,
+        "--show-config",
+        help="Print the resolved config (what the run folder's config.yaml holds) and exit.",
+    ),
 ) -> None:
     """Train: base accuracy -> SFT cold start -> accuracy -> RL (STARE by default) -> accuracy.
 
-    Extra arguments are key=value overrides, e.g. `rl.steps=4 rl.algorithm=grpo-ds sft.enabled=false`.
+    Extra arguments are key=value overrides, e.g. `rl.steps=4 rl.stare.w=1.2 sft.enabled=false`. The config
+    is checked before any work starts: types and word sets when it loads, then the environment (constructed
+    once with its kwargs), sft.data and --compare.
     """
     import logging
 
     from rich.console import Console
     from rich.table import Table
 
-    from stare_agents.train.config import load_config, recipe_names
+    from stare_agents.train.config import check_run, load_config, recipe_names
     from stare_agents.train.trainer import train as run_training
 
     if recipe is None and config is None:
@@ -81,6 +91,11 @@ def train(
         overrides.append(f"rl.steps={max_steps}")
     try:
         train_config = load_config(recipe=recipe, path=config, overrides=overrides)
+        train_config.env.imports = list(dict.fromkeys([*train_config.env.imports, *imports]))
+        if show_config:
+            typer.echo(train_config.to_yaml(), nl=False)
+            return
+        check_run(train_config, compare=compare)
     except (ValueError, FileNotFoundError) as error:
         typer.secho(f"{error}\nrecipes: {recipe_names()}", fg="red", err=True)
         raise typer.Exit(2) from error
@@ -172,14 +187,20 @@ def rollout(
     env_kwargs: str = typer.Option(
         "{}", "--env-kwargs", help="JSON object of keyword arguments for the env."
     ),
+    imports: list[str] = typer.Option(
+        [], "--import", help="A module that registers your environments (repeatable), also in every worker."
+    ),
 ) -> None:
-    """Run episodes of an environment with a model and write their trajectories (token-in-token-out)."""
+    """Run episodes of an environment with a model and write their trajectories (token-in-token-out).
+
+    --env takes a registered id, your own id after --import MODULE, or gymnasium's module:Name-v0."""
     import json
     import time
 
     from rich.console import Console
     from rich.table import Table
 
+    from stare_agents.envs.registration import accepted_kwargs, resolve_env_id, unknown_kwargs
     from stare_agents.models import prepare_model
     from stare_agents.rollout import RolloutConfig, RolloutTask, RolloutWorkerGroup, WorkerSpec
     from stare_agents.rollout.summary import summarize
@@ -191,6 +212,19 @@ def rollout(
             raise ValueError("not an object")
     except ValueError as error:
         raise typer.BadParameter(f"--env-kwargs must be a JSON object: {error}") from error
+    module, sep, _ = env.rpartition(":")
+    imports = list(dict.fromkeys([*imports, *([module] if sep and module else [])]))
+    try:
+        env = resolve_env_id(env, imports)
+    except ValueError as error:
+        raise typer.BadParameter(str(error), param_hint="--env") from error
+    unknown = unknown_kwargs(env, kwargs)
+    if unknown:
+        raise typer.BadParameter(
+            f"{env} takes no keyword {unknown[0]!r} (value {kwargs[unknown[0]]!r}); allowed: "
+            f"{sorted((accepted_kwargs(env) or set()) - {'sandbox', 'tools'})}",
+            param_hint="--env-kwargs",
+        )
     model_dir = str(prepare_model(model))
     config = RolloutConfig(
         temperature=temperature,
@@ -206,7 +240,13 @@ def rollout(
         for j in range(n)
     ]
     spec = WorkerSpec(
-        model=model_dir, engine=engine, dtype=dtype, seed=seed, max_model_len=max_model_len, sandbox=sandbox
+        model=model_dir,
+        engine=engine,
+        dtype=dtype,
+        seed=seed,
+        max_model_len=max_model_len,
+        sandbox=sandbox,
+        imports=imports,
     )
     with RolloutWorkerGroup(spec, max(1, workers), use_ray=workers > 0) as group:
         started = time.perf_counter()
