@@ -200,3 +200,19 @@ def test_dataset_environments_are_never_evaluated_on_their_training_problems(tmp
     fixed = f"env.kwargs={{dataset: {data}, heldout_fraction: 0.25, split: train}}"
     with pytest.raises(ValueError, match=r"env\.kwargs\.split = 'train'"):
         Trainer(tiny(tmp_path / "c", f"env.id={env_id}", fixed)).check_heldout()
+
+
+@pytest.mark.parametrize(
+    "recipe",
+    [
+        "qwen2.5-7b-tir-stare-c2",
+        "qwen2.5-7b-tir-grpo-ds",
+        "simpletir-qwen2.5-7b",
+        "short-cot-qwen2.5-7b",
+        "long-cot-qwen2.5-7b",
+    ],
+)
+def test_paper_recipes_refill_their_groups_and_never_evaluate_on_training_problems(recipe):
+    config = load_config(recipe=recipe)
+    assert config.algorithm().dynamic_sampling and config.rl.sampling_rounds >= 4
+    assert config.eval.num_tasks == 0 and "heldout_fraction" not in config.env.kwargs
