@@ -27,6 +27,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from stare_agents.algo import AlgorithmConfig
+from stare_agents.rollout.weight_sync import GroupAddress, WeightsPlan
 from stare_agents.train.learner import Collective, Learner, LearnerConfig, TokenRecord
 from stare_agents.train.policy import MicroBatch, PolicyModel, load_causal_lm, split_step
 from stare_agents.trajectory import Batch
@@ -144,13 +145,21 @@ class LearnerWorker:
         self.learner: Learner | None = None
 
     def address(self) -> str:
-        """A free TCP address on this worker's node for the process group's rendezvous (rank 0's)."""
+        """The process group's rendezvous (rank 0's). On a local Ray (node IP 127.0.0.1, so every worker is
+        on this machine) a store file in a fresh private folder: nothing listens (torch's TCPStore binds to
+        all interfaces whatever the host); gloo's own sockets then bind to loopback. On a cluster, a free TCP
+        port on this worker's node."""
         import ray
 
+        host = ray.util.get_node_ip_address()
+        if host == "127.0.0.1":
+            import tempfile
+
+            return "file://" + str(Path(tempfile.mkdtemp(prefix="stare-rendezvous-")) / "store")
         with socket.socket() as probe:
-            probe.bind(("", 0))
+            probe.bind((host, 0))
             port = probe.getsockname()[1]
-        return f"tcp://{ray.util.get_node_ip_address()}:{port}"
+        return f"tcp://{host}:{port}"
 
     def setup(
         self,
@@ -181,6 +190,27 @@ class LearnerWorker:
         self.learner.record_tokens = record_tokens
         metrics = self.learner.step_micro_batches(plan)
         return metrics, (self.learner.last_token_data if record_tokens else {}), self.learner.gate_on
+
+    # the sender's end of a weight-sync group (stare_agents.rollout.weight_sync): rank 0 sends; under FSDP
+    # every rank takes part in gathering each tensor from the shards
+    def sync_host(self) -> str:
+        import ray
+
+        return ray.util.get_node_ip_address()
+
+    def sync_join(self, address: GroupAddress) -> None:
+        if self.rank == 0:
+            self.learner.sync_join(address)
+
+    def sync_plan(self, *, version: int, dtype: torch.dtype, bucket_mb: float) -> WeightsPlan:
+        return self.learner.sync_plan(version=version, dtype=dtype, bucket_mb=bucket_mb)
+
+    def sync_send(self, plan: WeightsPlan, port: int) -> None:
+        if self.rank == 0 or self.learner.collective.shards_gradients:
+            self.learner.sync_send(plan, port)
+
+    def sync_leave(self, port: int) -> None:
+        self.learner.sync_leave(port)
 
     def state_dict(self) -> dict | None:
         state = self.learner.state_dict()
@@ -267,6 +297,32 @@ class LearnerGroup:
         self.last_token_data = {row: record for _, records, _ in results for row, record in records.items()}
         metrics, _, self.gate_on = results[0]
         return metrics
+
+    # ---- the sender's end of a weight-sync group (see LearnerWorker) ----
+    def sync_host(self) -> str:
+        import ray
+
+        return ray.get(self.workers[0].sync_host.remote())
+
+    def sync_join(self, address: GroupAddress) -> None:
+        import ray
+
+        ray.get(self.workers[0].sync_join.remote(address))
+
+    def sync_plan(self, *, version: int, dtype: torch.dtype, bucket_mb: float = 256.0) -> WeightsPlan:
+        import ray
+
+        return ray.get(self.workers[0].sync_plan.remote(version=version, dtype=dtype, bucket_mb=bucket_mb))
+
+    def sync_send(self, plan: WeightsPlan, port: int) -> None:
+        import ray
+
+        ray.get([w.sync_send.remote(plan, port) for w in self.workers])
+
+    def sync_leave(self, port: int) -> None:
+        import ray
+
+        ray.get([w.sync_leave.remote(port) for w in self.workers])
 
     def state_dict(self) -> dict:
         import ray

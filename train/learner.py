@@ -23,7 +23,7 @@ import dataclasses
 import math
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,6 +40,7 @@ from stare_agents.algo import (
     quadrant_counts,
     sensitivity_from_statistics,
 )
+from stare_agents.rollout.weight_sync import GroupAddress, SyncGroup, WeightsPlan, send_weights
 from stare_agents.train.policy import (
     PACKINGS,
     PRECISIONS,
@@ -257,6 +258,7 @@ class Learner:
         # opt-in, for the saved rollouts: after each step, step-batch row -> TokenRecord (this worker's rows)
         self.record_tokens = False
         self.last_token_data: dict[int, TokenRecord] = {}
+        self._sync_groups: dict[int, SyncGroup] = {}  # weight-sync groups this learner sends to, by port
 
     @classmethod
     def from_pretrained(
@@ -579,6 +581,55 @@ class Learner:
         stats = self.policy(batch.to(self.device), want_collision=True)
         self.policy.train()
         return stats
+
+    # ---- weight sync: the sender's end of stare_agents.rollout.weight_sync ------------------------------
+
+    def sync_host(self) -> str:
+        """Where this learner's sync groups meet (an in-process learner: this machine, loopback only)."""
+        return "127.0.0.1"
+
+    def sync_join(self, address: GroupAddress) -> None:
+        """Join a sync group as its sender (rank 0); returns once every engine joined."""
+        self._sync_groups[address.port] = SyncGroup(address, 0)
+
+    def sync_plan(self, *, version: int, dtype: torch.dtype, bucket_mb: float = 256.0) -> WeightsPlan:
+        return WeightsPlan.of(
+            ((name, tuple(t.shape)) for name, t in self._sync_state().items()),
+            dtype=dtype,
+            version=version,
+            bucket_mb=bucket_mb,
+        )
+
+    def sync_send(self, plan: WeightsPlan, port: int) -> None:
+        """Broadcast the current weights to the group on `port`, bucket by bucket. Under FSDP every worker
+        calls this (each tensor is gathered from the shards as it is sent); only rank 0 has a group."""
+        tensors = self.sync_tensors(plan)
+        group = self._sync_groups.get(port)
+        if group is None:
+            if self.collective.rank == 0:
+                raise RuntimeError(f"no sync group on port {port}: join it first")
+            for _ in tensors:  # take part in the gathers
+                pass
+            return
+        send_weights(group, plan, tensors)
+
+    def sync_tensors(self, plan: WeightsPlan) -> Iterator[Tensor]:
+        """The full tensors of the plan, in its order (under FSDP gathered one by one, a collective)."""
+        state = self._sync_state()
+        for name in plan.names:
+            tensor = state[name]
+            yield tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+    def sync_leave(self, port: int) -> None:
+        group = self._sync_groups.pop(port, None)
+        if group is not None:
+            group.close()
+
+    def _sync_state(self) -> dict[str, Tensor]:
+        state = self.model.state_dict()
+        if getattr(self.model.config, "tie_word_embeddings", False):
+            state.pop("lm_head.weight", None)  # the engine ties it to the embedding itself
+        return state
 
     # ---- checkpoints --------------------------------------------------------------------------------
 

@@ -125,6 +125,25 @@ class HFEngine:
         self.weight_version = self.weight_version + 1 if version is None else int(version)
         return self.weight_version
 
+    def join_sync_group(self, address: Mapping[str, Any], rank: int, timeout_s: float = 600.0) -> None:
+        """Join a weight-sync group as `rank` (see `stare_agents.rollout.weight_sync`)."""
+        from stare_agents.rollout.weight_sync import SyncReceiver
+
+        if getattr(self, "_receiver", None) is None:
+            self._receiver = SyncReceiver()
+        self._receiver.join(dict(address), int(rank))
+
+    def receive_weights(self, plan: Mapping[str, Any], timeout_s: float = 600.0) -> int:
+        """Receive one sync's weights from the group's sender (the whole state, then one load)."""
+        if getattr(self, "_receiver", None) is None:
+            raise RuntimeError("this engine has not joined a sync group")
+        weights = {name: tensor.clone() for name, tensor in self._receiver.weights(dict(plan))}
+        return self.update_weights(weights, int(plan["version"]))
+
+    def leave_sync_group(self, timeout_s: float = 60.0) -> None:
+        if getattr(self, "_receiver", None) is not None:
+            self._receiver.close()
+
     def close(self) -> None:
         self._executor.shutdown(wait=True)
 

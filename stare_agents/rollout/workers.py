@@ -16,6 +16,7 @@ as `engine_error`. `use_ray=False` runs one worker in this process (same code pa
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import importlib
 import logging
@@ -23,7 +24,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -123,6 +124,18 @@ class RolloutWorker:
         state_dict = weights.unpack() if isinstance(weights, PackedWeights) else weights
         version = self.engine.update_weights(state_dict, version)
         return version, time.perf_counter() - started
+
+    def join_sync_group(self, address: dict[str, Any], rank: int) -> None:
+        """Join the learner's weight-sync group (see `stare_agents.rollout.weight_sync`)."""
+        self.engine.join_sync_group(address, rank, timeout_s=float(address.get("timeout_s", 600.0)))
+
+    def receive_weights(self, plan: dict[str, Any]) -> tuple[int, float]:
+        started = time.perf_counter()
+        version = self.engine.receive_weights(plan)
+        return version, time.perf_counter() - started
+
+    def leave_sync_group(self) -> None:
+        self.engine.leave_sync_group()
 
     def close(self) -> None:
         if self.sandbox is not None:
@@ -247,6 +260,11 @@ class RolloutWorkerGroup:
         self.last_sync_s: float | None = None
         self._weights_ref: Any = None
         self._pack_buffer: torch.Tensor | None = None
+        self._sender: Any = (
+            None  # the learner, once update_weights_from was used (a replaced worker catches up)
+        )
+        self._sync_group: Any = None  # the GroupAddress of the current sync group
+        self._sync_members: list[int] = []
         if not use_ray:
             if num_workers != 1:
                 raise ValueError("use_ray=False runs exactly one worker in this process")
@@ -260,7 +278,9 @@ class RolloutWorkerGroup:
             if ray_address:
                 ray.init(address=ray_address, include_dashboard=False, log_to_driver=True)
             else:
-                ray.init(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False, log_to_driver=True)
+                from stare_agents.rollout.local_ray import init_local_ray  # listens on 127.0.0.1 only
+
+                init_local_ray(num_cpus=max(2, os.cpu_count() or 2), log_to_driver=True)
         self._local = None
         self._actor_class = ray.remote(RolloutWorker)
         self._actors = [self._start(i) for i in range(num_workers)]
@@ -314,7 +334,9 @@ class RolloutWorkerGroup:
                     with contextlib.suppress(Exception):
                         self._local.close()
                     self._local = RolloutWorker(self.spec)
-                    if self._local_weights is not None:
+                    if self._sender is not None:
+                        self._catch_up(self._local)
+                    elif self._local_weights is not None:
                         self._local.update_weights(*self._local_weights)
                 return trajectories
             return self._collect_ray(tasks, config, bar)
@@ -392,7 +414,9 @@ class RolloutWorkerGroup:
             ray.kill(self._actors[i])
         self._actors[i] = self._start(i)
         ray.get(self._actors[i].ping.remote(), timeout=self.start_timeout_s)
-        if self._weights_ref is not None:  # the new worker loaded the model files: catch up
+        if self._sender is not None:  # the new worker loaded the model files: catch up from the learner
+            self._catch_up(self._actors[i])
+        elif self._weights_ref is not None:
             ray.get(self._actors[i].update_weights.remote(self._weights_ref, self.weight_version))
 
     def update_weights(
@@ -429,6 +453,97 @@ class RolloutWorkerGroup:
         self.weight_version = version
         self.last_sync_s = time.perf_counter() - started
         return version
+
+    # ---- weights straight from the learner over a collective (stare_agents.rollout.weight_sync) ----
+    def update_weights_from(
+        self,
+        sender: Any,
+        *,
+        version: int | None = None,
+        dtype: torch.dtype | None = None,
+        bucket_mb: float = 256.0,
+        timeout_s: float = 300.0,
+    ) -> int:
+        """Push the learner's weights to every worker over the sync group (formed on first use, and again
+        when a worker was replaced); returns the new weight version. `sender` is the learner (a `Learner`
+        or a `LearnerGroup`: see `WeightSender` in weight_sync). A worker replaced while this mode is on
+        catches up from the sender at once (a group of two), before it re-runs any episode."""
+        started = time.perf_counter()
+        version = self.weight_version + 1 if version is None else int(version)
+        if dtype is None:
+            dtype = torch.bfloat16 if self.spec.dtype == "bfloat16" else torch.float32
+        self._sender, self._sync_dtype, self._sync_bucket_mb = sender, dtype, bucket_mb
+        self._sync_timeout_s = timeout_s
+        members = list(self._members())
+        try:
+            if self._sync_group is None or self._sync_members != [id(m) for m in members]:
+                self._leave_group()
+                self._sync_group = self._form_group(members)
+                self._sync_members = [id(m) for m in members]
+            self._send(self._sync_group, members, version)
+        except BaseException:
+            self._leave_group()  # a failed collective leaves the group unusable: the next sync forms a new one
+            raise
+        self.weight_version = version
+        self.last_sync_s = time.perf_counter() - started
+        return version
+
+    def _members(self) -> list[Any]:
+        return [self._local] if self._local is not None else list(self._actors)
+
+    def _call(self, member: Any, method: str, *args: Any) -> Callable[[float], Any]:
+        """Start `member.method(*args)` without waiting (a Ray actor call, or a thread for the local worker);
+        returns a function that waits for its result."""
+        if self._local is not None and member is self._local:
+            pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="weight-sync")
+            future = pool.submit(getattr(member, method), *args)
+            pool.shutdown(wait=False)
+            return lambda timeout: future.result(timeout=timeout)
+        import ray
+
+        ref = getattr(member, method).remote(*args)
+        return lambda timeout: ray.get(ref, timeout=timeout)
+
+    def _form_group(self, members: list[Any]) -> Any:
+        from stare_agents.rollout.weight_sync import GroupAddress, free_address
+
+        host, port = free_address(self._sender.sync_host())
+        backend = "nccl" if self.spec.num_gpus > 0 and torch.cuda.is_available() else "gloo"
+        address = GroupAddress(host, port, 1 + len(members), backend, self._sync_timeout_s)
+        joins = [self._call(m, "join_sync_group", asdict(address), rank) for rank, m in enumerate(members, 1)]
+        self._sender.sync_join(address)  # returns once every member joined
+        for wait in joins:
+            wait(self._sync_timeout_s)
+        return address
+
+    def _send(self, address: Any, members: list[Any], version: int) -> None:
+        plan = self._sender.sync_plan(version=version, dtype=self._sync_dtype, bucket_mb=self._sync_bucket_mb)
+        receives = [self._call(m, "receive_weights", plan.to_dict()) for m in members]
+        self._sender.sync_send(plan, address.port)
+        for wait in receives:
+            got, _ = wait(self._sync_timeout_s)
+            if got != version:
+                raise RuntimeError(f"a rollout worker reports weight version {got} after a sync to {version}")
+
+    def _leave_group(self) -> None:
+        if self._sync_group is not None:
+            with contextlib.suppress(Exception):
+                self._sender.sync_leave(self._sync_group.port)
+            for member in self._members():
+                with contextlib.suppress(Exception):
+                    self._call(member, "leave_sync_group")(60)
+        self._sync_group, self._sync_members = None, []
+
+    def _catch_up(self, member: Any) -> None:
+        """A replaced worker gets the current weights from the sender in a group of two."""
+        address = self._form_group([member])
+        try:
+            self._send(address, [member], self.weight_version)
+        finally:
+            with contextlib.suppress(Exception):
+                self._sender.sync_leave(address.port)
+            with contextlib.suppress(Exception):
+                self._call(member, "leave_sync_group")(60)
 
     def ping(self) -> list[dict[str, Any]]:
         if self._local is not None:

@@ -1,0 +1,261 @@
+"""Weights from the learner to the rollout engines over a collective, without the driver.
+
+The learner's rank 0 (the sender) and every rollout engine form a process group of their own (gloo on CPUs,
+NCCL on GPUs: the same code, only the backend and the device differ), rendezvousing through a TCP store on the
+sender's node. A sync is: the sender announces a `WeightsPlan` (names, shapes, dtype, buckets, version),
+every engine starts receiving, and the sender broadcasts the weights bucket by bucket (one flat buffer of
+about `bucket_mb` each), so neither side ever holds a second full copy of the model; each engine feeds the
+received tensors to its own loader as they arrive (vLLM: `reload_weights` with an iterator, inside the engine's
+worker process through a worker extension; the HF engine: `load_state_dict` per bucket).
+
+Every collective has the group's timeout; the plan's version becomes the engine's weight version only when the
+whole plan was received and loaded, and the receiver checks each bucket's byte count against the plan. A
+member that fails (a dead engine, a timeout) leaves the group unusable: the driver forms a new group with the
+members that are left (or a replaced worker) and sends again.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import socket
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+BACKENDS = ("gloo", "nccl")
+
+
+def free_address(host: str = "127.0.0.1") -> tuple[str, int]:
+    """A free TCP port on `host` for the group's store (the sender's node)."""
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return host, probe.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class GroupAddress:
+    """Where and how a sync group meets: the store's host and port, the number of members (the sender is
+    rank 0, engines are ranks 1..world_size-1), the backend and the timeout of every operation."""
+
+    host: str
+    port: int
+    world_size: int
+    backend: str = "gloo"
+    timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.world_size < 2:
+            raise ValueError(f"a sync group needs the sender and at least one engine, got {self.world_size}")
+
+
+class SyncGroup:
+    """One member of a sync group: a process group made from its own TCP store, outside torch.distributed's
+    default group (a learner rank keeps its data-parallel group; an engine process has none)."""
+
+    def __init__(self, address: GroupAddress, rank: int) -> None:
+        if not 0 <= rank < address.world_size:
+            raise ValueError(f"rank {rank} is not in a group of {address.world_size}")
+        self.address, self.rank = address, rank
+        timeout = datetime.timedelta(seconds=address.timeout_s)
+        self.store = dist.TCPStore(
+            address.host, address.port, address.world_size, is_master=rank == 0, timeout=timeout
+        )
+        if address.backend == "gloo":
+            options = dist.ProcessGroupGloo._Options()
+            options._timeout = timeout
+            options._devices = [dist.ProcessGroupGloo.create_device(hostname=address.host)]
+            self.group = dist.ProcessGroupGloo(self.store, rank, address.world_size, options)
+            self.device = torch.device("cpu")
+        else:
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = timeout
+            self.group = dist.ProcessGroupNCCL(self.store, rank, address.world_size, options)
+            self.device = torch.device("cuda", torch.cuda.current_device())
+
+    def broadcast(self, tensor: torch.Tensor) -> None:
+        """From rank 0 to everyone, in place; raises when the group's timeout passes."""
+        self.group.broadcast([tensor], dist.BroadcastOptions()).wait()
+
+    def close(self) -> None:
+        self.group = None
+        self.store = None
+
+
+@dataclass(frozen=True)
+class WeightsPlan:
+    """What a sync sends: tensor names and shapes in sending order, the wire dtype, the buckets (index ranges
+    into `names`) and the weight version the engines take once everything arrived."""
+
+    names: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    dtype: str  # "bfloat16" or "float32"
+    buckets: tuple[tuple[int, int], ...]
+    version: int
+    numels: tuple[int, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        if len(self.names) != len(self.shapes) or len(set(self.names)) != len(self.names):
+            raise ValueError("a weights plan needs one shape per name and no name twice")
+        object.__setattr__(self, "numels", tuple(math.prod(s) for s in self.shapes))
+        covered = [i for start, end in self.buckets for i in range(start, end)]
+        if covered != list(range(len(self.names))):
+            raise ValueError("the buckets of a weights plan must cover every tensor once, in order")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return {"bfloat16": torch.bfloat16, "float32": torch.float32}[self.dtype]
+
+    def bucket_numel(self, bucket: int) -> int:
+        start, end = self.buckets[bucket]
+        return sum(self.numels[start:end])
+
+    @classmethod
+    def of(
+        cls,
+        shapes: Iterable[tuple[str, tuple[int, ...]]],
+        *,
+        dtype: torch.dtype = torch.bfloat16,
+        version: int,
+        bucket_mb: float = 256.0,
+    ) -> WeightsPlan:
+        """Buckets of about `bucket_mb` (a tensor larger than that is a bucket of its own)."""
+        names, sizes = [], []
+        for name, shape in shapes:
+            names.append(name)
+            sizes.append(tuple(int(d) for d in shape))
+        limit = max(1, int(bucket_mb * 2**20) // torch.empty(0, dtype=dtype).element_size())
+        buckets, start, filled = [], 0, 0
+        for i, shape in enumerate(sizes):
+            n = math.prod(shape)
+            if i > start and filled + n > limit:
+                buckets.append((start, i))
+                start, filled = i, 0
+            filled += n
+        if sizes:
+            buckets.append((start, len(sizes)))
+        wire = {torch.bfloat16: "bfloat16", torch.float32: "float32"}.get(dtype)
+        if wire is None:
+            raise ValueError(f"weights travel as bfloat16 or float32, not {dtype}")
+        return cls(tuple(names), tuple(sizes), wire, tuple(buckets), int(version))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "names": list(self.names),
+            "shapes": [list(s) for s in self.shapes],
+            "dtype": self.dtype,
+            "buckets": [list(b) for b in self.buckets],
+            "version": self.version,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> WeightsPlan:
+        return cls(
+            tuple(data["names"]),
+            tuple(tuple(s) for s in data["shapes"]),
+            data["dtype"],
+            tuple(tuple(b) for b in data["buckets"]),
+            int(data["version"]),
+        )
+
+
+def send_weights(group: SyncGroup, plan: WeightsPlan, tensors: Iterable[torch.Tensor]) -> None:
+    """Rank 0: broadcast `tensors` (in the plan's order, any dtype and device) bucket by bucket, each cast to
+    the wire dtype while it is copied into the bucket's flat buffer."""
+    if group.rank != 0:
+        raise ValueError("only rank 0 sends")
+    source = iter(tensors)
+    for bucket, (start, end) in enumerate(plan.buckets):
+        flat = torch.empty(plan.bucket_numel(bucket), dtype=plan.torch_dtype, device=group.device)
+        offset = 0
+        for i in range(start, end):
+            tensor = next(source, None)
+            if tensor is None:
+                raise ValueError(f"the weights ran out at {plan.names[i]!r}: the plan has {len(plan.names)}")
+            if tuple(tensor.shape) != plan.shapes[i]:
+                raise ValueError(
+                    f"{plan.names[i]}: shape {tuple(tensor.shape)}, the plan says {plan.shapes[i]}"
+                )
+            flat[offset : offset + plan.numels[i]].copy_(tensor.detach().reshape(-1))
+            offset += plan.numels[i]
+        group.broadcast(flat)
+    if next(source, None) is not None:
+        raise ValueError("more weights than the plan has")
+
+
+def receive_weights(group: SyncGroup, plan: WeightsPlan) -> Iterator[tuple[str, torch.Tensor]]:
+    """Ranks > 0: (name, tensor) in the plan's order, each bucket received when the consumer reaches it.
+    The tensors are views of the bucket's buffer: a consumer copies them into the model (as loaders do)."""
+    if group.rank == 0:
+        raise ValueError("rank 0 sends; it does not receive")
+    for bucket, (start, end) in enumerate(plan.buckets):
+        flat = torch.empty(plan.bucket_numel(bucket), dtype=plan.torch_dtype, device=group.device)
+        group.broadcast(flat)
+        offset = 0
+        for i in range(start, end):
+            yield plan.names[i], flat[offset : offset + plan.numels[i]].view(plan.shapes[i])
+            offset += plan.numels[i]
+
+
+class SyncReceiver:
+    """The engine side, for engines that load weights in this process (the HF engine, a vLLM engine whose
+    worker runs here); vLLM's worker extension (`VLLMSyncExtension`) holds one per worker process."""
+
+    def __init__(self) -> None:
+        self.group: SyncGroup | None = None
+
+    def join(self, address: dict[str, Any] | GroupAddress, rank: int) -> None:
+        address = address if isinstance(address, GroupAddress) else GroupAddress(**address)
+        self.close()
+        self.group = SyncGroup(address, rank)
+
+    def weights(self, plan: dict[str, Any] | WeightsPlan) -> Iterator[tuple[str, torch.Tensor]]:
+        if self.group is None:
+            raise RuntimeError("this engine has not joined a sync group")
+        plan = plan if isinstance(plan, WeightsPlan) else WeightsPlan.from_dict(plan)
+        return receive_weights(self.group, plan)
+
+    def close(self) -> None:
+        if self.group is not None:
+            self.group.close()
+            self.group = None
+
+
+class VLLMSyncExtension:
+    """Mixed into vLLM's worker class (`worker_extension_cls`): the engine process's end of a sync group.
+    Called with `llm.collective_rpc("stare_sync_join" | "stare_sync_receive" | "stare_sync_leave", ...)`."""
+
+    def stare_sync_join(self, address: dict[str, Any], rank: int) -> None:
+        if getattr(self, "_stare_receiver", None) is None:
+            self._stare_receiver = SyncReceiver()
+        self._stare_receiver.join(address, rank)
+
+    def stare_sync_receive(self, plan: dict[str, Any]) -> int:
+        receiver = getattr(self, "_stare_receiver", None)
+        if receiver is None:
+            raise RuntimeError("this engine has not joined a sync group")
+        received = 0
+
+        def counted() -> Iterator[tuple[str, torch.Tensor]]:
+            nonlocal received
+            for name, tensor in receiver.weights(plan):
+                received += 1
+                yield name, tensor
+
+        self.model_runner.reload_weights(weights_iterator=counted(), is_checkpoint_format=True)
+        expected = len(plan["names"])
+        if received != expected:  # the loader stopped early: the engine holds a mix of old and new weights
+            raise RuntimeError(
+                f"the engine loaded {received} of {expected} tensors of weight version {plan['version']}"
+            )
+        return received
+
+    def stare_sync_leave(self) -> None:
+        receiver = getattr(self, "_stare_receiver", None)
+        if receiver is not None:
+            receiver.close()

