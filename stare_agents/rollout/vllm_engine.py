@@ -163,6 +163,8 @@ class VLLMEngine:
         else:
             kwargs.update(enforce_eager=True, distributed_executor_backend="uni")
         kwargs.update(extra)
+        # the engine's end of a weight-sync group (stare_agents.rollout.weight_sync), in its worker process
+        kwargs.setdefault("worker_extension_cls", "stare_agents.rollout.weight_sync.VLLMSyncExtension")
         started = time.perf_counter()
         threads = torch.get_num_threads()
         before = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
@@ -263,6 +265,28 @@ class VLLMEngine:
         self._command(reload).result(timeout=timeout_s)
         self.weight_version = self.weight_version + 1 if version is None else int(version)
         return self.weight_version
+
+    def join_sync_group(self, address: Mapping[str, Any], rank: int, timeout_s: float = 600.0) -> None:
+        """Join a weight-sync group as `rank` (see `stare_agents.rollout.weight_sync`); returns once every
+        member joined. Runs between two engine steps, in the engine's worker process."""
+        self._command(
+            lambda: self.llm.collective_rpc("stare_sync_join", args=(dict(address), int(rank)))
+        ).result(timeout=timeout_s)
+
+    def receive_weights(self, plan: Mapping[str, Any], timeout_s: float = 600.0) -> int:
+        """Receive one sync's weights (a `WeightsPlan` as a dict) from the group's sender and load them as they
+        arrive; the plan's version becomes the weight version once all of it is loaded."""
+
+        def receive() -> None:
+            self.llm.collective_rpc("stare_sync_receive", args=(dict(plan),))
+            self.llm.reset_prefix_cache()
+
+        self._command(receive).result(timeout=timeout_s)
+        self.weight_version = int(plan["version"])
+        return self.weight_version
+
+    def leave_sync_group(self, timeout_s: float = 60.0) -> None:
+        self._command(lambda: self.llm.collective_rpc("stare_sync_leave")).result(timeout=timeout_s)
 
     def _write_weights(self, state_dict: Mapping[str, torch.Tensor]) -> Path:
         """A model folder for `reload_weights(weights_path=...)`: the model's config files (linked once)
