@@ -86,9 +86,19 @@ def test_vector_envs(mode: str, kwargs: dict) -> None:
     venv.close()
 
 
-def test_async_vector_envs_refuse_shared_memory() -> None:
-    with pytest.raises(ValueError, match="shared_memory=False"):
-        gym.make_vec("stare_agents/MathCoT-v0", num_envs=2, vectorization_mode="async")
+def test_async_vector_envs_share_memory_and_can_do_without() -> None:
+    """Gymnasium's default (shared memory) and shared_memory=False give the same observations (the shared
+    memory path for every registered env: tests/envs/test_user_env.py)."""
+    observations = []
+    for vector_kwargs in ({}, {"shared_memory": False}):
+        vector = gym.make_vec(
+            "stare_agents/MathCoT-v0", num_envs=2, vectorization_mode="async", vector_kwargs=vector_kwargs
+        )
+        try:
+            observations.append(vector.reset(seed=3)[0])
+        finally:
+            vector.close()
+    assert list(observations[0]) == list(observations[1]) and observations[0][0] != observations[0][1]
 
 
 def test_gymnasium_checks_np_int_seeds_on_the_made_env() -> None:
