@@ -1,227 +1,47 @@
-"""Host side shared by both backends: channels to a runner, the pool of warm runners, sessions.
+"""Host side shared by both backends: the pool of warm runners and `PooledSandbox`, the base of both backends.
 
-A backend (Docker, local) only says how to start one runner and how to talk to it (a `Channel`); pooling,
-leasing, resets between sessions, replacement of dead runners, timeouts and the sync/async session API are
-here, once.
-"""
+A backend (Docker, local) only says how to start one runner and how to talk to it (a `Channel`, in
+channel.py); pooling, leasing, resets between sessions, replacement of dead runners and timeouts are here,
+the session API in session.py, the errors in errors.py, once. The names that used to live here are still
+imported from here."""
 
 from __future__ import annotations
 
 import asyncio
 import atexit
 import collections
-import json
 import logging
 import math
 import numbers
-import os
 import queue
 import threading
 import time
 import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
-from stare_agents.sandbox.result import STATUSES, ExecutionResult
-from stare_agents.sandbox.runner import MAC_BYTES, MAX_TIMEOUT_S, ChannelKey, encode_frame
+from stare_agents.sandbox.channel import (
+    DEFAULT_LEASE_TIMEOUT_S,
+    HOST_SLACK_S,
+    MAX_CODE_BYTES,
+    PREIMPORT,
+    START_WAIT_S,
+    Channel,
+    Runner,
+    check_timeout,
+)
+from stare_agents.sandbox.errors import (
+    ChannelClosed,
+    ChannelTimeout,
+    ProtocolError,
+    ResetFailed,
+    SandboxError,
+)
+from stare_agents.sandbox.result import ExecutionResult
+from stare_agents.sandbox.runner import MAX_TIMEOUT_S
+from stare_agents.sandbox.session import AsyncSession, Session
 
 logger = logging.getLogger("stare_agents.sandbox")
-
-# Extra time the host grants past a call's own limit before it gives up on the runner: the runner's
-# interrupt grace period plus transport. Past it the runner is discarded and replaced.
-HOST_SLACK_S = 10.0
-
-# Modules every session's interpreter starts with, already imported: sessions are forked from a template
-# interpreter that imported them once per container (see runner.py), so they cost no time per session.
-PREIMPORT: tuple[str, ...] = ("numpy", "sympy")
-
-MAX_CODE_BYTES = 16 * 1024 * 1024  # the most code one call may send (UTF-8)
-DEFAULT_LEASE_TIMEOUT_S = 300.0  # how long a new session waits for a free runner by default
-RESET_WAIT_S = 20.0  # the previous session's reset (killing, wiping; a template restart imports again)
-PING_WAIT_S = 3.0  # a leased runner answers this fast before a new session's first call, or is replaced
-START_WAIT_S = 60.0  # a new runner answers its first frame
-MAX_HEADER_BYTES = 64 * 1024  # a reply's JSON header
-NOTES_BYTES = 64 * 1024  # what the runner may add to stderr on top of the output cap (its own notes)
-
-
-class SandboxError(RuntimeError):
-    """The sandbox itself failed (no engine, no image, a runner that cannot start) - never the code's doing."""
-
-
-class ChannelClosed(Exception):
-    """The runner went away (its container or process ended)."""
-
-
-class ChannelTimeout(Exception):
-    """The runner did not answer in time."""
-
-
-class ProtocolError(Exception):
-    """A reply the runner never sends: malformed, too large, or failing its signature. Only code that broke
-    into the channel (possible under gVisor) or a broken runner produces one."""
-
-
-class ResetFailed(Exception):
-    """The runner could not make itself clean between sessions (something of the code was left)."""
-
-
-def check_timeout(value: object, name: str = "timeout_s") -> float:
-    """`value` as a time limit in seconds: a finite real number in (0, MAX_TIMEOUT_S]."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a number of seconds, got {value!r} ({type(value).__name__})")
-    if not math.isfinite(value) or not 0 < value <= MAX_TIMEOUT_S:
-        raise ValueError(
-            f"{name} must be a finite number of seconds in (0, {MAX_TIMEOUT_S:g}], got {value!r}; "
-            f"pass e.g. {name}=10"
-        )
-    return float(value)
-
-
-class Channel:
-    """A byte stream to one runner. Subclasses implement `send`, `_recv_some`, `peer_gone` and `close`."""
-
-    def __init__(self) -> None:
-        self._buffer = bytearray()
-
-    def send(self, data: bytes, deadline: float) -> None:
-        raise NotImplementedError
-
-    def _recv_some(self, deadline: float | None) -> bytes:
-        """Some bytes of the runner's stdout; b"" at end of stream; ChannelTimeout past deadline."""
-        raise NotImplementedError
-
-    def close(self) -> None:
-        raise NotImplementedError
-
-    def peer_gone(self) -> bool:
-        """True if the runner has certainly ended (checked without blocking)."""
-        raise NotImplementedError
-
-    def recv_exact(self, n: int, deadline: float | None) -> bytes:
-        while len(self._buffer) < n:
-            chunk = self._recv_some(deadline)
-            if not chunk:
-                raise ChannelClosed("the runner closed its output")
-            self._buffer += chunk
-        data = bytes(self._buffer[:n])
-        del self._buffer[:n]
-        return data
-
-
-class Runner:
-    """Host-side handle of one warm runner (one container, or one local process).
-
-    Every frame is signed with a key of this runner's own (see runner.ChannelKey) and every reply is
-    checked: its size, its fields and their types, its status word, its signature.
-    """
-
-    def __init__(self, channel: Channel, name: str, on_close: Callable[[], None] | None = None) -> None:
-        self.channel = channel
-        self.name = name
-        self._on_close = on_close
-        self.key = ChannelKey(os.urandom(32))
-        self._send_lock = threading.Lock()  # a cancel may come from another thread than the call's
-        self._pending: collections.deque[str] = collections.deque()  # replies owed: "reset", "ping"
-        self.calls = 0
-        self.closed = False
-        self.retired = False  # replaced: never lent again
-        self.info: dict[str, Any] = {}
-
-    def start(self, deadline: float) -> dict[str, Any]:
-        """Give the runner its key (the first frame, before any code runs) and wait for its answer."""
-        with self._send_lock:
-            self.channel.send(encode_frame({"op": "hello", "key": self.key.key.hex()}), deadline)
-        self.info, _, _ = self._read_reply(deadline, "hello")
-        return self.info
-
-    def _send(self, header: dict[str, Any], deadline: float) -> None:
-        with self._send_lock:  # sealed and sent in one step: frames go out in the order of their numbers
-            self.channel.send(self.key.seal(ChannelKey.HOST, encode_frame(header)), deadline)
-
-    def _read_reply(
-        self, deadline: float | None, kind: str, max_output: int = 0
-    ) -> tuple[dict[str, Any], bytes, bytes]:
-        head = self.channel.recv_exact(4, deadline)
-        size = int.from_bytes(head, "big")
-        if size > MAX_HEADER_BYTES:
-            raise ProtocolError(f"a reply header of {size} bytes")
-        body = self.channel.recv_exact(size, deadline)
-        try:
-            header = json.loads(body)
-        except ValueError as exc:
-            raise ProtocolError("a reply header that is not JSON") from exc
-        if not isinstance(header, dict):
-            raise ProtocolError("a reply header that is not an object")
-        limit = max_output + NOTES_BYTES if kind == "run" else 0
-        sizes = header.get("stdout"), header.get("stderr")
-        for n in sizes:
-            if type(n) is not int or not 0 <= n <= limit:
-                raise ProtocolError(f"a {kind} reply announcing {str(n)[:40]} bytes (at most {limit})")
-        out = self.channel.recv_exact(sizes[0], deadline)
-        err = self.channel.recv_exact(sizes[1], deadline)
-        mac = self.channel.recv_exact(MAC_BYTES, deadline)
-        if not self.key.verify(ChannelKey.SUPERVISOR, head + body + out + err, mac):
-            raise ProtocolError("a reply with a wrong signature (forged, replayed or garbled)")
-        if header.get("tampered"):
-            raise ProtocolError(
-                f"the code tampered with the sandbox's channel ({str(header['tampered'])[:200]})"
-            )
-        status = header.get("status")
-        if kind == "run":
-            duration = header.get("duration_s")
-            if status not in STATUSES or type(header.get("truncated")) is not bool:
-                raise ProtocolError(f"a run reply with status {str(status)[:40]!r}")
-            if isinstance(duration, bool) or not isinstance(duration, (int, float)) or not duration >= 0:
-                raise ProtocolError(f"a run reply with duration {str(duration)[:40]!r}")
-        elif status not in ("ok", "error"):
-            raise ProtocolError(f"a {kind} reply with status {str(status)[:40]!r}")
-        return header, out, err
-
-    def settle(self, deadline: float | None) -> None:
-        """Wait for the replies of requests sent earlier without waiting (reset, ping)."""
-        while self._pending:
-            kind = self._pending[0]
-            header, _, _ = self._read_reply(deadline, kind)
-            self._pending.popleft()
-            if header["status"] != "ok":
-                raise ResetFailed(f"{self.name} failed its {kind}: {str(header.get('error'))[:300]}")
-
-    def request(
-        self, header: dict[str, Any], deadline: float, max_output: int
-    ) -> tuple[dict[str, Any], bytes, bytes]:
-        self.settle(deadline)
-        self._send(header, deadline)
-        self.calls += 1
-        return self._read_reply(deadline, "run", max_output)
-
-    def send_reset(self) -> None:
-        """Ask the runner to wipe the session (all processes, IPC, scratch folders); don't wait."""
-        self._send({"op": "reset"}, time.monotonic() + 30)
-        self._pending.append("reset")
-
-    def ping(self, deadline: float) -> None:
-        """Check that the runner answers now (it may have been paused or frozen while idle)."""
-        self._send({"op": "ping"}, deadline)
-        self._pending.append("ping")
-        self.settle(deadline)
-
-    def cancel(self) -> None:
-        """Interrupt the call in flight, from any thread; best effort (the call may have ended)."""
-        try:
-            self._send({"op": "cancel"}, time.monotonic() + 2)
-        except (ChannelClosed, ChannelTimeout, OSError) as exc:
-            logger.debug("could not cancel the call on %s: %s", self.name, exc)
-
-    def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        try:
-            self.channel.close()
-        finally:
-            if self._on_close is not None:
-                self._on_close()
 
 
 class _Waiter:
@@ -502,267 +322,6 @@ def _close_quietly(runner: Runner) -> None:
         logger.debug("closing %s failed: %s", runner.name, exc)
 
 
-# --------------------------------------------------------------------------------------------- sessions
-
-
-def _decode(data: bytes) -> str:
-    return data.decode("utf-8", errors="replace")
-
-
-class _Lease:
-    """The runner a session holds and the pool it came from, shared with the session's finaliser."""
-
-    __slots__ = ("pool", "runner")
-
-    def __init__(self) -> None:
-        self.pool: Pool | None = None
-        self.runner: Runner | None = None
-
-
-def _return_abandoned(lease: _Lease) -> None:
-    """Finaliser of a session dropped without close(). It may run inside any code (even with the pool's
-    lock held), so it only enqueues the runner for the pool's collector thread, which resets and lends it."""
-    pool, runner = lease.pool, lease.runner
-    lease.pool = lease.runner = None
-    if pool is not None and runner is not None:
-        pool._abandoned.put(runner)
-
-
-class Session:
-    """One stateful interpreter leased from a sandbox's pool. Use as a context manager.
-
-    `run(code, timeout_s=None)` executes code and returns an ExecutionResult; it never raises for what the
-    code does. With stateless=True each call starts from an empty namespace (SimpleTIR-style); imported
-    modules stay cached and files written to the scratch folder remain until the session ends.
-
-    Threads may share a session (calls run one at a time). `close()` may come from any thread, also
-    while a call runs: that call is interrupted, and its runner goes back to the pool only once the call
-    has ended. A session dropped without close() gives its runner back when it is garbage-collected.
-    """
-
-    def __init__(
-        self, sandbox: PooledSandbox, *, stateless: bool = False, timeout_s: float | None = None, echo: bool
-    ) -> None:
-        self.sandbox = sandbox
-        self.stateless = stateless
-        self.timeout_s = check_timeout(timeout_s) if timeout_s is not None else sandbox.default_timeout_s
-        self.echo = echo
-        self.used = False  # this session's code has run on its runner: its death must be reported
-        self.closed = False
-        self._calls = threading.Lock()  # one call at a time, even if threads share the session
-        self._state = threading.Lock()  # guards closed, _in_flight and the lease
-        self._in_flight = False
-        self._lease_box = _Lease()
-        self._finalizer = weakref.finalize(self, _return_abandoned, self._lease_box)
-        self._finalizer.atexit = False  # at exit the sandbox closes its pool instead
-
-    @property
-    def runner(self) -> Runner | None:
-        """The runner this session holds (None before the first call and after close)."""
-        return self._lease_box.runner
-
-    def __enter__(self) -> Session:
-        self._lease()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _adopt(self, pool: Pool, runner: Runner) -> Runner:
-        """Take a leased runner, unless the session was closed (or leased) meanwhile: then it goes back."""
-        with self._state:
-            if not self.closed and self._lease_box.runner is None:
-                self._lease_box.pool, self._lease_box.runner = pool, runner
-                return runner
-            closed, current = self.closed, self._lease_box.runner
-        pool._put(runner)
-        if closed or current is None:
-            raise SandboxError("this session is closed")
-        return current
-
-    def _drop_runner(self) -> tuple[Pool | None, Runner | None]:
-        with self._state:
-            pool, runner = self._lease_box.pool, self._lease_box.runner
-            self._lease_box.pool = self._lease_box.runner = None
-        return pool, runner
-
-    def _lease(self) -> Runner:
-        if self.closed:
-            raise SandboxError("this session is closed")
-        runner = self._lease_box.runner
-        if runner is None:
-            pool = self.sandbox._pool_started()
-            runner = self._adopt(pool, pool.acquire(self.sandbox.lease_timeout_s))
-        return runner
-
-    def _settled_runner(self) -> Runner:
-        """The leased runner, done with the reset that its previous session left queued, and answering.
-
-        A runner that fails its reset (or its check that nothing of the previous session is left) or does
-        not answer a ping (it died, or was paused, while idle) is replaced before this session's code runs,
-        so the session's first call never reports a failure that belongs to the previous session. Once the
-        session has run code on its runner, a dead runner is left for `run` to report.
-        """
-        if self.used:
-            return self._lease()
-        for _ in range(5):
-            runner = self._lease()
-            pool = self._lease_box.pool
-            try:
-                runner.settle(time.monotonic() + RESET_WAIT_S)
-                runner.ping(time.monotonic() + PING_WAIT_S)
-                return runner
-            except (ChannelClosed, ChannelTimeout, ProtocolError, ResetFailed, OSError) as exc:
-                logger.warning("%s failed its check between sessions (%s); replacing it", runner.name, exc)
-                self._drop_runner()
-                if pool is not None:
-                    pool.replace(runner)
-        raise SandboxError("five runners in a row failed their check between sessions")
-
-    def _check_call(self, code: str, timeout_s: float | None) -> float:
-        if not isinstance(code, str):
-            raise TypeError(f"code must be a str, got {type(code).__name__}")
-        if len(code) > MAX_CODE_BYTES // 4 and len(code.encode("utf-8", "surrogatepass")) > MAX_CODE_BYTES:
-            raise ValueError(
-                f"code of more than {MAX_CODE_BYTES} bytes (UTF-8) cannot be sent to the sandbox"
-            )
-        return self.timeout_s if timeout_s is None else check_timeout(timeout_s)
-
-    def run(self, code: str, timeout_s: float | None = None) -> ExecutionResult:
-        limit = self._check_call(code, timeout_s)
-        with self._calls:
-            with self._state:
-                if self.closed:
-                    raise SandboxError("this session is closed")
-                self._in_flight = True
-            try:
-                return self._run(code, limit)
-            finally:
-                with self._state:
-                    self._in_flight = False
-                    give_back = self.closed  # closed while the call ran: the runner goes back now
-                if give_back:
-                    self._give_back()
-
-    def _run(self, code: str, limit: float) -> ExecutionResult:
-        started = time.perf_counter()
-        runner = self._settled_runner()
-        self.used = True
-        request = {
-            "op": "run",
-            "code": code,
-            "timeout_s": limit,
-            "stateless": self.stateless,
-            "echo": self.echo,
-            "max_output": self.sandbox.max_output_bytes,
-        }
-        deadline = time.monotonic() + limit + self.sandbox.host_slack_s
-        try:
-            header, out, err = runner.request(request, deadline, self.sandbox.max_output_bytes)
-        except (ChannelClosed, ChannelTimeout, ProtocolError, ResetFailed, OSError) as exc:
-            # never run again elsewhere: the code may be what broke the runner
-            return self._runner_lost(runner, exc, started, limit)
-        return ExecutionResult(
-            stdout=_decode(out),
-            stderr=_decode(err),
-            status=header["status"],
-            truncated=header["truncated"],
-            duration_s=time.perf_counter() - started,
-        )
-
-    def _runner_lost(
-        self, runner: Runner, exc: BaseException, started: float, limit: float
-    ) -> ExecutionResult:
-        """The runner died, hung or broke its protocol: replace it; this call reports what happened and the
-        session goes on with a fresh interpreter."""
-        pool, _ = self._drop_runner()
-        if pool is not None:
-            pool.replace(runner)
-        self.used = False
-        if isinstance(exc, ChannelTimeout):
-            status = "timeout"
-            what = f"the sandbox did not answer within {limit:g} s + {self.sandbox.host_slack_s:g} s"
-        elif isinstance(exc, ProtocolError):
-            status, what = "error", f"SandboxError: the sandbox's reply was not valid: {exc}"
-        else:
-            status, what = "killed", f"the sandbox {self.sandbox.runner_kind} stopped ({exc})"
-        message = f"{what}; it was replaced and this session's variables were lost\n"
-        return ExecutionResult("", message, status, False, time.perf_counter() - started)
-
-    def cancel_call(self) -> None:
-        """Interrupt the call in flight on this session, if any (what cancelling `arun` does)."""
-        with self._state:
-            runner = self._lease_box.runner if self._in_flight else None
-        if runner is not None:
-            runner.cancel()
-
-    def close(self) -> None:
-        """End the session; safe from any thread and while a call runs (that call is interrupted, and the
-        runner goes back to the pool when it has ended)."""
-        with self._state:
-            if self.closed:
-                return
-            self.closed = True
-            in_flight, runner = self._in_flight, self._lease_box.runner
-        if in_flight:
-            if runner is not None:
-                runner.cancel()
-            return
-        self._give_back()
-
-    def _give_back(self) -> None:
-        self._finalizer.detach()
-        pool, runner = self._drop_runner()
-        if pool is not None and runner is not None:
-            pool.release(runner)
-
-
-class AsyncSession:
-    """asyncio twin of Session: `async with sandbox.asession() as s: r = await s.arun(code)`.
-
-    Leasing waits without holding a thread; each `arun` runs the blocking call on the sandbox's executor
-    (one thread per leased runner), so many coroutines can share a small pool. Cancelling `arun` (e.g.
-    `asyncio.wait_for`) interrupts the call in the sandbox; leaving the `async with` block closes the
-    session, also while a call runs.
-    """
-
-    def __init__(self, session: Session) -> None:
-        self.session = session
-
-    async def __aenter__(self) -> AsyncSession:
-        await self._lease()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.session.close()
-
-    async def _lease(self) -> None:
-        session = self.session
-        if session.closed:
-            raise SandboxError("this session is closed")
-        if session.runner is None:
-            loop = asyncio.get_running_loop()
-            pool = await loop.run_in_executor(session.sandbox._executor(), session.sandbox._pool_started)
-            runner = await pool.aacquire(session.sandbox.lease_timeout_s)
-            session._adopt(pool, runner)
-
-    async def arun(self, code: str, timeout_s: float | None = None) -> ExecutionResult:
-        self.session._check_call(code, timeout_s)
-        await self._lease()
-        loop = asyncio.get_running_loop()
-        call = loop.run_in_executor(self.session.sandbox._executor(), self.session.run, code, timeout_s)
-        try:
-            return await call
-        except asyncio.CancelledError:
-            self.session.cancel_call()
-            raise
-
-    async def aclose(self) -> None:
-        self.session.close()
-
-
-# ---------------------------------------------------------------------------------------------- sandbox
-
 _open_sandboxes: weakref.WeakSet[PooledSandbox] = weakref.WeakSet()
 
 
@@ -900,3 +459,26 @@ class PooledSandbox:
     async def arun(self, code: str, timeout_s: float | None = None) -> ExecutionResult:
         async with self.asession(stateless=True) as session:
             return await session.arun(code, timeout_s)
+
+
+# the names importers of this module use (the backends, the CLI, tests); each lives in one of the rooms above
+__all__ = [
+    "DEFAULT_LEASE_TIMEOUT_S",
+    "HOST_SLACK_S",
+    "MAX_CODE_BYTES",
+    "MAX_TIMEOUT_S",
+    "PREIMPORT",
+    "START_WAIT_S",
+    "AsyncSession",
+    "Channel",
+    "ChannelClosed",
+    "ChannelTimeout",
+    "Pool",
+    "PooledSandbox",
+    "ProtocolError",
+    "ResetFailed",
+    "Runner",
+    "SandboxError",
+    "Session",
+    "check_timeout",
+]

@@ -1,0 +1,282 @@
+"""Sessions: one stateful interpreter leased from a sandbox's pool, with a sync and an asyncio API."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+import weakref
+from typing import TYPE_CHECKING
+
+from stare_agents.sandbox.channel import MAX_CODE_BYTES, PING_WAIT_S, RESET_WAIT_S, Runner, check_timeout
+from stare_agents.sandbox.errors import (
+    ChannelClosed,
+    ChannelTimeout,
+    ProtocolError,
+    ResetFailed,
+    SandboxError,
+)
+from stare_agents.sandbox.result import ExecutionResult
+
+if TYPE_CHECKING:
+    from stare_agents.sandbox.pool import Pool, PooledSandbox
+
+
+logger = logging.getLogger("stare_agents.sandbox")
+
+
+def _decode(data: bytes) -> str:
+    return data.decode("utf-8", errors="replace")
+
+
+class _Lease:
+    """The runner a session holds and the pool it came from, shared with the session's finaliser."""
+
+    __slots__ = ("pool", "runner")
+
+    def __init__(self) -> None:
+        self.pool: Pool | None = None
+        self.runner: Runner | None = None
+
+
+def _return_abandoned(lease: _Lease) -> None:
+    """Finaliser of a session dropped without close(). It may run inside any code (even with the pool's
+    lock held), so it only enqueues the runner for the pool's collector thread, which resets and lends it."""
+    pool, runner = lease.pool, lease.runner
+    lease.pool = lease.runner = None
+    if pool is not None and runner is not None:
+        pool._abandoned.put(runner)
+
+
+class Session:
+    """One stateful interpreter leased from a sandbox's pool. Use as a context manager.
+
+    `run(code, timeout_s=None)` executes code and returns an ExecutionResult; it never raises for what the
+    code does. With stateless=True each call starts from an empty namespace (SimpleTIR-style); imported
+    modules stay cached and files written to the scratch folder remain until the session ends.
+
+    Threads may share a session (calls run one at a time). `close()` may come from any thread, also
+    while a call runs: that call is interrupted, and its runner goes back to the pool only once the call
+    has ended. A session dropped without close() gives its runner back when it is garbage-collected.
+    """
+
+    def __init__(
+        self, sandbox: PooledSandbox, *, stateless: bool = False, timeout_s: float | None = None, echo: bool
+    ) -> None:
+        self.sandbox = sandbox
+        self.stateless = stateless
+        self.timeout_s = check_timeout(timeout_s) if timeout_s is not None else sandbox.default_timeout_s
+        self.echo = echo
+        self.used = False  # this session's code has run on its runner: its death must be reported
+        self.closed = False
+        self._calls = threading.Lock()  # one call at a time, even if threads share the session
+        self._state = threading.Lock()  # guards closed, _in_flight and the lease
+        self._in_flight = False
+        self._lease_box = _Lease()
+        self._finalizer = weakref.finalize(self, _return_abandoned, self._lease_box)
+        self._finalizer.atexit = False  # at exit the sandbox closes its pool instead
+
+    @property
+    def runner(self) -> Runner | None:
+        """The runner this session holds (None before the first call and after close)."""
+        return self._lease_box.runner
+
+    def __enter__(self) -> Session:
+        self._lease()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _adopt(self, pool: Pool, runner: Runner) -> Runner:
+        """Take a leased runner, unless the session was closed (or leased) meanwhile: then it goes back."""
+        with self._state:
+            if not self.closed and self._lease_box.runner is None:
+                self._lease_box.pool, self._lease_box.runner = pool, runner
+                return runner
+            closed, current = self.closed, self._lease_box.runner
+        pool._put(runner)
+        if closed or current is None:
+            raise SandboxError("this session is closed")
+        return current
+
+    def _drop_runner(self) -> tuple[Pool | None, Runner | None]:
+        with self._state:
+            pool, runner = self._lease_box.pool, self._lease_box.runner
+            self._lease_box.pool = self._lease_box.runner = None
+        return pool, runner
+
+    def _lease(self) -> Runner:
+        if self.closed:
+            raise SandboxError("this session is closed")
+        runner = self._lease_box.runner
+        if runner is None:
+            pool = self.sandbox._pool_started()
+            runner = self._adopt(pool, pool.acquire(self.sandbox.lease_timeout_s))
+        return runner
+
+    def _settled_runner(self) -> Runner:
+        """The leased runner, done with the reset that its previous session left queued, and answering.
+
+        A runner that fails its reset (or its check that nothing of the previous session is left) or does
+        not answer a ping (it died, or was paused, while idle) is replaced before this session's code runs,
+        so the session's first call never reports a failure that belongs to the previous session. Once the
+        session has run code on its runner, a dead runner is left for `run` to report.
+        """
+        if self.used:
+            return self._lease()
+        for _ in range(5):
+            runner = self._lease()
+            pool = self._lease_box.pool
+            try:
+                runner.settle(time.monotonic() + RESET_WAIT_S)
+                runner.ping(time.monotonic() + PING_WAIT_S)
+                return runner
+            except (ChannelClosed, ChannelTimeout, ProtocolError, ResetFailed, OSError) as exc:
+                logger.warning("%s failed its check between sessions (%s); replacing it", runner.name, exc)
+                self._drop_runner()
+                if pool is not None:
+                    pool.replace(runner)
+        raise SandboxError("five runners in a row failed their check between sessions")
+
+    def _check_call(self, code: str, timeout_s: float | None) -> float:
+        if not isinstance(code, str):
+            raise TypeError(f"code must be a str, got {type(code).__name__}")
+        if len(code) > MAX_CODE_BYTES // 4 and len(code.encode("utf-8", "surrogatepass")) > MAX_CODE_BYTES:
+            raise ValueError(
+                f"code of more than {MAX_CODE_BYTES} bytes (UTF-8) cannot be sent to the sandbox"
+            )
+        return self.timeout_s if timeout_s is None else check_timeout(timeout_s)
+
+    def run(self, code: str, timeout_s: float | None = None) -> ExecutionResult:
+        limit = self._check_call(code, timeout_s)
+        with self._calls:
+            with self._state:
+                if self.closed:
+                    raise SandboxError("this session is closed")
+                self._in_flight = True
+            try:
+                return self._run(code, limit)
+            finally:
+                with self._state:
+                    self._in_flight = False
+                    give_back = self.closed  # closed while the call ran: the runner goes back now
+                if give_back:
+                    self._give_back()
+
+    def _run(self, code: str, limit: float) -> ExecutionResult:
+        started = time.perf_counter()
+        runner = self._settled_runner()
+        self.used = True
+        request = {
+            "op": "run",
+            "code": code,
+            "timeout_s": limit,
+            "stateless": self.stateless,
+            "echo": self.echo,
+            "max_output": self.sandbox.max_output_bytes,
+        }
+        deadline = time.monotonic() + limit + self.sandbox.host_slack_s
+        try:
+            header, out, err = runner.request(request, deadline, self.sandbox.max_output_bytes)
+        except (ChannelClosed, ChannelTimeout, ProtocolError, ResetFailed, OSError) as exc:
+            # never run again elsewhere: the code may be what broke the runner
+            return self._runner_lost(runner, exc, started, limit)
+        return ExecutionResult(
+            stdout=_decode(out),
+            stderr=_decode(err),
+            status=header["status"],
+            truncated=header["truncated"],
+            duration_s=time.perf_counter() - started,
+        )
+
+    def _runner_lost(
+        self, runner: Runner, exc: BaseException, started: float, limit: float
+    ) -> ExecutionResult:
+        """The runner died, hung or broke its protocol: replace it; this call reports what happened and the
+        session goes on with a fresh interpreter."""
+        pool, _ = self._drop_runner()
+        if pool is not None:
+            pool.replace(runner)
+        self.used = False
+        if isinstance(exc, ChannelTimeout):
+            status = "timeout"
+            what = f"the sandbox did not answer within {limit:g} s + {self.sandbox.host_slack_s:g} s"
+        elif isinstance(exc, ProtocolError):
+            status, what = "error", f"SandboxError: the sandbox's reply was not valid: {exc}"
+        else:
+            status, what = "killed", f"the sandbox {self.sandbox.runner_kind} stopped ({exc})"
+        message = f"{what}; it was replaced and this session's variables were lost\n"
+        return ExecutionResult("", message, status, False, time.perf_counter() - started)
+
+    def cancel_call(self) -> None:
+        """Interrupt the call in flight on this session, if any (what cancelling `arun` does)."""
+        with self._state:
+            runner = self._lease_box.runner if self._in_flight else None
+        if runner is not None:
+            runner.cancel()
+
+    def close(self) -> None:
+        """End the session; safe from any thread and while a call runs (that call is interrupted, and the
+        runner goes back to the pool when it has ended)."""
+        with self._state:
+            if self.closed:
+                return
+            self.closed = True
+            in_flight, runner = self._in_flight, self._lease_box.runner
+        if in_flight:
+            if runner is not None:
+                runner.cancel()
+            return
+        self._give_back()
+
+    def _give_back(self) -> None:
+        self._finalizer.detach()
+        pool, runner = self._drop_runner()
+        if pool is not None and runner is not None:
+            pool.release(runner)
+
+
+class AsyncSession:
+    """asyncio twin of Session: `async with sandbox.asession() as s: r = await s.arun(code)`.
+
+    Leasing waits without holding a thread; each `arun` runs the blocking call on the sandbox's executor
+    (one thread per leased runner), so many coroutines can share a small pool. Cancelling `arun` (e.g.
+    `asyncio.wait_for`) interrupts the call in the sandbox; leaving the `async with` block closes the
+    session, also while a call runs.
+    """
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    async def __aenter__(self) -> AsyncSession:
+        await self._lease()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.session.close()
+
+    async def _lease(self) -> None:
+        session = self.session
+        if session.closed:
+            raise SandboxError("this session is closed")
+        if session.runner is None:
+            loop = asyncio.get_running_loop()
+            pool = await loop.run_in_executor(session.sandbox._executor(), session.sandbox._pool_started)
+            runner = await pool.aacquire(session.sandbox.lease_timeout_s)
+            session._adopt(pool, runner)
+
+    async def arun(self, code: str, timeout_s: float | None = None) -> ExecutionResult:
+        self.session._check_call(code, timeout_s)
+        await self._lease()
+        loop = asyncio.get_running_loop()
+        call = loop.run_in_executor(self.session.sandbox._executor(), self.session.run, code, timeout_s)
+        try:
+            return await call
+        except asyncio.CancelledError:
+            self.session.cancel_call()
+            raise
+
+    async def aclose(self) -> None:
+        self.session.close()
