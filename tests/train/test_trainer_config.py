@@ -72,7 +72,7 @@ def test_overrides_are_typed_and_unknown_keys_are_refused():
         load_config(recipe="tiny", overrides=["rl.steps"])
     with pytest.raises(ValueError, match=r"unknown key\(s\) \['wq'\] in 'rl.stare'"):
         load_config(recipe="tiny", overrides=["rl.stare.wq=1"])
-    with pytest.raises(ValueError, match="rl.algorithm=grpo has no stare"):
+    with pytest.raises(ValueError, match=r"rl\.algorithm=grpo has no stare"):
         load_config(recipe="tiny", overrides=["rl.algorithm=grpo", "rl.stare.w=1.2"])
     with pytest.raises(FileNotFoundError, match="recipes"):
         load_config(recipe="no-such-recipe")
