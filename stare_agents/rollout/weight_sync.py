@@ -17,10 +17,14 @@ members that are left (or a replaced worker) and sends again.
 from __future__ import annotations
 
 import datetime
+import ipaddress
 import math
+import shutil
 import socket
+import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -36,6 +40,18 @@ def free_address(host: str = "127.0.0.1") -> tuple[str, int]:
         return host, probe.getsockname()[1]
 
 
+def group_address(
+    host: str, world_size: int, backend: str = "gloo", timeout_s: float = 300.0
+) -> GroupAddress:
+    """Where a new group meets: on loopback through a store file in a fresh private folder (the port is then
+    only the group's name), elsewhere through a TCP store on a free port of `host`."""
+    host, port = free_address(host)
+    store_path = None
+    if ipaddress.ip_address(socket.gethostbyname(host)).is_loopback:
+        store_path = str(Path(tempfile.mkdtemp(prefix="stare-sync-")) / "store")
+    return GroupAddress(host, port, world_size, backend, timeout_s, store_path)
+
+
 @dataclass(frozen=True)
 class GroupAddress:
     """Where and how a sync group meets: the store's host and port, the number of members (the sender is
@@ -46,6 +62,9 @@ class GroupAddress:
     world_size: int
     backend: str = "gloo"
     timeout_s: float = 300.0
+    # a loopback group meets through a file in a private folder instead of a TCP store (which listens on every
+    # interface whatever its host): nothing of a single-machine run is reachable from the network
+    store_path: str | None = None
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -63,9 +82,13 @@ class SyncGroup:
             raise ValueError(f"rank {rank} is not in a group of {address.world_size}")
         self.address, self.rank = address, rank
         timeout = datetime.timedelta(seconds=address.timeout_s)
-        self.store = dist.TCPStore(
-            address.host, address.port, address.world_size, is_master=rank == 0, timeout=timeout
-        )
+        if address.store_path is not None:
+            self.store = dist.FileStore(address.store_path, address.world_size)
+            self.store.set_timeout(timeout)
+        else:
+            self.store = dist.TCPStore(
+                address.host, address.port, address.world_size, is_master=rank == 0, timeout=timeout
+            )
         if address.backend == "gloo":
             options = dist.ProcessGroupGloo._Options()
             options._timeout = timeout
@@ -85,6 +108,8 @@ class SyncGroup:
     def close(self) -> None:
         self.group = None
         self.store = None
+        if self.rank == 0 and self.address.store_path is not None:  # the sender made the folder
+            shutil.rmtree(Path(self.address.store_path).parent, ignore_errors=True)
 
 
 @dataclass(frozen=True)

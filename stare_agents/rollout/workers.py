@@ -505,11 +505,10 @@ class RolloutWorkerGroup:
         return lambda timeout: ray.get(ref, timeout=timeout)
 
     def _form_group(self, members: list[Any]) -> Any:
-        from stare_agents.rollout.weight_sync import GroupAddress, free_address
+        from stare_agents.rollout.weight_sync import group_address
 
-        host, port = free_address(self._sender.sync_host())
         backend = "nccl" if self.spec.num_gpus > 0 and torch.cuda.is_available() else "gloo"
-        address = GroupAddress(host, port, 1 + len(members), backend, self._sync_timeout_s)
+        address = group_address(self._sender.sync_host(), 1 + len(members), backend, self._sync_timeout_s)
         joins = [self._call(m, "join_sync_group", asdict(address), rank) for rank, m in enumerate(members, 1)]
         self._sender.sync_join(address)  # returns once every member joined
         for wait in joins:

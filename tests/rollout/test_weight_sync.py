@@ -22,6 +22,7 @@ from stare_agents.rollout.weight_sync import (
     SyncGroup,
     WeightsPlan,
     free_address,
+    group_address,
     receive_weights,
     send_weights,
 )
@@ -48,9 +49,13 @@ def test_plans_are_checked_and_travel_as_dicts():
         GroupAddress("127.0.0.1", 1, 1)
 
 
-def _pair(timeout_s: float = 30.0) -> tuple[SyncGroup, SyncGroup]:
-    host, port = free_address()
-    address = GroupAddress(host, port, 2, "gloo", timeout_s)
+def _pair(timeout_s: float = 30.0, *, store: str = "file") -> tuple[SyncGroup, SyncGroup]:
+    if store == "file":  # what a single-machine run uses
+        address = group_address("127.0.0.1", 2, "gloo", timeout_s)
+        assert address.store_path is not None
+    else:  # a TCP store, as across machines
+        host, port = free_address()
+        address = GroupAddress(host, port, 2, "gloo", timeout_s)
     groups: dict[int, SyncGroup] = {}
     joiner = threading.Thread(target=lambda: groups.setdefault(1, SyncGroup(address, 1)))
     joiner.start()
@@ -59,8 +64,9 @@ def _pair(timeout_s: float = 30.0) -> tuple[SyncGroup, SyncGroup]:
     return groups[0], groups[1]
 
 
-def test_a_bucketed_broadcast_delivers_every_tensor_as_sent():
-    sender, receiver = _pair()
+@pytest.mark.parametrize("store", ["file", "tcp"])
+def test_a_bucketed_broadcast_delivers_every_tensor_as_sent(store):
+    sender, receiver = _pair(store=store)
     tensors = {"w": torch.randn(300, 7), "b": torch.randn(11), "e": torch.randn(5, 5, 5)}
     for dtype in (torch.float32, torch.bfloat16):
         plan = WeightsPlan.of(
@@ -78,6 +84,22 @@ def test_a_bucketed_broadcast_delivers_every_tensor_as_sent():
         send_weights(sender, plan, [torch.zeros(2, 2), *list(tensors.values())[1:]])
     with pytest.raises(ValueError, match="only rank 0 sends"):
         send_weights(receiver, plan, [])
+
+
+def test_a_loopback_group_listens_on_loopback_only_and_leaves_no_store_behind():
+    import psutil
+
+    def listening() -> set[str]:
+        return {c.laddr.ip for c in psutil.Process().net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+
+    before = listening()
+    sender, receiver = _pair()
+    assert all(ip.startswith("127.") for ip in listening() - before), listening() - before
+    folder = Path(sender.address.store_path).parent
+    assert folder.is_dir() and oct(folder.stat().st_mode & 0o777) == "0o700"
+    receiver.close()
+    sender.close()
+    assert not folder.exists()
 
 
 def test_a_receiver_whose_sender_is_gone_fails_within_the_timeout():
