@@ -42,6 +42,7 @@ from stare_agents.algo.losses import PolicyLossConfig
 from stare_agents.algo.stare import StareConfig
 from stare_agents.rollout.engine import Dtype, EngineName
 from stare_agents.rollout.render import Rendering
+from stare_agents.rollout.weight_sync import WeightSync
 from stare_agents.sandbox import Backend
 from stare_agents.sandbox.runner import MAX_TIMEOUT_S
 from stare_agents.train.learner import LearnerConfig
@@ -147,6 +148,12 @@ class RolloutSection:
     # anything else for vllm.LLM / EngineArgs, e.g. {enable_chunked_prefill: true}; checked against vLLM's
     # EngineArgs where vLLM is installed; the keys above and those the engine sets itself are refused here
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    # how weights reach the engines after each step: "driver" (the learner's state dict through Ray's object
+    # store; the fastest here with one CPU learner), "collective" (the learner broadcasts bf16/fp32 buckets
+    # straight to the engines over gloo or NCCL; no full copy in the driver), "auto" (collective with GPUs or
+    # rl.learner_workers > 1, driver otherwise)
+    weight_sync: WeightSync = "auto"
+    weight_sync_bucket_mb: float = 256.0
 
     def __post_init__(self) -> None:
         # the learner scores softmax(logits / temperature) exactly; a top-p nucleus it cannot reproduce per token
@@ -159,6 +166,10 @@ class RolloutSection:
                 "full distribution at rollout.temperature, and nucleus-truncated log-probs would make every "
                 "ratio, TIS weight and surprisal compare two different distributions; use rollout.temperature "
                 "to sharpen sampling (evaluation has its own eval.temperature)"
+            )
+        if not (math.isfinite(self.weight_sync_bucket_mb) and self.weight_sync_bucket_mb > 0):
+            raise ValueError(
+                f"rollout.weight_sync_bucket_mb={self.weight_sync_bucket_mb!r}: allowed: a size in MB > 0"
             )
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(

@@ -266,7 +266,9 @@ class Trainer:
         from stare_agents.sandbox import check_backend
 
         config = self.config
-        check_run(config, compare=compare)  # the environment, its kwargs, sft.data and --compare: before any work
+        check_run(
+            config, compare=compare
+        )  # the environment, its kwargs, sft.data and --compare: before any work
         check_backend(config.rollout.sandbox, **config.rollout.sandbox_kwargs)  # no usable sandbox: stop now
         self.benchmarks()  # eval.benchmarks that cannot load (a Hugging Face id offline) stop the run now
         self.check_heldout()  # a held-out evaluation that would draw training problems stops the run now
@@ -749,10 +751,25 @@ class Trainer:
     def _sync(self, learner: Any, version: int | None = None) -> float:
         assert self.workers is not None
         started = time.perf_counter()
-        self.workers.update_weights(learner.model_state_dict(), version=version)
+        if (
+            self.weight_sync_mode() == "collective"
+        ):  # straight from the learner (stare_agents.rollout.weight_sync)
+            bucket_mb = self.config.rollout.weight_sync_bucket_mb
+            self.workers.update_weights_from(learner, version=version, bucket_mb=bucket_mb)
+        else:
+            self.workers.update_weights(learner.model_state_dict(), version=version)
         seconds = time.perf_counter() - started
         self._timed("sync", seconds)
         return seconds
+
+    def weight_sync_mode(self) -> str:
+        """rollout.weight_sync resolved: "auto" is the collective with GPUs or a data-parallel learner group
+        (no full state through the driver), the driver path for one learner on a CPU (measured faster there:
+        BENCHMARKS.md, Weight sync)."""
+        c = self.config
+        if c.rollout.weight_sync != "auto":
+            return c.rollout.weight_sync
+        return "collective" if c.rl.learner_workers > 1 or torch.cuda.is_available() else "driver"
 
     def _entropy_of_all(
         self, learner: Any, trajectories: list[Trajectory], kept: list[Trajectory], algorithm: AlgorithmConfig

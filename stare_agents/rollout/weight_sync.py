@@ -25,12 +25,15 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
 
 BACKENDS = ("gloo", "nccl")
+# how the trainer moves weights to the engines: "driver" (the learner's state dict through Ray's object store),
+# "collective" (this module), "auto" (collective with GPUs or a data-parallel learner, driver otherwise)
+WeightSync = Literal["auto", "driver", "collective"]
 
 
 def free_address(host: str = "127.0.0.1") -> tuple[str, int]:

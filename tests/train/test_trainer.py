@@ -140,3 +140,19 @@ def test_dynamic_sampling_refills_from_the_next_prompts(tmp_path):
     for record in read_records(tmp_path / "some" / "metrics.jsonl", "rl"):
         assert 1 <= record["data/sampling_rounds"] <= 3 and record["data/kept_trajectories"] <= 8
         assert record["data/position"] % 2 == 0
+
+
+def test_weights_over_the_collective_train_the_same_run_as_through_the_driver(tmp_path):
+    """rollout.weight_sync=collective (the learner broadcasts to the engine over a gloo group) and =driver
+    (the state dict through the driver) put the same float32 weights in the engine: the same rollouts,
+    the same updates, the same metrics."""
+    import coin_env  # noqa: F401  (rewards with variance, so the weights change every step)
+
+    runs = {}
+    for mode in ("driver", "collective"):
+        folder = tmp_path / mode
+        train(tiny(folder, *COIN, "rl.steps=3", f"rollout.weight_sync={mode}"))
+        runs[mode] = [comparable(r) for r in read_records(folder / "metrics.jsonl", "rl")]
+    assert [r["rollout/weight_version"] for r in runs["collective"]] == [1, 2, 3]
+    assert all(r["learner/grad_norm"] > 0 for r in runs["collective"])
+    assert runs["collective"] == runs["driver"]
