@@ -19,6 +19,7 @@ on GPUs (no GPU on this project's machines).
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +31,8 @@ from stare_agents.algo import AlgorithmConfig
 from stare_agents.rollout.weight_sync import GroupAddress, WeightsPlan
 from stare_agents.train.learner import Collective, Learner, LearnerConfig, TokenRecord
 from stare_agents.train.policy import MicroBatch, PolicyModel, load_causal_lm, split_step
-from stare_agents.trajectory import Batch
+from stare_agents.train.sft import SFTConfig, SFTTrainer
+from stare_agents.trajectory import Batch, Trajectory
 
 BACKENDS = ("auto", "gloo", "nccl")
 GRADIENT_BUCKET_ELEMENTS = 1 << 24  # gradients are summed in flat buckets of at most this many floats
@@ -170,17 +172,54 @@ class LearnerWorker:
         config: LearnerConfig,
         fsdp: bool,
     ) -> None:
-        dist.init_process_group(backend, init_method=address, rank=self.rank, world_size=self.world_size)
-        if backend == "nccl":
-            torch.cuda.set_device(0)  # Ray gives each worker its own GPU as device 0
-        model = load_causal_lm(model_dir, config.device)
-        with torch.no_grad():  # every replica starts from rank 0's weights
-            for tensor in model.state_dict().values():
-                dist.broadcast(tensor, src=0)
+        model = self._join(address, backend, model_dir, config.device)
         shard = _fully_shard if fsdp else None
         self.learner = Learner(
             model, algorithm, config, collective=ProcessGroupCollective(shards_gradients=fsdp), shard=shard
         )
+
+    def _join(self, address: str, backend: str, model_dir: str, device: str) -> nn.Module:
+        """Join the process group and load the model, every replica from rank 0's weights."""
+        dist.init_process_group(backend, init_method=address, rank=self.rank, world_size=self.world_size)
+        if backend == "nccl":
+            torch.cuda.set_device(0)  # Ray gives each worker its own GPU as device 0
+        model = load_causal_lm(model_dir, device)
+        with torch.no_grad():
+            for tensor in model.state_dict().values():
+                dist.broadcast(tensor, src=0)
+        return model
+
+    # ---- SFT on the same workers (SFTGroup) ----
+    def setup_sft(
+        self, address: str, backend: str, model_dir: str, config: SFTConfig, pad_token_id: int, fsdp: bool
+    ) -> None:
+        model = self._join(address, backend, model_dir, config.device)
+        self.sft = SFTTrainer(
+            model,
+            config,
+            pad_token_id=pad_token_id,
+            collective=ProcessGroupCollective(shards_gradients=fsdp),
+            shard=_fully_shard if fsdp else None,
+        )
+
+    def sft_fit(self, trajectories: list[Trajectory]) -> tuple[list[dict], list[dict]]:
+        """Every epoch on the same trajectories (each worker its share of each step's micro-batches):
+        (the epochs' SFT_METRICS, every step's figures)."""
+        steps: list[dict] = []
+        history = self.sft.fit(trajectories, on_step=steps.append)
+        return history, steps
+
+    def sft_model_state_dict(self) -> dict[str, Tensor] | None:
+        if self.sft.collective.shards_gradients:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            full = get_model_state_dict(
+                self.sft.policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+            )
+            state = {key.removeprefix("model."): value for key, value in full.items()}
+        else:
+            state = self.sft.model.state_dict()
+        return state if self.rank == 0 else None
 
     def step(
         self, plan: list[list[MicroBatch]], record_tokens: bool = False
@@ -338,6 +377,66 @@ class LearnerGroup:
         import ray
 
         return ray.get([w.model_state_dict.remote() for w in self.workers])[0]
+
+    def close(self) -> None:
+        import ray
+
+        ray.get([w.close.remote() for w in self.workers])
+        for w in self.workers:
+            ray.kill(w)
+        self.workers = []
+
+
+class SFTGroup:
+    """SFT on `num_workers` data-parallel learner workers (Ray actors; gloo on CPUs, NCCL on GPUs, FSDP2 with
+    `fsdp`): the cold start of a model that does not fit one device, on the same kind of workers as RL. Each
+    step's batch is the one a single `SFTTrainer` would take, its micro-batches dealt to the workers and the
+    gradients summed, so the update is a single trainer's (tested against one on CPU)."""
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        config: SFTConfig,
+        distributed: DistributedConfig | None = None,
+        *,
+        pad_token_id: int = 0,
+    ) -> None:
+        import ray
+
+        if not ray.is_initialized():
+            raise RuntimeError("SFTGroup runs its workers as Ray actors: call ray.init(...) first")
+        d = self.distributed = distributed or DistributedConfig()
+        actor = ray.remote(num_cpus=d.num_cpus_per_worker, num_gpus=d.num_gpus_per_worker)(LearnerWorker)
+        self.workers = [
+            actor.remote(rank, d.num_workers, d.threads_per_worker) for rank in range(d.num_workers)
+        ]
+        address = ray.get(self.workers[0].address.remote())
+        ray.get(
+            [
+                w.setup_sft.remote(address, d.resolved_backend, str(model_dir), config, pad_token_id, d.fsdp)
+                for w in self.workers
+            ]
+        )
+
+    def fit(
+        self, trajectories: Sequence[Trajectory], *, on_step: Callable[[dict], None] | None = None
+    ) -> list[dict[str, float]]:
+        """As `SFTTrainer.fit` (rank 0's figures, which cover the whole batch); `on_step` gets each step's
+        figures once the fit is done."""
+        import ray
+
+        if not trajectories:
+            raise ValueError("SFT needs at least one trajectory")
+        ref = ray.put(list(trajectories))
+        history, steps = ray.get([w.sft_fit.remote(ref) for w in self.workers])[0]
+        for record in steps if on_step is not None else ():
+            on_step(record)
+        return history
+
+    def model_state_dict(self) -> dict[str, Tensor]:
+        import ray
+
+        return ray.get([w.sft_model_state_dict.remote() for w in self.workers])[0]
 
     def close(self) -> None:
         import ray

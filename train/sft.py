@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from stare_agents.algo import aggregate
+from stare_agents.train.learner import Collective
 from stare_agents.train.policy import (
     PRECISIONS,
     OptimizerConfig,
@@ -79,9 +80,22 @@ class SFTConfig:
 
 
 class SFTTrainer:
-    def __init__(self, model: nn.Module, config: SFTConfig | None = None, *, pad_token_id: int = 0) -> None:
+    """See the module docstring. With a `collective` (a data-parallel worker of `SFTGroup`, train/distributed.py)
+    every worker gets the same step batch, takes its share of the micro-batches and the gradients are summed
+    across workers (or reduce-scattered by FSDP, `shard`), so that the update is that of one trainer."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        config: SFTConfig | None = None,
+        *,
+        pad_token_id: int = 0,
+        collective: Collective | None = None,
+        shard: Callable[[PolicyModel], None] | None = None,
+    ) -> None:
         self.config = config or SFTConfig()
         self.pad_token_id = pad_token_id
+        self.collective = collective or Collective()
         self.device = torch.device(self.config.device)
         model.to(self.device)
         if self.config.gradient_checkpointing:
@@ -89,6 +103,8 @@ class SFTTrainer:
         self.policy = PolicyModel(
             model, precision=self.config.precision, head_chunk_rows=self.config.head_chunk_rows
         )
+        if shard is not None:
+            shard(self.policy)
         self.optimizer, self.scheduler = build_optimizer(model, self.config.optimizer)
         self.epochs_done = 0
         self.steps_done = 0
@@ -111,22 +127,37 @@ class SFTTrainer:
         batch = collate(trajectories, self.pad_token_id)
         plan = split_step(batch, None, mini_batches=1, micro_batch_tokens=self.config.micro_batch_tokens)
         normalizer = max(float((batch.action_mask > 0).sum()), 1.0)
+        sharded = self.collective.shards_gradients
+        mine = plan[0]
+        if self.collective.world_size > 1:  # this worker's share (FSDP: as many as every other worker)
+            from stare_agents.train.distributed import deal_micro_batches
+
+            mine = deal_micro_batches(plan, self.collective.world_size, equal_counts=sharded)[
+                self.collective.rank
+            ][0]
         lr = self.optimizer.param_groups[0]["lr"]
         self.policy.train()
         self.optimizer.zero_grad(set_to_none=True)
-        nll_sum = entropy_sum = 0.0
-        for mb in plan[0]:
+        sums = torch.zeros(2, dtype=torch.float64)  # NLL and entropy over this worker's action tokens
+        for mb in mine:
             mb = mb.to(self.device)
             mask = mb.batch.action_mask
-            if not bool((mask > 0).any()):
-                continue  # nothing to learn in it
+            if not bool((mask > 0).any()) and not sharded:
+                continue  # nothing to learn in it (under FSDP the forward and backward are collective)
             stats = self.policy(mb.batch)
             loss = -aggregate(stats.logprob, mask, "token-mean", normalizer)
-            loss.backward()
-            nll_sum += float(loss.detach()) * normalizer
-            entropy_sum += float(stats.entropy.detach()[mask > 0].sum())
+            (loss * self.collective.loss_scale).backward()
+            sums[0] += float(loss.detach()) * normalizer
+            sums[1] += float(stats.entropy.detach()[mask > 0].sum())
+        nll_sum, entropy_sum = self.collective.all_reduce_sum(sums).tolist()
         params = [p for p in self.model.parameters() if p.requires_grad]
-        grad_norm = optimizer_step(self.optimizer, params, self.config.optimizer.max_grad_norm)
+        grad_norm = optimizer_step(
+            self.optimizer,
+            params,
+            self.config.optimizer.max_grad_norm,
+            zero_missing=not sharded,
+            reduce=None if sharded else self.collective.reduce_gradients,
+        )
         skipped = not math.isfinite(grad_norm)
         if skipped:
             warnings.warn(

@@ -598,16 +598,30 @@ class Trainer:
             seed=c.seed,
             device="cuda" if torch.cuda.is_available() else "cpu",
         )
-        sft = SFTTrainer(model, sft_config, pad_token_id=tokenizer.pad_token_id or 0)
+        pad = tokenizer.pad_token_id or 0
+        if (
+            c.rl.learner_workers > 1
+        ):  # the same data-parallel (FSDP) workers as RL: a model one device cannot fit
+            from stare_agents.train.distributed import SFTGroup
+
+            del model
+            sft: Any = SFTGroup(base_dir, sft_config, self._distributed_config(), pad_token_id=pad)
+        else:
+            sft = SFTTrainer(model, sft_config, pad_token_id=pad)
         log, steps = self.run_log(), iter(range(1, 1 << 62))  # sft-step: one record per optimiser step
 
         def log_step(out: dict[str, float]) -> None:
             log.log({"kind": "sft-step", "step": next(steps), **out})
 
-        for record in sft.fit(traces, on_step=log_step):
-            log.log({"kind": "sft", "step": int(record["epoch"]), "traces": len(traces), **record})
-            logger.info("SFT epoch %d: loss %.4f", record["epoch"], record["loss"])
-        save_hf_model(sft.model, base_dir, out)
+        try:
+            for record in sft.fit(traces, on_step=log_step):
+                log.log({"kind": "sft", "step": int(record["epoch"]), "traces": len(traces), **record})
+                logger.info("SFT epoch %d: loss %.4f", record["epoch"], record["loss"])
+            trained = sft.model if isinstance(sft, SFTTrainer) else _loaded(base_dir, sft.model_state_dict())
+        finally:
+            if not isinstance(sft, SFTTrainer):
+                sft.close()
+        save_hf_model(trained, base_dir, out)
         self._timed("sft", time.perf_counter() - started)
         self.progress["sft_done"] = True
         self.progress["sft_traces"] = len(traces)
@@ -637,15 +651,27 @@ class Trainer:
         if torch.cuda.is_available() and learner_config.device == "cpu":
             learner_config.device = "cuda"
         if c.rl.learner_workers > 1:
-            from stare_agents.train.distributed import DistributedConfig, LearnerGroup
+            from stare_agents.train.distributed import LearnerGroup
 
-            distributed = DistributedConfig(
-                num_workers=c.rl.learner_workers,
-                num_gpus_per_worker=c.rl.learner_gpus_per_worker,
-                fsdp=c.rl.fsdp,
-            )
-            return LearnerGroup(model_dir, algorithm, learner_config, distributed)
+            return LearnerGroup(model_dir, algorithm, learner_config, self._distributed_config())
         return Learner.from_pretrained(model_dir, algorithm, learner_config)
+
+    def _distributed_config(self) -> Any:
+        """The learner group's settings; starts a local Ray (loopback only) when none is running, e.g. with
+        rollout.use_ray=false."""
+        import os
+
+        import ray
+
+        from stare_agents.rollout.local_ray import init_local_ray
+        from stare_agents.train.distributed import DistributedConfig
+
+        if not ray.is_initialized():
+            init_local_ray(num_cpus=max(2, os.cpu_count() or 2), log_to_driver=True)
+        c = self.config
+        return DistributedConfig(
+            num_workers=c.rl.learner_workers, num_gpus_per_worker=c.rl.learner_gpus_per_worker, fsdp=c.rl.fsdp
+        )
 
     def reinforce(self, start_dir: Path, algorithm: AlgorithmConfig, folder: Path, key: str) -> None:
         """The RL loop of one algorithm, from `start_dir`, resumable from its checkpoints."""

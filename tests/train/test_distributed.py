@@ -10,7 +10,7 @@ import importlib.util
 
 import pytest
 import torch
-from learner_support import assert_same_metrics, make_learner, max_param_diff, step_inputs
+from learner_support import assert_same_metrics, make_learner, max_param_diff, rollouts, step_inputs
 from support import require
 
 from stare_agents.algo import AlgorithmConfig, StareConfig
@@ -79,6 +79,35 @@ def assert_same_token_records(expected: dict, got: dict) -> None:
             )
         )
     assert agree >= 0.99 * tokens
+
+
+@pytest.mark.parametrize("fsdp", [False, True])
+def test_sft_on_two_gloo_workers_takes_the_same_steps_as_one_trainer(ray_cluster, tiny_model_dir, fsdp):
+    """SFT for a model that does not fit one device: each step's micro-batches dealt to the workers (FSDP: an
+    all-masked filler evens them out), gradients summed; the same epochs, losses and weights as one trainer."""
+    from stare_agents.train.distributed import SFTGroup
+    from stare_agents.train.sft import SFTConfig, SFTTrainer
+
+    trajectories = rollouts(3, groups=3, group_size=5)  # 15 traces, 2 steps of 8 (the last one short)
+    config = SFTConfig(
+        optimizer=OptimizerConfig(lr=1e-3, eps=1e-5), epochs=2, batch_size=8, micro_batch_tokens=60
+    )
+    single = SFTTrainer.from_pretrained(tiny_model_dir, config)
+    expected_steps: list[dict] = []
+    expected = single.fit(trajectories, on_step=expected_steps.append)
+    group = SFTGroup(tiny_model_dir, config, DistributedConfig(num_workers=2, fsdp=fsdp))
+    try:
+        got_steps: list[dict] = []
+        got = group.fit(trajectories, on_step=got_steps.append)
+        assert len(got_steps) == len(expected_steps) == 4
+        for a, b in zip([*expected, *expected_steps], [*got, *got_steps], strict=True):
+            for key in ("loss", "entropy", "action_tokens", "tokens", "grad_norm"):
+                assert b[key] == pytest.approx(a[key], rel=1e-5), key
+        replica = make_learner()
+        replica.model.load_state_dict(group.model_state_dict())
+        assert max_param_diff(single.model, replica.model) < 2e-6
+    finally:
+        group.close()
 
 
 def test_micro_batches_are_dealt_round_robin_and_padded_for_fsdp():

@@ -156,3 +156,25 @@ def test_weights_over_the_collective_train_the_same_run_as_through_the_driver(tm
     assert [r["rollout/weight_version"] for r in runs["collective"]] == [1, 2, 3]
     assert all(r["learner/grad_norm"] > 0 for r in runs["collective"])
     assert runs["collective"] == runs["driver"]
+
+
+def test_a_data_parallel_learner_runs_sft_and_rl_on_its_workers(tmp_path):
+    """rl.learner_workers=2: SFT and RL both on two gloo learner workers (Ray actors), weights to the engine
+    over the sync group (weight_sync auto picks the collective for a learner group)."""
+    import ray
+
+    folder = tmp_path / "dp"
+    try:
+        summary = train(tiny(folder, "rl.steps=2", "rl.learner_workers=2", "eval.num_tasks=2"))
+    finally:
+        ray.shutdown()
+    assert set(summary["accuracy"]) == {"base", "sft", "rl"}
+    assert read_records(folder / "metrics.jsonl", "sft-step")  # SFT ran (on the group) and logged its steps
+    records = read_records(folder / "metrics.jsonl", "rl")
+    assert [r["rollout/weight_version"] for r in records] == [
+        2,
+        3,
+    ]  # 1: the SFT model; 2: the learner at RL start
+    assert all(math.isfinite(r["learner/loss"]) for r in records)
+    assert (folder / "sft_model" / "model.safetensors").exists()
+    assert (folder / "final_model" / "model.safetensors").exists()
