@@ -17,12 +17,15 @@ killed at any point (SIGKILL included) continues from its last checkpoint with `
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import shutil
 import time
 import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -214,6 +217,35 @@ def _jsonable(value: Any) -> Any:
 
 
 # -- stages ---------------------------------------------------------------------------------------------------
+@dataclass
+class SampledStep:
+    """What one RL step sampled: every trajectory that ran (all sampling rounds), those that can enter the loss,
+    the ones it trains on with their advantages, and the sampling figures."""
+
+    trajectories: list[Trajectory] = field(default_factory=list)
+    usable: list[Trajectory] = field(default_factory=list)
+    kept: list[Trajectory] = field(default_factory=list)
+    advantages: torch.Tensor = field(default_factory=lambda: torch.zeros(0))
+    rounds: int = 0
+    groups: int = 0
+    dropped_groups: int = 0
+
+
+class StageTimer:
+    """Wall seconds per named stage of a step (`with timer("rollout"): ...`; a stage entered twice adds up)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, stage: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - started
+
+
 class Trainer:
     """One run (see the module docstring). `run()` does every stage that is not done yet."""
 
@@ -819,87 +851,111 @@ class Trainer:
     def rl_step(
         self, step: int, learner: Any, algorithm: AlgorithmConfig, rollout_config: RolloutConfig
     ) -> dict:
-        """rollout -> rewards -> advantages (dynamic sampling) -> gate + update -> weight sync -> metrics."""
+        """One RL step, as named stages: sample groups (refilled under dynamic sampling) and their advantages
+        -> the learner's update (gate, STARE weights, loss) -> weight sync -> saved rollouts -> the record."""
+        timer = StageTimer()
+        sampled = self._sample_groups(step, algorithm, rollout_config, timer)
+        with timer("update"):
+            entropy_all = self._entropy_of_all(learner, sampled.trajectories, sampled.kept, algorithm)
+            if sampled.kept:  # padding is masked out of attention and loss: any pad id works
+                metrics = learner.step(collate(sampled.kept, pad_token_id=0), sampled.advantages)
+            else:  # every group had equal rewards (or failed): nothing to learn from this step
+                metrics = dict.fromkeys(LEARNER_METRICS, float("nan"))
+        with timer("sync"):
+            if sampled.kept:
+                self._sync(learner)
+        if getattr(self, "rollout_log", None) is not None:  # rollouts/step-NNNNNN.jsonl.gz, for `show`
+            with timer("save_rollouts"):
+                void_dropped = self.config.rl.drop_void_turns
+                self.rollout_log.write(
+                    step,
+                    sampled.trajectories,
+                    sampled.kept,
+                    sampled.advantages,
+                    learner,
+                    void_dropped=void_dropped,
+                )
+        for stage, value in timer.seconds.items():
+            self._timed(f"rl_{stage}", value)
+        return self._step_record(step, algorithm, sampled, metrics, entropy_all, timer.seconds)
+
+    def _sample_groups(
+        self, step: int, algorithm: AlgorithmConfig, rollout_config: RolloutConfig, timer: StageTimer
+    ) -> SampledStep:
+        """Roll out rl.prompts_per_step prompts x samples and compute advantages; with dynamic sampling, draw
+        more prompts (up to rl.sampling_rounds batches) until that many groups have reward variance (DAPO), and
+        train on the first that many. Infrastructure failures leave the loss (a group keeps its other members);
+        more than rl.max_failed_fraction of them stop the run."""
+        c = self.config
+        assert self.workers is not None
+        out = SampledStep()
+        kept_advantages: list[torch.Tensor] = []
+        while (
+            out.rounds < c.rl.sampling_rounds and len({t.group_id for t in out.kept}) < c.rl.prompts_per_step
+        ):
+            with timer("rollout"):
+                batch = self.workers.collect(self.training_tasks(self.data_position), rollout_config)
+            self.data_position += c.rl.prompts_per_step
+            out.rounds += 1
+            with timer("advantages"):
+                out.trajectories += batch
+                usable = learning_trajectories(batch)  # a policy_error stays in, reward 0
+                if c.rl.drop_void_turns:  # SimpleTIR: trajectories with a void turn leave the loss
+                    usable = [
+                        t for t in usable if t.stop_reason != "void_turn" and not t.info.get("void_turns")
+                    ]
+                out.usable += usable
+                if usable:
+                    result = compute_advantages(
+                        torch.tensor([t.reward for t in usable]),
+                        [t.group_id for t in usable],
+                        algorithm,
+                        response_lengths=torch.tensor([float(len(t.response_ids)) for t in usable]),
+                        max_response_length=c.rollout.max_total_tokens,
+                    )
+                    out.kept += result.kept(usable)
+                    kept_advantages.append(result.advantages[result.keep])
+                    out.dropped_groups += result.dropped_groups
+                    out.groups += result.num_groups
+            if not algorithm.dynamic_sampling:
+                break  # nothing is dropped, so nothing needs refilling
+        check_failed_share(out.trajectories, c.rl.max_failed_fraction, step=step)
+        out.advantages = torch.cat(kept_advantages) if kept_advantages else torch.zeros(0)
+        groups = set(list(dict.fromkeys(t.group_id for t in out.kept))[: c.rl.prompts_per_step])
+        if len(groups) < len({t.group_id for t in out.kept}):  # a refill overshot: train on the first groups
+            chosen = [i for i, t in enumerate(out.kept) if t.group_id in groups]
+            out.kept, out.advantages = [out.kept[i] for i in chosen], out.advantages[chosen]
+        return out
+
+    def _step_record(
+        self,
+        step: int,
+        algorithm: AlgorithmConfig,
+        sampled: SampledStep,
+        metrics: dict[str, float],
+        entropy_all: tuple[float, float],
+        seconds: dict[str, float],
+    ) -> dict[str, Any]:
+        """The step's metrics.jsonl record: the learner's metrics, the rollouts' summary, the data figures and
+        the stage times."""
         from stare_agents.eval.behavior import reflection_counts
 
         c = self.config
-        assert self.workers is not None
-        seconds: dict[str, float] = {}
-
-        # rollout and advantages; with dynamic sampling, up to rl.sampling_rounds batches of prompts are drawn
-        # until rl.prompts_per_step groups have reward variance (DAPO), and the step trains on at most that many
-        trajectories: list[Trajectory] = []
-        kept: list[Trajectory] = []
-        kept_advantages: list[torch.Tensor] = []
-        dropped_groups = num_groups = rounds = 0
-        seconds["rollout"] = seconds["advantages"] = 0.0
-        while rounds < c.rl.sampling_rounds and len({t.group_id for t in kept}) < c.rl.prompts_per_step:
-            started = time.perf_counter()
-            batch_trajectories = self.workers.collect(self.training_tasks(self.data_position), rollout_config)
-            self.data_position += c.rl.prompts_per_step
-            rounds += 1
-            seconds["rollout"] += time.perf_counter() - started
-            started = time.perf_counter()
-            trajectories += batch_trajectories
-            usable = learning_trajectories(batch_trajectories)  # a policy_error stays in, reward 0
-            if c.rl.drop_void_turns:  # SimpleTIR: trajectories with a void turn leave the loss
-                usable = [t for t in usable if t.stop_reason != "void_turn" and not t.info.get("void_turns")]
-            if usable:
-                result = compute_advantages(
-                    torch.tensor([t.reward for t in usable]),
-                    [t.group_id for t in usable],
-                    algorithm,
-                    response_lengths=torch.tensor([float(len(t.response_ids)) for t in usable]),
-                    max_response_length=c.rollout.max_total_tokens,
-                )
-                kept += result.kept(usable)
-                kept_advantages.append(result.advantages[result.keep])
-                dropped_groups += result.dropped_groups
-                num_groups += result.num_groups
-            seconds["advantages"] += time.perf_counter() - started
-            if not algorithm.dynamic_sampling:
-                break  # nothing is dropped, so nothing needs refilling
-        # infrastructure failures leave the loss (a group keeps its other members); too many stop the run
-        check_failed_share(trajectories, c.rl.max_failed_fraction, step=step)
-        advantages = torch.cat(kept_advantages) if kept_advantages else torch.zeros(0)
-        groups = list(dict.fromkeys(t.group_id for t in kept))[: c.rl.prompts_per_step]
-        if len(groups) < len({t.group_id for t in kept}):  # a refill overshot: train on the first groups
-            chosen = [i for i, t in enumerate(kept) if t.group_id in set(groups)]
-            kept, advantages = [kept[i] for i in chosen], advantages[chosen]
-
-        started = time.perf_counter()
-        entropy_all = self._entropy_of_all(learner, trajectories, kept, algorithm)  # before the update
-        if kept:
-            batch = collate(kept, pad_token_id=0)  # padding is masked out of attention and loss: any id works
-            metrics = learner.step(batch, advantages)
-            seconds["update"] = time.perf_counter() - started
-            seconds["sync"] = self._sync(learner)
-        else:  # every group had equal rewards (or failed): nothing to learn from this step
-            metrics = dict.fromkeys(LEARNER_METRICS, float("nan"))
-            seconds["update"] = seconds["sync"] = 0.0
-        if getattr(self, "rollout_log", None) is not None:  # rollouts/step-NNNNNN.jsonl.gz, for `show`
-            started = time.perf_counter()
-            self.rollout_log.write(
-                step, trajectories, kept, advantages, learner, void_dropped=c.rl.drop_void_turns
-            )
-            seconds["save_rollouts"] = time.perf_counter() - started
-        for stage, value in seconds.items():
-            self._timed(f"rl_{stage}", value)
-
-        summary = summarize(trajectories, seconds["rollout"])
+        trajectories, kept = sampled.trajectories, sampled.kept
+        summary = summarize(trajectories, seconds.get("rollout", 0.0))
         action = [t for t in trajectories if t.num_action_tokens]
         sampler_entropy = -sum(
             sum(lp for lp, m in zip(t.rollout_logprobs, t.action_mask, strict=True) if m) for t in action
         ) / max(1, sum(t.num_action_tokens for t in action))
         reflections: dict[str, int] = {}
-        for t in usable:
+        for t in sampled.usable:  # every sampling round's
             for category, count in reflection_counts("".join(turn.text for turn in t.turns)).items():
                 reflections[category] = reflections.get(category, 0) + count
-        record: dict[str, Any] = {"kind": "rl", "step": step, "algorithm": algorithm.name, **metrics}
         if kept and c.logging.entropy_all and algorithm.loss.aggregation == "token-mean":  # kept + others
             kept_tokens = sum(t.num_action_tokens for t in kept)
             total, count = entropy_all
             entropy_all = (total + metrics["learner/entropy"] * kept_tokens, count + kept_tokens)
+        record: dict[str, Any] = {"kind": "rl", "step": step, "algorithm": algorithm.name, **metrics}
         record.update(
             {
                 # the entropy the gate sees is learner/entropy (the kept, filtered batch, as the official
@@ -914,19 +970,19 @@ class Trainer:
                 "rollout/tool_calls": summary["tool_calls_per_episode"],
                 "rollout/tool_error_rate": summary["tool_error_rate"],
                 "rollout/void_turns": sum(int(t.info.get("void_turns", 0)) for t in trajectories)
-                / len(trajectories),
+                / max(1, len(trajectories)),
                 "rollout/failed": summary["failed"],
                 "rollout/sampler_entropy": sampler_entropy,  # mean surprisal of sampled tokens: an estimate of H
                 "rollout/weight_version": trajectories[0].weight_version if trajectories else -1,
                 "rollout/tokens_per_s": summary.get("action_tokens_per_s", 0.0),
                 "rollout/wasted_tokens": summary["wasted_tokens"],
                 "data/kept_trajectories": len(kept),
-                "data/sampling_rounds": rounds,
+                "data/sampling_rounds": sampled.rounds,
                 "data/position": self.data_position,
-                "data/dropped_groups": dropped_groups,
-                "data/groups": num_groups,
+                "data/dropped_groups": sampled.dropped_groups,
+                "data/groups": sampled.groups,
                 "stop_reasons": summary["stop_reasons"],
-                "reflection_words": {k: v / max(1, len(usable)) for k, v in reflections.items()},
+                "reflection_words": {k: v / max(1, len(sampled.usable)) for k, v in reflections.items()},
             }
         )
         record.update({f"time/{stage}_s": value for stage, value in seconds.items()})

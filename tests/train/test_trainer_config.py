@@ -145,3 +145,24 @@ def test_heldout_tasks_are_distinct_and_never_drawn_by_training(tmp_path):
             env.reset(seed=task.seed)
             drawn.add(env.unwrapped.task.problem)
     assert not drawn & {t.problem for t in heldout}
+
+
+def test_the_step_record_counts_reflection_words_of_every_sampling_round(tmp_path):
+    """A dynamic-sampling step that refilled: its reflection words are those of every round's trajectories
+    (they were the last round's only)."""
+    from stare_agents.train.trainer import SampledStep, Trainer
+    from stare_agents.trajectory import Trajectory, TurnRecord
+
+    def trajectory(text: str, group: str) -> Trajectory:
+        ids = [1, 2, 3]
+        return Trajectory([0], ids, [1, 1, 1], [-0.5] * 3, group_id=group, turns=[TurnRecord(text, 3, "eos")])
+
+    first_round = [trajectory("Wait, hmm. Let me check.", "a"), trajectory("Fine.", "a")]
+    second_round = [trajectory("Done.", "b"), trajectory("Done.", "b")]
+    everything = first_round + second_round
+    sampled = SampledStep(trajectories=everything, usable=everything, kept=second_round, rounds=2, groups=2)
+    trainer = Trainer(load_config(recipe="tiny", overrides=[f"out_dir={tmp_path / 'run'}"]))
+    trainer.data_position = 4  # two rounds of two prompts
+    record = trainer._step_record(0, trainer.config.algorithm(), sampled, {}, (0.0, 0.0), {"rollout": 1.0})
+    assert record["reflection_words"]["hesitation"] == 2 / 4  # "Wait" and "hmm" over four usable trajectories
+    assert record["data/sampling_rounds"] == 2 and record["data/kept_trajectories"] == 2
