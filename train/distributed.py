@@ -268,17 +268,27 @@ class LearnerWorker:
 
 
 def _fully_shard(policy: PolicyModel) -> None:
-    """FSDP2: each decoder layer, then the whole policy (embeddings, final norm, LM head) as the root."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    """FSDP2: each decoder layer, then the whole policy (embeddings, final norm, LM head) as the root.
 
-    mesh = init_device_mesh("cuda" if dist.get_backend() == "nccl" else "cpu", (dist.get_world_size(),))
+    With the policy's precision bf16 (or "fast" where that is bf16), FSDP's mixed precision: the float32
+    master weights and optimiser state stay sharded, each layer is all-gathered in bf16 and computes in bf16,
+    and gradients are reduce-scattered in float32 (summing many workers' bf16 gradients would lose bits)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from stare_agents.hardware import resolve_precision
+
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    mesh = init_device_mesh(device, (dist.get_world_size(),))
     layers = getattr(policy.decoder, "layers", None)
     if layers is None:
         raise ValueError(f"FSDP: {type(policy.decoder).__name__} has no `layers` to shard one by one")
+    kwargs: dict = {"mesh": mesh}
+    if resolve_precision(policy.precision, device) == "bf16":
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for layer in layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(policy, mesh=mesh)
+        fully_shard(layer, **kwargs)
+    fully_shard(policy, **kwargs)
 
 
 class LearnerGroup:
