@@ -265,8 +265,17 @@ class RLSection:
     # a step stops the run when more than this share of its episodes failed for the infrastructure (engine,
     # sandbox, environment); below it, failed episodes leave the loss and are counted (rollout/failed)
     max_failed_fraction: float = 0.5
+    # "one-step": the rollouts of step k+1 are generated with the weights the learner had before step k's update,
+    # while it updates (AReaL / slime / verl's one-step off-policy mode: staleness 1, recorded per trajectory;
+    # needs rl.learner.tis_cap). "off": each step samples with the weights of the step before it
+    pipeline: Literal["off", "one-step"] = "off"
 
     def __post_init__(self) -> None:
+        if self.pipeline == "one-step" and self.learner.tis_cap is None:
+            raise ValueError(
+                "rl.pipeline=one-step trains on rollouts one weight version old: set rl.learner.tis_cap (e.g. 2.0) "
+                "so that truncated importance sampling corrects for the sampler being behind the learner"
+            )
         if not 0 <= self.max_failed_fraction <= 1:
             raise ValueError(f"rl.max_failed_fraction must be in [0, 1], got {self.max_failed_fraction}")
         if (

@@ -17,6 +17,7 @@ killed at any point (SIGKILL included) continues from its last checkpoint with `
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import logging
@@ -229,6 +230,37 @@ class SampledStep:
     rounds: int = 0
     groups: int = 0
     dropped_groups: int = 0
+    position: int = 0  # prompts drawn by the run once this batch was sampled
+    seconds: dict[str, float] = field(default_factory=dict)  # rollout and advantages, as they took
+
+    def to_state(self) -> dict[str, Any]:
+        """For a checkpoint (the batch a pipelined run sampled ahead): trajectories as dicts, the others as
+        indices into them."""
+        index = {id(t): i for i, t in enumerate(self.trajectories)}
+        return {
+            "trajectories": [t.to_dict() for t in self.trajectories],
+            "usable": [index[id(t)] for t in self.usable],
+            "kept": [index[id(t)] for t in self.kept],
+            "advantages": self.advantages.clone(),
+            "figures": [self.rounds, self.groups, self.dropped_groups, self.position],
+            "seconds": dict(self.seconds),
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> SampledStep:
+        trajectories = [Trajectory.from_dict(d) for d in state["trajectories"]]
+        rounds, groups, dropped, position = (int(x) for x in state["figures"])
+        return cls(
+            trajectories=trajectories,
+            usable=[trajectories[i] for i in state["usable"]],
+            kept=[trajectories[i] for i in state["kept"]],
+            advantages=state["advantages"],
+            rounds=rounds,
+            groups=groups,
+            dropped_groups=dropped,
+            position=position,
+            seconds={k: float(v) for k, v in state["seconds"].items()},
+        )
 
 
 class StageTimer:
@@ -713,12 +745,15 @@ class Trainer:
         learner = self.make_learner(start_dir, algorithm)
         start, version = 0, None
         self.data_position = 0  # prompts drawn so far (refills of dynamic sampling draw more than one batch)
+        self._ahead: SampledStep | None = None  # rl.pipeline=one-step: the next step's batch, sampled ahead
         latest = latest_checkpoint(folder) if self.resume else None
         if latest is not None:
             state = load_checkpoint(latest)
             learner.load_state_dict(state["learner"])  # model, optimiser, schedule, gate, RNG states
             start, version = int(state["next_step"]), int(state["weight_version"])
             self.data_position = int(state["data_position"])
+            if state.get("ahead") is not None:  # a pipelined run's next batch, sampled before the checkpoint
+                self._ahead = SampledStep.from_state(state["ahead"])
             logger.info("resuming %s from %s (step %d)", key, latest, start)
         self._sync(
             learner, version
@@ -779,6 +814,7 @@ class Trainer:
                             "data_position": self.data_position,
                             "learner": state,
                             "weight_version": self.workers.weight_version,
+                            "ahead": self._ahead.to_state() if self._ahead is not None else None,
                         },
                         checkpoint_file(folder, step + 1),
                         model=learner.model
@@ -800,6 +836,9 @@ class Trainer:
             self.progress.setdefault("rl_logs", {})[key] = str(log.path)
             self._save_progress()
         finally:
+            if getattr(self, "_pool", None) is not None:
+                self._pool.shutdown(wait=True, cancel_futures=True)
+                self._pool = None
             if bar is not None:
                 bar.close()
             log.close()
@@ -853,14 +892,32 @@ class Trainer:
     ) -> dict:
         """One RL step, as named stages: sample groups (refilled under dynamic sampling) and their advantages
         -> the learner's update (gate, STARE weights, loss) -> weight sync -> saved rollouts -> the record."""
+        c = self.config
         timer = StageTimer()
-        sampled = self._sample_groups(step, algorithm, rollout_config, timer)
+        sampled, self._ahead = getattr(self, "_ahead", None), None
+        if sampled is None:
+            sampled = self._sample_groups(step, algorithm, rollout_config, StageTimer())
+        timer.seconds.update(
+            sampled.seconds
+        )  # the rollout's own time (overlapped with the last update if ahead)
+        ahead = None
+        if c.rl.pipeline == "one-step" and step + 1 < c.rl.steps:
+            # the next step's rollouts now, with the engines' weights (one version behind the learner's after
+            # this update), while the learner updates
+            ahead = self._pipeline_pool().submit(
+                self._sample_groups, step + 1, algorithm, rollout_config, StageTimer()
+            )
+        assert self.workers is not None
+        staleness = [self.workers.weight_version - t.weight_version for t in sampled.kept]
         with timer("update"):
             entropy_all = self._entropy_of_all(learner, sampled.trajectories, sampled.kept, algorithm)
             if sampled.kept:  # padding is masked out of attention and loss: any pad id works
                 metrics = learner.step(collate(sampled.kept, pad_token_id=0), sampled.advantages)
             else:  # every group had equal rewards (or failed): nothing to learn from this step
                 metrics = dict.fromkeys(LEARNER_METRICS, float("nan"))
+        if ahead is not None:
+            with timer("wait_rollout"):  # what the next step's rollout took beyond this update
+                self._ahead = ahead.result()
         with timer("sync"):
             if sampled.kept:
                 self._sync(learner)
@@ -877,7 +934,16 @@ class Trainer:
                 )
         for stage, value in timer.seconds.items():
             self._timed(f"rl_{stage}", value)
-        return self._step_record(step, algorithm, sampled, metrics, entropy_all, timer.seconds)
+        record = self._step_record(step, algorithm, sampled, metrics, entropy_all, timer.seconds)
+        # how many weight versions the trained trajectories' sampler was behind the learner (0 unless pipelined)
+        record["rollout/staleness_max"] = float(max(staleness, default=0))
+        record["rollout/staleness_mean"] = sum(staleness) / len(staleness) if staleness else 0.0
+        return record
+
+    def _pipeline_pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        if getattr(self, "_pool", None) is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rollout-ahead")
+        return self._pool
 
     def _sample_groups(
         self, step: int, algorithm: AlgorithmConfig, rollout_config: RolloutConfig, timer: StageTimer
@@ -920,6 +986,7 @@ class Trainer:
             if not algorithm.dynamic_sampling:
                 break  # nothing is dropped, so nothing needs refilling
         check_failed_share(out.trajectories, c.rl.max_failed_fraction, step=step)
+        out.seconds, out.position = dict(timer.seconds), self.data_position
         out.advantages = torch.cat(kept_advantages) if kept_advantages else torch.zeros(0)
         groups = set(list(dict.fromkeys(t.group_id for t in out.kept))[: c.rl.prompts_per_step])
         if len(groups) < len({t.group_id for t in out.kept}):  # a refill overshot: train on the first groups
@@ -978,7 +1045,7 @@ class Trainer:
                 "rollout/wasted_tokens": summary["wasted_tokens"],
                 "data/kept_trajectories": len(kept),
                 "data/sampling_rounds": sampled.rounds,
-                "data/position": self.data_position,
+                "data/position": sampled.position,
                 "data/dropped_groups": sampled.dropped_groups,
                 "data/groups": sampled.groups,
                 "stop_reasons": summary["stop_reasons"],

@@ -178,3 +178,47 @@ def test_a_data_parallel_learner_runs_sft_and_rl_on_its_workers(tmp_path):
     assert all(math.isfinite(r["learner/loss"]) for r in records)
     assert (folder / "sft_model" / "model.safetensors").exists()
     assert (folder / "final_model" / "model.safetensors").exists()
+
+
+PIPELINE = [*COIN, "rl.pipeline=one-step", "rl.learner.tis_cap=2.0"]
+
+
+def test_a_pipelined_run_trains_one_version_behind_and_resumes_exactly(tmp_path):
+    """rl.pipeline=one-step: step k+1's rollouts are sampled with the weights from before step k's update
+    (staleness 1 from step 1 on, recorded), so rollout and learner log-probs differ and TIS sees it; a run
+    SIGKILLed after its step-2 checkpoint (which holds the batch sampled ahead) resumes to the same metrics."""
+    import coin_env  # noqa: F401
+
+    reference = tmp_path / "reference"
+    train(tiny(reference, *PIPELINE))
+    records = read_records(reference / "metrics.jsonl", "rl")
+    assert [r["rollout/staleness_max"] for r in records] == [0, 1, 1, 1]
+    versions = [r["rollout/weight_version"] for r in records]
+    assert versions[1] == versions[0] and versions[2:] == [versions[0] + 1, versions[0] + 2]
+    assert records[0]["mismatch/logprob_abs_diff"] < 1e-3 < records[2]["mismatch/logprob_abs_diff"]
+    assert all("time/wait_rollout_s" in r for r in records[:-1]) and "time/wait_rollout_s" not in records[-1]
+
+    killed = tmp_path / "killed"
+    command = [sys.executable, "-m", "stare_agents.cli", "train", "--recipe", "tiny", "--out", str(killed)]
+    command += ["rollout.sandbox=local", "rl.steps=4", *PIPELINE]
+    environment = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
+    process = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=environment
+    )
+    deadline = time.monotonic() + 600
+    while latest_checkpoint(killed) is None or "2" not in latest_checkpoint(killed).stem:
+        assert process.poll() is None, "the run ended before it could be killed"
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    assert load_checkpoint(latest_checkpoint(killed))["ahead"] is not None  # step 2's batch, sampled ahead
+    train(tiny(killed, *PIPELINE), resume=True)
+    assert [comparable(r) for r in read_records(killed / "metrics.jsonl", "rl")] == [
+        comparable(r) for r in records
+    ]
+
+
+def test_a_pipelined_run_needs_truncated_importance_sampling():
+    with pytest.raises(ValueError, match=r"rl\.pipeline=one-step .* set rl\.learner\.tis_cap"):
+        load_config(recipe="tiny", overrides=["rl.pipeline=one-step"])
