@@ -18,7 +18,7 @@ import gzip
 import hashlib
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -118,6 +118,8 @@ def read_rollouts(path: str | Path, step: int | None = None) -> list[SavedRollou
                 )
         else:
             files = [step_file(path, s) for s in saved_steps(path)]
+    elif path.suffix == ".jsonl" and path.exists():  # an eval samples.jsonl or a trajectories file
+        return list(read_jsonl_rollouts(path))
     elif path.exists():
         files = [path]
     else:
@@ -133,6 +135,49 @@ def read_rollouts(path: str | Path, step: int | None = None) -> list[SavedRollou
                 except (json.JSONDecodeError, KeyError, TypeError) as error:
                     raise ValueError(f"{file}:{number}: not a saved rollout ({error})") from None
     return out
+
+
+def read_jsonl_rollouts(path: str | Path) -> Iterator[SavedRollout]:
+    """The episodes of an eval samples.jsonl (`stare-agents eval`; with their token ids, mask and rollout
+    log-probs when the file has them, turn texts only in older files) or of a trajectories JSONL
+    (`stare_agents.trajectory.write_jsonl`), as saved rollouts (step 0). A line torn by a kill is skipped."""
+    from stare_agents.trajectory import TurnRecord
+
+    path = Path(path)
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        try:
+            if "prompt_ids" in record:
+                yield SavedRollout(step=0, trajectory=Trajectory.from_dict(record), status="trained")
+                continue
+            if "benchmark" not in record or "turns" not in record:
+                raise KeyError("neither an eval sample nor a trajectory")
+            tokens = record.get("tokens") or {}
+            trajectory = Trajectory(
+                prompt_ids=list(tokens.get("prompt_ids") or [0]),
+                response_ids=list(tokens.get("response_ids", [])),
+                action_mask=list(tokens.get("action_mask", [])),
+                rollout_logprobs=[float(x) for x in tokens.get("rollout_logprobs", [])],
+                reward=float(record.get("reward", 0.0)),
+                num_turns=int(record.get("num_turns", 0)),
+                stop_reason=record.get("stop_reason", "answered"),
+                weight_version=int(record.get("weight_version") or 0),
+                turns=[TurnRecord(**turn) for turn in record["turns"]],
+                task_id=str(record.get("problem_id", "")),
+                group_id=f"{record.get('benchmark')}/{record.get('problem_id')}",
+                sample_index=int(record.get("sample_index", 0)),
+                correct=bool(record.get("correct")),
+                error=record.get("error"),
+            )
+            status = "failed" if record.get("failed") else "trained"
+            yield SavedRollout(step=0, trajectory=trajectory, status=status)
+        except (KeyError, TypeError, ValueError) as error:
+            raise ValueError(f"{path}:{number}: not an eval sample or a trajectory ({error})") from None
 
 
 def token_texts(tokenizer: Any, ids: Sequence[int]) -> list[str]:

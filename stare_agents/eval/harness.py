@@ -382,6 +382,9 @@ def check_sample_records(records: Sequence[dict[str, Any]], path: Path) -> None:
                     "was edited or damaged and is not resumed. Use another --out folder."
                 )
         problems = []
+        tokens = record.get("tokens")  # optional (older files); when there, four lists of the same episode
+        if tokens is not None:
+            problems += _token_problems(tokens, record["response_tokens"])
         if not math.isfinite(record["reward"]):
             problems.append(f"reward {record['reward']!r} is not finite")
         if min(record[k] for k in ("sample_index", "num_turns", "prompt_tokens", "response_tokens")) < 0:
@@ -396,6 +399,29 @@ def check_sample_records(records: Sequence[dict[str, Any]], path: Path) -> None:
             raise ValueError(
                 f"{where}: {'; '.join(problems)}; the file is not trusted. Use another --out folder."
             )
+
+
+def _token_problems(tokens: Any, response_tokens: int) -> list[str]:
+    from stare_agents.eval.report import TOKEN_FIELDS
+
+    if not isinstance(tokens, dict) or set(tokens) != set(TOKEN_FIELDS):
+        return [f"tokens must be a mapping of {list(TOKEN_FIELDS)}"]
+    ints = ("prompt_ids", "response_ids", "action_mask")
+    if not all(isinstance(tokens[k], list) and all(type(v) is int for v in tokens[k]) for k in ints):
+        return ["token ids and the action mask must be lists of integers"]
+    logprobs = tokens["rollout_logprobs"]
+    if not isinstance(logprobs, list) or not all(
+        isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in logprobs
+    ):
+        return ["rollout log-probs must be a list of finite numbers"]
+    n = len(tokens["response_ids"])
+    if len(tokens["action_mask"]) != n or len(logprobs) != n or n != response_tokens:
+        return [
+            f"the token lists disagree in length with each other or with response_tokens {response_tokens}"
+        ]
+    if any(bit not in (0, 1) for bit in tokens["action_mask"]):
+        return ["the action mask holds values other than 0 and 1"]
+    return []
 
 
 def plan_samples(benchmarks: Sequence[Benchmark], config: EvalConfig) -> list[SampleSpec]:

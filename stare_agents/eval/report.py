@@ -57,6 +57,10 @@ SAMPLE_KEYS: tuple[str, ...] = (
     "turns",
     "stats",
 )
+# and, on lines written since token-level samples (optional: older files have none), the episode's token ids,
+# action mask and rollout log-probs, as a saved RL rollout has them (`stare_agents.rollout_log`)
+SAMPLE_TOKENS = "tokens"
+TOKEN_FIELDS: tuple[str, ...] = ("prompt_ids", "response_ids", "action_mask", "rollout_logprobs")
 
 
 # -- samples ----------------------------------------------------------------------------------------------------
@@ -96,8 +100,14 @@ def sample_record(
         "text": trajectory_text(trajectory),
         "turns": [asdict(turn) for turn in trajectory.turns],
         "stats": response_stats(trajectory).to_dict(),
+        SAMPLE_TOKENS: {
+            "prompt_ids": list(trajectory.prompt_ids),
+            "response_ids": list(trajectory.response_ids),
+            "action_mask": list(trajectory.action_mask),
+            "rollout_logprobs": [round(float(x), 5) for x in trajectory.rollout_logprobs],
+        },
     }
-    assert tuple(record) == SAMPLE_KEYS
+    assert tuple(record)[: len(SAMPLE_KEYS)] == SAMPLE_KEYS
     return record
 
 

@@ -19,7 +19,14 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from stare_agents.rollout_log import ROLLOUTS_DIR, SavedRollout, read_rollouts, saved_steps, step_file
+from stare_agents.rollout_log import (
+    ROLLOUTS_DIR,
+    SavedRollout,
+    read_jsonl_rollouts,
+    read_rollouts,
+    saved_steps,
+    step_file,
+)
 
 ASSETS = Path(__file__).parent / "assets"
 PAGE_NAME = "rollouts.html"
@@ -118,7 +125,7 @@ def load_source(source: str | Path) -> tuple[str, dict[str, list[SavedRollout]],
         name = str(saved[0].step) if saved else source.name
         return source.name, {name: saved}, _rl_records(source.parent.parent / "metrics.jsonl")
     if source.suffix == ".jsonl":
-        return source.name, {"samples": list(_jsonl_rollouts(source))}, []
+        return source.name, {"samples": list(read_jsonl_rollouts(source))}, []
     raise ValueError(
         f"{source}: not a run folder, a rollouts/step-*.jsonl.gz file or a .jsonl of samples/trajectories"
     )
@@ -128,45 +135,6 @@ def _rl_records(path: Path) -> list[dict[str, Any]]:
     from stare_agents.records import read_records
 
     return read_records(path, "rl")
-
-
-def _jsonl_rollouts(path: Path) -> Iterable[SavedRollout]:
-    """An eval samples.jsonl (turn texts, no token ids) or a write_jsonl trajectories file, as SavedRollouts."""
-    from stare_agents.trajectory import Trajectory, TurnRecord
-
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line torn by a kill
-        if "prompt_ids" in record:
-            yield SavedRollout(step=0, trajectory=Trajectory.from_dict(record), status="trained")
-        elif "benchmark" in record and "turns" in record:  # eval/report.py's sample_record
-            trajectory = Trajectory(
-                prompt_ids=[0],
-                response_ids=[],
-                action_mask=[],
-                rollout_logprobs=[],
-                reward=float(record.get("reward", 0.0)),
-                num_turns=int(record.get("num_turns", 0)),
-                stop_reason=record.get("stop_reason", "answered"),
-                weight_version=int(record.get("weight_version") or 0),
-                turns=[TurnRecord(**turn) for turn in record["turns"]],
-                task_id=str(record.get("problem_id", "")),
-                group_id=f"{record.get('benchmark')}/{record.get('problem_id')}",
-                sample_index=int(record.get("sample_index", 0)),
-                correct=bool(record.get("correct")),
-                error=record.get("error"),
-            )
-            yield SavedRollout(
-                step=0, trajectory=trajectory, status="failed" if record.get("failed") else "trained"
-            )
-        else:
-            raise ValueError(
-                f"{path}:{number}: neither an eval sample nor a trajectory (keys {sorted(record)[:8]})"
-            )
 
 
 def build_page(source: str | Path, *, steps: Iterable[int] | None = None) -> str:
@@ -187,7 +155,9 @@ def build_page(source: str | Path, *, steps: Iterable[int] | None = None) -> str
         row.update({key: record.get(key) for key in OVERVIEW})
         row["target"] = record.get("stare/target_entropy")
         overview.append(row)
-    target = next((r["stare/target_entropy"] for r in records if _number(r.get("stare/target_entropy"))), None)
+    target = next(
+        (r["stare/target_entropy"] for r in records if _number(r.get("stare/target_entropy"))), None
+    )
     meta = {
         "title": title,
         "columns": OVERVIEW,

@@ -57,6 +57,62 @@ def test_a_tampered_samples_file_is_refused(setup: dict, tmp_path: Path, field, 
 
 
 @pytest.mark.parametrize(
+    "forge, says",
+    [
+        (lambda t: t.update(action_mask=[2] * len(t["action_mask"])), "values other than 0 and 1"),
+        (lambda t: t.update(response_ids=t["response_ids"][:-1]), "disagree in length"),
+        (lambda t: t.update(rollout_logprobs=["x"] * len(t["rollout_logprobs"])), "finite numbers"),
+        (lambda t: t.update(prompt_ids=[1.5]), "lists of integers"),
+        (lambda t: t.pop("action_mask"), "must be a mapping of"),
+    ],
+)
+def test_tampered_token_fields_are_refused(setup: dict, tmp_path: Path, forge, says) -> None:  # noqa: F811
+    samples = interrupted_run(setup, tmp_path / "run")
+    records = read_samples(samples)
+    forge(records[1]["tokens"])
+    samples.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    with pytest.raises(ValueError, match=says):
+        evaluate(
+            setup["model"],
+            setup["benchmarks"],
+            setup["config"],
+            out=tmp_path / "run",
+            runner=ScriptedRunner(),
+        )
+
+
+def test_samples_are_rollouts_and_older_lines_without_tokens_still_resume(
+    setup: dict,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """samples.jsonl lines carry the episode's tokens as a saved RL rollout does (read_rollouts reads both);
+    a file written before that (no tokens) resumes and shows as turn texts."""
+    from stare_agents.rollout_log import read_rollouts
+
+    samples = interrupted_run(setup, tmp_path / "run")
+    records = read_samples(samples)
+    saved = read_rollouts(samples)
+    assert len(saved) == len(records) > 0
+    for record, rollout in zip(records, saved, strict=True):
+        t = rollout.trajectory
+        assert (t.prompt_ids, t.response_ids, t.action_mask) == tuple(
+            record["tokens"][k] for k in ("prompt_ids", "response_ids", "action_mask")
+        )
+        assert t.task_id == record["problem_id"] and [turn.text for turn in t.turns] == [
+            turn["text"] for turn in record["turns"]
+        ]
+        assert rollout.status == ("failed" if record["failed"] else "trained")
+    for record in records:
+        del record["tokens"]
+    samples.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    assert [r.trajectory.response_ids for r in read_rollouts(samples)] == [[] for _ in records]
+    runner = ScriptedRunner()
+    evaluate(setup["model"], setup["benchmarks"], setup["config"], out=tmp_path / "run", runner=runner)
+    resumed = read_samples(samples)
+    assert resumed[: len(records)] == records and all("tokens" in r for r in resumed[len(records) :])
+
+
+@pytest.mark.parametrize(
     "changes, says",
     [
         ({"correct": True, "failed": True, "stop_reason": "engine_error"}, "failed sample is marked correct"),

@@ -127,7 +127,7 @@ def test_evaluate_writes_samples_and_results_that_agree(setup: dict, tmp_path: P
     assert [len(c) for c in runner.calls] == [3, 3, 3, 3, 3, 3, 2]
     assert runner.calls[0] == [("alpha", "q0", 0), ("alpha", "q0", 1), ("alpha", "q0", 2)]
     samples = read_samples(out / "samples.jsonl")
-    assert len(samples) == 20 and all(tuple(s) == SAMPLE_KEYS for s in samples)
+    assert len(samples) == 20 and all(tuple(s) == (*SAMPLE_KEYS, "tokens") for s in samples)
     first = samples[0]
     assert (
         first["text"].startswith("Wait, let me compute.\n```python") and "```output\n1\n```" in first["text"]
