@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +46,12 @@ def save_checkpoint(
     *,
     model: Any = None,
     tokenizer_dir: str | Path | None = None,
+    shards: Callable[[Path], Any] | None = None,
 ) -> Path:
     """Write `state` to `path` atomically (see the module docstring); returns `path`.
 
+    `shards`, for a data-parallel learner: called with the folder's `learner_shards/`, which its workers fill
+    with their shards (torch.distributed.checkpoint); what it returns is stored as `state["learner"]`.
     `path` ending in `.pt` is one file; otherwise a folder holding `trainer_state.ckpt` and, given `model`
     (a Hugging Face model), the model with the tokenizer of `tokenizer_dir`: then `state["learner"]["model"]`
     (when present, the same weights) is not stored twice."""
@@ -60,6 +64,14 @@ def save_checkpoint(
             _save_file(state, tmp)
         else:
             tmp.mkdir()
+            if shards is not None:  # a data-parallel learner's own shards, written by its workers; what it
+                small = shards(tmp / SHARDS_DIR)  # returns (the rest of its state) is state["learner"]
+                if small is not None:
+                    state = {**state, "learner": small}
+                for file in (tmp / SHARDS_DIR).iterdir():
+                    if file.is_file():
+                        _fsync_file(file)
+                _fsync_dir(tmp / SHARDS_DIR)
             if model is not None:
                 model.save_pretrained(tmp, safe_serialization=True)
                 if tokenizer_dir is not None:
@@ -78,6 +90,9 @@ def save_checkpoint(
         _remove(tmp)
     _fsync_dir(path.parent)
     return path
+
+
+SHARDS_DIR = "learner_shards"  # a sharded checkpoint's model and optimiser (torch.distributed.checkpoint)
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:

@@ -255,6 +255,15 @@ class LearnerWorker:
         state = self.learner.state_dict()
         return state if self.rank == 0 else None
 
+    def save_shards(self, folder: str) -> dict | None:
+        """Every worker writes its shards; rank 0 returns the rest of the state (schedule, gate, RNG, ...)."""
+        self.learner.save_shards(folder)
+        return self.learner.small_state_dict() if self.rank == 0 else None
+
+    def load_shards(self, folder: str, small: dict) -> None:
+        self.learner.load_shards(folder)
+        self.learner.load_small_state_dict(small)
+
     def load_state_dict(self, state: dict) -> None:
         self.learner.load_state_dict(state)
 
@@ -382,6 +391,19 @@ class LearnerGroup:
         import ray
 
         ray.get([w.load_state_dict.remote(state) for w in self.workers])
+
+    def save_shards(self, folder: str | Path) -> dict:
+        """A sharded checkpoint: each worker writes its own shards of the model and optimiser to `folder`
+        (torch.distributed.checkpoint; on a cluster, storage every worker reaches), nothing of them passes
+        through the driver; returns the small rest of the state (rank 0's) for the trainer's state file."""
+        import ray
+
+        return ray.get([w.save_shards.remote(str(folder)) for w in self.workers])[0]
+
+    def load_shards(self, folder: str | Path, small: dict) -> None:
+        import ray
+
+        ray.get([w.load_shards.remote(str(folder), small) for w in self.workers])
 
     def model_state_dict(self) -> dict[str, Tensor]:
         import ray

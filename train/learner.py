@@ -633,6 +633,27 @@ class Learner:
 
     # ---- checkpoints --------------------------------------------------------------------------------
 
+    def save_shards(self, folder: str | Path) -> None:
+        """The model and optimiser as this worker holds them (its FSDP shards; a replica's copy is written once),
+        with torch.distributed.checkpoint: every data-parallel worker calls it, on storage they all reach."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_state, optimizer_state = get_state_dict(self.policy, self.optimizer)
+        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(folder))
+
+    def load_shards(self, folder: str | Path) -> None:
+        """Read back what `save_shards` wrote, each worker its own shards (every worker calls it)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        model_state, optimizer_state = get_state_dict(self.policy, self.optimizer)  # the layout to fill
+        state = {"model": model_state, "optimizer": optimizer_state}
+        dcp.load(state, checkpoint_id=str(folder))
+        set_state_dict(
+            self.policy, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+        )
+
     def model_state_dict(self) -> dict[str, Tensor]:
         """The model's full weights (gathered from the shards under FSDP): what rollout workers load."""
         if not self.collective.shards_gradients:
@@ -654,9 +675,15 @@ class Learner:
 
     def state_dict(self) -> dict:
         """Everything the next step depends on: model, optimiser, LR schedule, gate, RNG states, counters."""
-        state = {
+        return {
             "model": self.model_state_dict(),
             "optimizer": self._optimizer_state_dict(),
+            **self.small_state_dict(),
+        }
+
+    def small_state_dict(self) -> dict:
+        """The state without the model and the optimiser (which `save_shards` writes shard by shard)."""
+        state = {
             "scheduler": self.scheduler.state_dict(),
             "stare": self.stare.state_dict() if self.stare is not None else None,
             "step_count": self.step_count,
@@ -683,6 +710,9 @@ class Learner:
         else:
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
+        self.load_small_state_dict(state)
+
+    def load_small_state_dict(self, state: dict) -> None:
         self.scheduler.load_state_dict(state["scheduler"])
         if (state["stare"] is None) != (self.stare is None):
             raise ValueError(

@@ -41,13 +41,14 @@ from stare_agents.eval.metrics import Estimate, estimate, paired_difference
 from stare_agents.records import read_records
 from stare_agents.rollout import RolloutConfig, RolloutTask, RolloutWorkerGroup, WorkerSpec
 from stare_agents.rollout.summary import check_failed_share, summarize
-from stare_agents.train.checkpoint import checkpoint_path as checkpoint_file
 from stare_agents.train.checkpoint import (
+    SHARDS_DIR,
     latest_checkpoint,
     load_checkpoint,
     prune_checkpoints,
     save_checkpoint,
 )
+from stare_agents.train.checkpoint import checkpoint_path as checkpoint_file
 from stare_agents.train.config import TrainConfig, check_run, save_config
 from stare_agents.train.learner import LEARNER_METRICS, Learner
 from stare_agents.trajectory import Trajectory, collate, learning_trajectories
@@ -749,7 +750,10 @@ class Trainer:
         latest = latest_checkpoint(folder) if self.resume else None
         if latest is not None:
             state = load_checkpoint(latest)
-            learner.load_state_dict(state["learner"])  # model, optimiser, schedule, gate, RNG states
+            if state.get("sharded"):  # each data-parallel worker reads its own shards
+                learner.load_shards(latest / SHARDS_DIR, state["learner"])
+            else:
+                learner.load_state_dict(state["learner"])  # model, optimiser, schedule, gate, RNG states
             start, version = int(state["next_step"]), int(state["weight_version"])
             self.data_position = int(state["data_position"])
             if state.get("ahead") is not None:  # a pipelined run's next batch, sampled before the checkpoint
@@ -807,21 +811,28 @@ class Trainer:
                     bar.update(1)
                 if c.checkpoint.every and ((step + 1) % c.checkpoint.every == 0 or step + 1 == c.rl.steps):
                     started = time.perf_counter()
-                    state = learner.state_dict()
-                    save_checkpoint(  # a folder `stare-agents eval --model` takes, and resume reads
-                        {
-                            "next_step": step + 1,
-                            "data_position": self.data_position,
-                            "learner": state,
-                            "weight_version": self.workers.weight_version,
-                            "ahead": self._ahead.to_state() if self._ahead is not None else None,
-                        },
-                        checkpoint_file(folder, step + 1),
-                        model=learner.model
-                        if isinstance(learner, Learner)
-                        else _loaded(start_dir, state["model"]),
-                        tokenizer_dir=start_dir,
-                    )
+                    state = {
+                        "next_step": step + 1,
+                        "data_position": self.data_position,
+                        "weight_version": self.workers.weight_version,
+                        "ahead": self._ahead.to_state() if self._ahead is not None else None,
+                    }
+                    if isinstance(
+                        learner, Learner
+                    ):  # a folder `stare-agents eval --model` takes, and resume reads
+                        state["learner"] = learner.state_dict()
+                        save_checkpoint(
+                            state,
+                            checkpoint_file(folder, step + 1),
+                            model=learner.model,
+                            tokenizer_dir=start_dir,
+                        )
+                    else:  # data-parallel: each worker writes its shards; the HF model is exported at the end
+                        save_checkpoint(
+                            state | {"sharded": True},
+                            checkpoint_file(folder, step + 1),
+                            shards=learner.save_shards,
+                        )
                     prune_checkpoints(folder, c.checkpoint.keep_last)
                     self._timed("checkpoint", time.perf_counter() - started)
             started = time.perf_counter()
