@@ -512,14 +512,8 @@ class Learner:
             )
 
     def _apply_gradients(self) -> float:
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        sharded = self.collective.shards_gradients  # under FSDP the wrapper reduces gradients itself
         grad_norm = optimizer_step(
-            self.optimizer,
-            params,
-            self.config.optimizer.max_grad_norm,
-            zero_missing=not sharded,
-            reduce=None if sharded else self.collective.reduce_gradients,
+            self.optimizer, self.model, self.config.optimizer.max_grad_norm, self.collective
         )
         if not math.isfinite(grad_norm):
             self.skipped_updates += 1

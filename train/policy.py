@@ -12,11 +12,11 @@ each chunk's logits. Observation, prompt and padding positions get 0 and carry n
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 import torch
 from torch import Tensor, nn
@@ -105,22 +105,19 @@ def clip_and_step(
 
 
 def optimizer_step(
-    optimizer: torch.optim.Optimizer,
-    params: list[nn.Parameter],
-    max_grad_norm: float,
-    *,
-    zero_missing: bool = True,
-    reduce: Callable[[list[nn.Parameter]], None] | None = None,
+    optimizer: torch.optim.Optimizer, model: nn.Module, max_grad_norm: float, collective: Any = None
 ) -> float:
-    """The optimiser step SFT and RL share: a parameter without a gradient gets zeros (`zero_missing`; every
-    data-parallel worker then reduces the same list), `reduce` sums gradients across workers, then
-    `clip_and_step`. Returns the norm before clipping (not finite: the step was skipped)."""
-    if zero_missing:
+    """The optimiser step SFT and RL share, for this worker's part of a data-parallel `collective` (the
+    learner's `Collective`; None: one worker). A parameter without a gradient gets zeros (every worker then
+    reduces the same list) and the workers' gradients are summed, unless FSDP shards them (it reduces them
+    itself); then `clip_and_step`. Returns the norm before clipping (not finite: the step was skipped)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if collective is None or not collective.shards_gradients:
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-    if reduce is not None:
-        reduce(params)
+        if collective is not None:
+            collective.reduce_gradients(params)
     return clip_and_step(optimizer, params, max_grad_norm)
 
 

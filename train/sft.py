@@ -150,13 +150,8 @@ class SFTTrainer:
             sums[0] += float(loss.detach()) * normalizer
             sums[1] += float(stats.entropy.detach()[mask > 0].sum())
         nll_sum, entropy_sum = self.collective.all_reduce_sum(sums).tolist()
-        params = [p for p in self.model.parameters() if p.requires_grad]
         grad_norm = optimizer_step(
-            self.optimizer,
-            params,
-            self.config.optimizer.max_grad_norm,
-            zero_missing=not sharded,
-            reduce=None if sharded else self.collective.reduce_gradients,
+            self.optimizer, self.model, self.config.optimizer.max_grad_norm, self.collective
         )
         skipped = not math.isfinite(grad_norm)
         if skipped:

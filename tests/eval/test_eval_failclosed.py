@@ -31,6 +31,14 @@ def interrupted_run(setup: dict, out: Path) -> Path:  # noqa: F811
     return out / "samples.jsonl"
 
 
+def rewrite_and_resume(setup: dict, out: Path, records: list[dict]) -> ScriptedRunner:  # noqa: F811
+    """Write `records` as the samples file of `out`, then resume the evaluation there."""
+    (out / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    runner = ScriptedRunner()
+    evaluate(setup["model"], setup["benchmarks"], setup["config"], out=out, runner=runner)
+    return runner
+
+
 @pytest.mark.parametrize(
     "field, forged, says",
     [
@@ -70,15 +78,8 @@ def test_tampered_token_fields_are_refused(setup: dict, tmp_path: Path, forge, s
     samples = interrupted_run(setup, tmp_path / "run")
     records = read_samples(samples)
     forge(records[1]["tokens"])
-    samples.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
     with pytest.raises(ValueError, match=says):
-        evaluate(
-            setup["model"],
-            setup["benchmarks"],
-            setup["config"],
-            out=tmp_path / "run",
-            runner=ScriptedRunner(),
-        )
+        rewrite_and_resume(setup, tmp_path / "run", records)
 
 
 def test_samples_are_rollouts_and_older_lines_without_tokens_still_resume(
@@ -130,15 +131,8 @@ def test_records_that_contradict_themselves_are_refused(setup: dict, tmp_path: P
     samples = interrupted_run(setup, tmp_path / "run")
     records = read_samples(samples)
     records[0].update(changes)
-    samples.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
     with pytest.raises(ValueError, match=says):
-        evaluate(
-            setup["model"],
-            setup["benchmarks"],
-            setup["config"],
-            out=tmp_path / "run",
-            runner=ScriptedRunner(),
-        )
+        rewrite_and_resume(setup, tmp_path / "run", records)
 
 
 def test_fingerprint_covers_the_middle_of_the_weights_and_is_cached(tmp_path: Path, monkeypatch) -> None:

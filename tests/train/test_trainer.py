@@ -46,6 +46,24 @@ def comparable(record: dict) -> dict:
     }
 
 
+def sigkill_after_checkpoint(out: Path, step: int, *overrides: str) -> None:
+    """`stare-agents train --recipe tiny` in a process of its own, SIGKILLed once its step-`step` checkpoint
+    exists (the run must not end before)."""
+    command = [sys.executable, "-m", "stare_agents.cli", "train", "--recipe", "tiny", "--out", str(out)]
+    command += ["rollout.sandbox=local", *overrides]
+    environment = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
+    process = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=environment
+    )
+    deadline = time.monotonic() + 600
+    while latest_checkpoint(out) is None or str(step) not in latest_checkpoint(out).stem:
+        assert process.poll() is None, "the run ended before it could be killed"
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
 def test_tiny_run_writes_every_output(tmp_path):
     summary = train(tiny(tmp_path / "run", "rl.steps=2"))
     folder = tmp_path / "run"
@@ -74,19 +92,7 @@ def test_a_run_killed_with_sigkill_resumes_to_the_same_state_and_metrics(tmp_pat
     reference = tmp_path / "reference"
     train(tiny(reference, *COIN))
     killed = tmp_path / "killed"
-    command = [sys.executable, "-m", "stare_agents.cli", "train", "--recipe", "tiny", "--out", str(killed)]
-    command += ["rollout.sandbox=local", "rl.steps=4", *COIN]
-    environment = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
-    process = subprocess.Popen(
-        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=environment
-    )
-    deadline = time.monotonic() + 600
-    while latest_checkpoint(killed) is None or "2" not in latest_checkpoint(killed).stem:
-        assert process.poll() is None, "the run ended before it could be killed"
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
+    sigkill_after_checkpoint(killed, 2, "rl.steps=4", *COIN)
     assert not (killed / "summary.json").exists()
     train(tiny(killed, *COIN), resume=True)
 
@@ -199,19 +205,7 @@ def test_a_pipelined_run_trains_one_version_behind_and_resumes_exactly(tmp_path)
     assert all("time/wait_rollout_s" in r for r in records[:-1]) and "time/wait_rollout_s" not in records[-1]
 
     killed = tmp_path / "killed"
-    command = [sys.executable, "-m", "stare_agents.cli", "train", "--recipe", "tiny", "--out", str(killed)]
-    command += ["rollout.sandbox=local", "rl.steps=4", *PIPELINE]
-    environment = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
-    process = subprocess.Popen(
-        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=environment
-    )
-    deadline = time.monotonic() + 600
-    while latest_checkpoint(killed) is None or "2" not in latest_checkpoint(killed).stem:
-        assert process.poll() is None, "the run ended before it could be killed"
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
+    sigkill_after_checkpoint(killed, 2, "rl.steps=4", *PIPELINE)
     assert load_checkpoint(latest_checkpoint(killed))["ahead"] is not None  # step 2's batch, sampled ahead
     train(tiny(killed, *PIPELINE), resume=True)
     assert [comparable(r) for r in read_records(killed / "metrics.jsonl", "rl")] == [
