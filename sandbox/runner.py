@@ -888,6 +888,18 @@ class _Capture:
         return head + f"\n... [{skipped} bytes of output truncated] ...\n".encode() + tail
 
 
+class _Call:
+    """How one call's wait ended (see `Supervisor._wait_for_reply`)."""
+
+    def __init__(self) -> None:
+        self.reply: dict | None = None
+        self.interrupted = False  # the deadline passed (or a cancel came) and SIGINT was sent
+        self.hard_killed = False  # the grace period after the interrupt passed too
+        self.died = False  # the worker's control pipe closed
+        self.cancelled = False  # the host cancelled the call or went away
+        self.violation = ""  # what the code wrote to the control channel
+
+
 class Supervisor:
     def __init__(
         self,
@@ -1306,12 +1318,23 @@ class Supervisor:
 
     # -- one call
     def run(self, request: dict) -> tuple[dict, bytes, bytes]:
+        """One call, in named steps: send the job to the worker, wait for its reply (streaming its output,
+        answering a timeout or a cancel), settle what happened (status and notes; restart or reap), and
+        compose the reply."""
         started = time.monotonic()
         timeout_s = bounded_timeout(request.get("timeout_s"))
         cap = request.get("max_output")
         cap = cap if type(cap) is int and 64 <= cap <= self.max_output else self.max_output
         out, err = _Capture(cap), _Capture(cap)
-        notes: list[str] = []
+        pending = self._send_job(request)  # (may restart the worker: its pipes are read after this)
+        streams = {self.out_r: out, self.err_r: err}
+        call = self._wait_for_reply(pending, streams, started + timeout_s)
+        status, notes = self._settle(call, streams, timeout_s)  # (may restart the worker again)
+        return self._compose(status, notes, out, err, started)
+
+    def _send_job(self, request: dict) -> memoryview:
+        """Start the call: a live worker (restarted if it died), the job frame queued on its control pipe;
+        returns what could not be written at once (written as the worker reads, never blocking)."""
         if self.worker is None or self.worker.poll() is not None:
             self.restart_worker()
         self.call += 1
@@ -1326,29 +1349,30 @@ class Supervisor:
         self.reap_next = []
         with contextlib.suppress(OSError):  # a thread of the code may have stopped it between calls
             os.kill(self.worker.pid, signal.SIGCONT)
-        pending = memoryview(encode_frame(job))  # written as the worker reads, never blocking this loop
+        pending = memoryview(encode_frame(job))
         with contextlib.suppress(BlockingIOError, BrokenPipeError):  # most requests fit the pipe at once
             pending = pending[os.write(self.ctl_w, pending[: 1 << 16]) :]
+        return pending
 
-        deadline = started + timeout_s
-        interrupted = hard_killed = died = cancelled = False
-        violation = ""
+    def _wait_for_reply(self, pending: memoryview, streams: dict, deadline: float) -> _Call:
+        """Until the worker replies: write the rest of the job, capture its output, and on the deadline (or
+        a cancel from the host) interrupt it, then give up after the grace period. A worker that dies or
+        writes to the control channel ends the wait at once."""
+        call = _Call()
         reply_buf = bytearray()
-        reply: dict | None = None
-        streams = {self.out_r: out, self.err_r: err}
         watch = [self.ctl_r, self.out_r, self.err_r]
         if not self.host.eof:
             watch.append(self.host.fd)  # a "cancel" from the host interrupts the call at once
-        while reply is None:
+        while call.reply is None:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                if not interrupted:
-                    interrupted = True
+                if not call.interrupted:
+                    call.interrupted = True
                     with contextlib.suppress(OSError):
                         os.kill(self.worker.pid, signal.SIGINT)
                     deadline = time.monotonic() + self.grace_s
                     continue
-                hard_killed = True
+                call.hard_killed = True
                 break
             try:
                 ready, writable, _ = select.select(watch, [self.ctl_w] if pending else [], [], remaining)
@@ -1360,20 +1384,20 @@ class Supervisor:
                 except BlockingIOError:
                     pass
                 except OSError:  # the worker is gone
-                    died = True
+                    call.died = True
                     break
             for fd in ready:
                 if fd == self.host.fd:
                     self.host.fill()
                     while (frame := self.host.pop(self.key)) is not None:
                         if frame.get("op") == "cancel":
-                            cancelled = True
+                            call.cancelled = True
                         else:
                             self.deferred.append(frame)
                     if self.host.eof:  # the host went away: nobody waits for this call
-                        cancelled = True
+                        call.cancelled = True
                         watch.remove(fd)
-                    if cancelled and not interrupted:
+                    if call.cancelled and not call.interrupted:
                         deadline = time.monotonic()
                     continue
                 try:
@@ -1384,24 +1408,30 @@ class Supervisor:
                     data = b""
                 if fd == self.ctl_r:
                     if not data:
-                        died = True
+                        call.died = True
                         break
                     reply_buf += data
                     try:
-                        reply = _worker_reply(reply_buf, self.call)
+                        call.reply = _worker_reply(reply_buf, self.call)
                     except _Violation as exc:
-                        violation = str(exc)
+                        call.violation = str(exc)
                         break
                 elif data:
                     streams[fd].feed(data)
                 else:
                     watch.remove(fd)
-            if died or violation:
+            if call.died or call.violation:
                 break
+        return call
 
-        if hard_killed or died or violation:
+    def _settle(self, call: _Call, streams: dict, timeout_s: float) -> tuple[str, list[str]]:
+        """The call's status and the notes appended to its stderr. A worker that was hard-killed, died or
+        broke the protocol is killed with everything it started and restarted; otherwise the code's stray
+        processes are reaped (and an interrupted call with live threads restarts the interpreter)."""
+        notes: list[str] = []
+        if call.hard_killed or call.died or call.violation:
             exit_code = None
-            if died and self.worker is not None:
+            if call.died and self.worker is not None:
                 try:
                     exit_code = self.worker.wait(timeout=2)
                 except subprocess.TimeoutExpired:
@@ -1409,53 +1439,58 @@ class Supervisor:
             self.kill_code()
             self._drain(streams)
             self.restart_worker()
-            if violation:
-                status = "error"
+            if call.violation:
                 notes.append(
-                    f"SandboxError: the code wrote to the sandbox's control channel ({violation}); the "
+                    f"SandboxError: the code wrote to the sandbox's control channel ({call.violation}); the "
                     f"interpreter was restarted and this session's variables were lost"
                 )
-            elif hard_killed:
-                status = "timeout"
+                return "error", notes
+            if call.hard_killed:
                 what = (
                     "the call was cancelled"
-                    if cancelled
+                    if call.cancelled
                     else f"TimeoutError: the code ran past the {timeout_s:g} s limit"
                 )
                 notes.append(
                     f"{what} and did not stop when interrupted; the interpreter was restarted and this "
                     f"session's variables were lost"
                 )
+                return "timeout", notes
+            notes.append(_death_note(exit_code, self.memory_hint))
+            return "killed", notes
+        status = call.reply["status"]
+        restart = False
+        if call.interrupted or status == "interrupted":
+            status = "timeout"
+            if call.cancelled:
+                message = "CancelledError: the caller cancelled the call and it was interrupted"
             else:
-                status = "killed"
-                notes.append(_death_note(exit_code, self.memory_hint))
-        else:
-            status = reply["status"]
-            restart = False
-            if interrupted or status == "interrupted":
-                status = "timeout"
-                if cancelled:
-                    message = "CancelledError: the caller cancelled the call and it was interrupted"
-                else:
-                    message = f"TimeoutError: the code ran past the {timeout_s:g} s limit and was interrupted"
-                if reply["threads"] > 1:
-                    restart = True
-                    message += (
-                        "; threads it started were still running, so the interpreter was restarted and "
-                        "this session's variables were lost"
-                    )
-                else:
-                    message += "; the session's variables are kept"
-                notes.append(message)
-            # processes the code left behind end with its call (locally: only after a timeout), before
-            # the pipes are drained, so that a background writer cannot keep the call open
-            if restart:
-                self.kill_code()
-            elif status == "timeout" or self.mode == "docker":
-                self.reap_next = self.kill_strays()
-            self._drain(streams)
-            if restart:
-                self.restart_worker()
+                message = f"TimeoutError: the code ran past the {timeout_s:g} s limit and was interrupted"
+            if call.reply["threads"] > 1:
+                restart = True
+                message += (
+                    "; threads it started were still running, so the interpreter was restarted and "
+                    "this session's variables were lost"
+                )
+            else:
+                message += "; the session's variables are kept"
+            notes.append(message)
+        # processes the code left behind end with its call (locally: only after a timeout), before
+        # the pipes are drained, so that a background writer cannot keep the call open
+        if restart:
+            self.kill_code()
+        elif status == "timeout" or self.mode == "docker":
+            self.reap_next = self.kill_strays()
+        self._drain(streams)
+        if restart:
+            self.restart_worker()
+        return status, notes
+
+    @staticmethod
+    def _compose(
+        status: str, notes: list[str], out: _Capture, err: _Capture, started: float
+    ) -> tuple[dict, bytes, bytes]:
+        """The reply: header, stdout and stderr (the notes after the code's own stderr)."""
         err_bytes = err.result()
         if notes:
             if err_bytes and not err_bytes.endswith(b"\n"):
