@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from stare_agents.rollout.summary import tool_outcomes
 from stare_agents.trajectory import STOP_REASONS, Trajectory
 
 # category -> patterns (regular expressions, matched as whole words, case-insensitive), phrases first.
@@ -82,7 +83,7 @@ class ResponseStats:
     response_chars: int  # characters of the policy's own text
     turns: int
     tool_calls: int
-    tool_errors: int  # calls whose status was "error" or "killed"
+    tool_errors: int  # calls that did not end ok (errors, kills, timeouts; `tool_outcomes`)
     tool_timeouts: int
     void_turns: int
     correct: bool
@@ -106,15 +107,7 @@ def policy_text(trajectory: Trajectory) -> str:
 def response_stats(trajectory: Trajectory) -> ResponseStats:
     """Per-response statistics of one trajectory. Tool statuses come from the turn records (the env's
     `info` counters when a trajectory has no turns, e.g. a rollout that failed before generating)."""
-    if trajectory.turns:
-        statuses = [status for turn in trajectory.turns for status in turn.tool_statuses]
-        tool_calls = sum(turn.tool_calls for turn in trajectory.turns)
-        tool_errors = sum(status in ("error", "killed") for status in statuses)
-        tool_timeouts = sum(status == "timeout" for status in statuses)
-    else:
-        tool_calls = int(trajectory.info.get("tool_calls", 0))
-        tool_errors = int(trajectory.info.get("tool_errors", 0))
-        tool_timeouts = int(trajectory.info.get("tool_timeouts", 0))
+    tool_calls, tool_errors, tool_timeouts = tool_outcomes(trajectory)  # errors: every call not ok
     text = policy_text(trajectory)
     return ResponseStats(
         response_tokens=trajectory.num_action_tokens,

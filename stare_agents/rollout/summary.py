@@ -9,6 +9,21 @@ from typing import Any
 from stare_agents.trajectory import STOP_REASONS, Trajectory
 
 
+def tool_outcomes(trajectory: Trajectory) -> tuple[int, int, int]:
+    """(tool calls, calls that did not end ok, timeouts among them) of one episode: one meaning for training
+    (`summarize`) and evaluation (`stare_agents.eval.behavior`). From the turn records, or from the
+    environment's info counters when the episode has none (it failed before a turn was recorded)."""
+    if trajectory.turns:
+        statuses = [status for turn in trajectory.turns for status in turn.tool_statuses]
+        calls = sum(turn.tool_calls for turn in trajectory.turns)
+        # calls past a turn's cap share one "error" status: the statuses count them at most once
+        not_ok = sum(status != "ok" for status in statuses) + max(0, calls - len(statuses))
+        return calls, not_ok, sum(status == "timeout" for status in statuses)
+    info = trajectory.info
+    calls, errors = int(info.get("tool_calls", 0)), int(info.get("tool_errors", 0))
+    return calls, errors, int(info.get("tool_timeouts", 0))
+
+
 def summarize(trajectories: Sequence[Trajectory], seconds: float | None = None) -> dict[str, Any]:
     """Accuracy, reward, turns, tool use, stop reasons and token counts; tokens/s when `seconds` is given.
 
@@ -22,8 +37,9 @@ def summarize(trajectories: Sequence[Trajectory], seconds: float | None = None) 
     action = sum(t.num_action_tokens for t in trajectories)
     observation = sum(len(t.response_ids) - t.num_action_tokens for t in trajectories)
     generated = sum(turn.num_tokens for turn in turns)
-    tool_calls = sum(turn.tool_calls for turn in turns)
-    reported = sum(statuses.values())  # calls past a turn's cap share one "error" status
+    outcomes = [tool_outcomes(t) for t in trajectories]
+    tool_calls = sum(calls for calls, _, _ in outcomes)
+    not_ok = sum(failed for _, failed, _ in outcomes)
     summary: dict[str, Any] = {
         "episodes": n,
         "failed": n - len(ran),
@@ -31,7 +47,7 @@ def summarize(trajectories: Sequence[Trajectory], seconds: float | None = None) 
         "mean_reward": sum(t.reward for t in ran) / len(ran) if ran else 0.0,
         "mean_turns": sum(t.num_turns for t in trajectories) / n if n else 0.0,
         "tool_calls_per_episode": tool_calls / n if n else 0.0,
-        "tool_error_rate": (reported - statuses.get("ok", 0)) / reported if reported else 0.0,
+        "tool_error_rate": not_ok / tool_calls if tool_calls else 0.0,  # calls that did not end ok
         "tool_statuses": dict(statuses),
         "stop_reasons": {
             reason: count

@@ -127,7 +127,7 @@ def test_behavior_summary_hand_computed() -> None:
     assert summary["response_tokens_wrong_mean"] == pytest.approx(12.5)
     assert summary["tool_calls_per_response"] == pytest.approx(4 / 3)
     assert summary["tool_call_rate"] == pytest.approx(2 / 3)
-    assert summary["tool_error_rate"] == pytest.approx(1 / 4)
+    assert summary["tool_error_rate"] == pytest.approx(2 / 4)  # every call that did not end ok: error, timeout
     assert summary["tool_timeout_rate"] == pytest.approx(1 / 4)
     assert summary["void_turns_per_response"] == pytest.approx(1 / 3)
     assert summary["void_turn_rate"] == pytest.approx(1 / 3)
@@ -149,3 +149,23 @@ def test_summary_of_nothing_is_none_not_zero() -> None:
     assert only_failed["stop_reason/env_error"] == 1.0
     no_calls = behavior_summary([trajectory(["x"], [[]])])
     assert no_calls["tool_calls_per_response"] == 0.0 and no_calls["tool_error_rate"] is None
+
+
+def test_training_and_evaluation_mean_the_same_by_tool_error_rate():
+    """One meaning for training (rollout/summary.py) and evaluation (behaviour summary): the share of tool
+    calls that did not end ok, a timeout or a call past a turn's cap included."""
+    from stare_agents.rollout.summary import summarize, tool_outcomes
+
+    turns = [
+        TurnRecord("a", 3, "stop", tool_calls=3, tool_statuses=["ok", "timeout", "error"]),
+        TurnRecord("b", 3, "stop", tool_calls=4, tool_statuses=["ok", "ok", "error"]),  # 2 past the cap
+        TurnRecord("\\\\boxed{1}", 3, "eos"),
+    ]
+    episode = Trajectory(
+        [0], [1] * 9, [1] * 9, [-0.1] * 9, reward=1.0, correct=True, num_turns=3, turns=turns
+    )
+    assert tool_outcomes(episode) == (7, 4, 1)  # timeout, error, and the two past the cap
+    training = summarize([episode])["tool_error_rate"]
+    evaluation = behavior_summary([episode])["tool_error_rate"]
+    assert training == evaluation == pytest.approx(4 / 7)
+    assert behavior_summary([episode])["tool_timeout_rate"] == pytest.approx(1 / 7)
