@@ -41,6 +41,7 @@ from stare_agents.algo.config import ALGORITHMS, AlgorithmName
 from stare_agents.algo.losses import PolicyLossConfig
 from stare_agents.algo.stare import StareConfig
 from stare_agents.rollout.engine import Dtype, EngineName
+from stare_agents.rollout.placement import Placement
 from stare_agents.rollout.render import Rendering
 from stare_agents.rollout.weight_sync import WeightSync
 from stare_agents.sandbox import Backend
@@ -154,6 +155,9 @@ class RolloutSection:
     # rl.learner_workers > 1, driver otherwise)
     weight_sync: WeightSync = "auto"
     weight_sync_bucket_mb: float = 256.0
+    # a Ray placement group for the rollout workers (one bundle each): "SPREAD" puts engines on different
+    # nodes, "PACK" together; "none": wherever Ray finds room
+    placement: Placement = "none"
 
     def __post_init__(self) -> None:
         # the learner scores softmax(logits / temperature) exactly; a top-p nucleus it cannot reproduce per token
@@ -258,6 +262,7 @@ class RLSection:
     learner_workers: int = 1  # > 1: data-parallel learner workers (Ray actors, gloo on CPU, NCCL on GPU)
     learner_gpus_per_worker: float = 0.0  # GPU cluster: 1
     fsdp: bool = False  # shard the learner's model over its GPU workers (models that do not fit one GPU)
+    learner_placement: Placement = "none"  # a Ray placement group for the learner workers ("PACK": one node)
     drop_void_turns: bool = False  # SimpleTIR: trajectories with a void turn are left out of the loss
     # dynamic sampling (DAPO): draw up to this many batches of prompts per step until prompts_per_step groups
     # have reward variance; 1: filter only (a step may train on fewer groups)

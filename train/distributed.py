@@ -18,10 +18,12 @@ on GPUs (no GPU on this project's machines).
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -100,6 +102,7 @@ class DistributedConfig:
     num_cpus_per_worker: float = 1.0
     num_gpus_per_worker: float = 0.0
     threads_per_worker: int = 1  # torch intra-op threads in each worker
+    placement: str = "none"  # a Ray placement group for the workers ("PACK" keeps a learner's ranks together)
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -172,6 +175,7 @@ class LearnerWorker:
         config: LearnerConfig,
         fsdp: bool,
     ) -> None:
+        config = dataclasses.replace(config, device=_worker_device())
         model = self._join(address, backend, model_dir, config.device)
         shard = _fully_shard if fsdp else None
         self.learner = Learner(
@@ -193,6 +197,7 @@ class LearnerWorker:
     def setup_sft(
         self, address: str, backend: str, model_dir: str, config: SFTConfig, pad_token_id: int, fsdp: bool
     ) -> None:
+        config = dataclasses.replace(config, device=_worker_device())
         model = self._join(address, backend, model_dir, config.device)
         self.sft = SFTTrainer(
             model,
@@ -276,6 +281,46 @@ class LearnerWorker:
             dist.destroy_process_group()
 
 
+def _worker_device() -> str:
+    """This worker's device: the GPU Ray gave it, else the CPU (not the driver's: a driver without a GPU can
+    run GPU workers, and the other way round)."""
+    import ray
+
+    return "cuda" if ray.get_gpu_ids() and torch.cuda.is_available() else "cpu"
+
+
+def _start_workers(d: DistributedConfig) -> tuple[list[Any], Any]:
+    """The learner's Ray actors, rank by rank, in a placement group when `d.placement` asks for one."""
+    import ray
+
+    from stare_agents.rollout.placement import bundle, reserve
+
+    group = reserve(
+        [{"CPU": d.num_cpus_per_worker, "GPU": d.num_gpus_per_worker}] * d.num_workers,
+        d.placement,
+        what="learner workers",
+    )
+    actor = ray.remote(num_cpus=d.num_cpus_per_worker, num_gpus=d.num_gpus_per_worker)(LearnerWorker)
+    workers = [
+        actor.options(scheduling_strategy=bundle(group, rank)).remote(
+            rank, d.num_workers, d.threads_per_worker
+        )
+        for rank in range(d.num_workers)
+    ]
+    return workers, group
+
+
+def _close_workers(workers: list[Any], group: Any) -> None:
+    import ray
+
+    from stare_agents.rollout.placement import release
+
+    ray.get([w.close.remote() for w in workers])
+    for w in workers:
+        ray.kill(w)
+    release(group)
+
+
 def _fully_shard(policy: PolicyModel) -> None:
     """FSDP2: each decoder layer, then the whole policy (embeddings, final norm, LM head) as the root.
 
@@ -320,10 +365,7 @@ class LearnerGroup:
         self.config = config or LearnerConfig()
         self.distributed = distributed or DistributedConfig()
         d = self.distributed
-        actor = ray.remote(num_cpus=d.num_cpus_per_worker, num_gpus=d.num_gpus_per_worker)(LearnerWorker)
-        self.workers = [
-            actor.remote(rank, d.num_workers, d.threads_per_worker) for rank in range(d.num_workers)
-        ]
+        self.workers, self._placement = _start_workers(d)
         # as `Learner`: per-token records of the last step (step-batch row -> TokenRecord, from every worker)
         # when `record_tokens` is set, and whether STARE reweighted it
         self.record_tokens = False
@@ -411,12 +453,8 @@ class LearnerGroup:
         return ray.get([w.model_state_dict.remote() for w in self.workers])[0]
 
     def close(self) -> None:
-        import ray
-
-        ray.get([w.close.remote() for w in self.workers])
-        for w in self.workers:
-            ray.kill(w)
-        self.workers = []
+        _close_workers(self.workers, self._placement)
+        self.workers, self._placement = [], None
 
 
 class SFTGroup:
@@ -438,10 +476,7 @@ class SFTGroup:
         if not ray.is_initialized():
             raise RuntimeError("SFTGroup runs its workers as Ray actors: call ray.init(...) first")
         d = self.distributed = distributed or DistributedConfig()
-        actor = ray.remote(num_cpus=d.num_cpus_per_worker, num_gpus=d.num_gpus_per_worker)(LearnerWorker)
-        self.workers = [
-            actor.remote(rank, d.num_workers, d.threads_per_worker) for rank in range(d.num_workers)
-        ]
+        self.workers, self._placement = _start_workers(d)
         address = ray.get(self.workers[0].address.remote())
         ray.get(
             [
@@ -471,9 +506,5 @@ class SFTGroup:
         return ray.get([w.sft_model_state_dict.remote() for w in self.workers])[0]
 
     def close(self) -> None:
-        import ray
-
-        ray.get([w.close.remote() for w in self.workers])
-        for w in self.workers:
-            ray.kill(w)
-        self.workers = []
+        _close_workers(self.workers, self._placement)
+        self.workers, self._placement = [], None

@@ -397,6 +397,7 @@ class Trainer:
             num_gpus=c.rollout.num_gpus_per_worker,
             imports=list(c.env.imports),
             engine_kwargs=c.rollout.vllm_kwargs() if c.rollout.engine == "vllm" else {},
+            placement=c.rollout.placement,
         )
         started = time.perf_counter()
         workers = RolloutWorkerGroup(spec, c.rollout.workers, use_ray=c.rollout.use_ray)
@@ -735,7 +736,10 @@ class Trainer:
             init_local_ray(num_cpus=max(2, os.cpu_count() or 2), log_to_driver=True)
         c = self.config
         return DistributedConfig(
-            num_workers=c.rl.learner_workers, num_gpus_per_worker=c.rl.learner_gpus_per_worker, fsdp=c.rl.fsdp
+            num_workers=c.rl.learner_workers,
+            num_gpus_per_worker=c.rl.learner_gpus_per_worker,
+            fsdp=c.rl.fsdp,
+            placement=c.rl.learner_placement,
         )
 
     def reinforce(self, start_dir: Path, algorithm: AlgorithmConfig, folder: Path, key: str) -> None:
