@@ -69,6 +69,8 @@ def prepare_model(name: str, out: str | Path | None = None, *, force: bool = Fal
     if path.is_dir():
         if not (path / "config.json").exists():
             raise FileNotFoundError(f"{path} is a directory but has no config.json: not a Hugging Face model")
+        if (path / SHARDS_DIR).is_dir() and not any(path.glob("*.safetensors")):
+            return export_sharded_checkpoint(path)
         return path
     if path.exists() or name.startswith((".", "/", "~")) or name.count("/") != 1:
         raise FileNotFoundError(
@@ -82,6 +84,39 @@ def prepare_model(name: str, out: str | Path | None = None, *, force: bool = Fal
             f"folder's name, run from another directory or download it first."
         )
     return _download_hub(name, out)
+
+
+SHARDS_DIR = (
+    "learner_shards"  # a data-parallel run's checkpoint: its workers' shards (torch.distributed.checkpoint)
+)
+EXPORT_DIR = "hf_export"
+
+
+def export_sharded_checkpoint(checkpoint: str | Path) -> Path:
+    """The Hugging Face model of a sharded checkpoint (a data-parallel run's `checkpoints/step-N/`: its config and
+    tokenizer files, and `learner_shards/`), written once to `<checkpoint>/hf_export/` and reused: only the
+    policy's weights are read from the shards (not the optimiser's), in one process, without a process group."""
+    checkpoint = Path(checkpoint)
+    out = checkpoint / EXPORT_DIR
+    if (out / "config.json").is_file() and any(out.glob("*.safetensors")):
+        return out
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(checkpoint)
+    model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+    # the learner's shards hold the policy wrapper's state: the model's keys with a "model." prefix
+    template = {f"model.{key}": value for key, value in model.state_dict().items()}
+    dcp.load({"model": template}, checkpoint_id=str(checkpoint / SHARDS_DIR), no_dist=True)
+    model.load_state_dict({key.removeprefix("model."): value for key, value in template.items()})
+    tmp = checkpoint / f".{EXPORT_DIR}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    AutoTokenizer.from_pretrained(checkpoint).save_pretrained(tmp)
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)
+    return out
 
 
 def _stamp_matches(target: Path, recipe: dict) -> bool:

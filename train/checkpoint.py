@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 
+from stare_agents.models import SHARDS_DIR  # a sharded checkpoint's model and optimiser
+
 CHECKPOINT_NAME = re.compile(r"^step-(\d{8})(\.pt)?$")
 STATE_FILE = "trainer_state.ckpt"  # not a weight-file suffix: model loaders and fingerprints ignore it
 MODEL_STATE = ("learner", "model")  # where a trainer's state keeps the policy's weights
@@ -68,6 +70,10 @@ def save_checkpoint(
                 small = shards(tmp / SHARDS_DIR)  # returns (the rest of its state) is state["learner"]
                 if small is not None:
                     state = {**state, "learner": small}
+                if tokenizer_dir is not None:  # the model's config and tokenizer: `stare-agents eval --model`
+                    for source in Path(tokenizer_dir).iterdir():  # exports the weights from the shards
+                        if source.is_file() and not source.name.endswith((".safetensors", ".bin", ".pt")):
+                            shutil.copy2(source, tmp / source.name)
                 for file in (tmp / SHARDS_DIR).iterdir():
                     if file.is_file():
                         _fsync_file(file)
@@ -92,9 +98,6 @@ def save_checkpoint(
     return path
 
 
-SHARDS_DIR = "learner_shards"  # a sharded checkpoint's model and optimiser (torch.distributed.checkpoint)
-
-
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """The state of a checkpoint folder (with the policy's weights put back) or of a `.pt` file."""
     path = Path(path)
@@ -113,7 +116,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         ) from error
     if not isinstance(state, dict):
         raise ValueError(f"checkpoint {file} holds a {type(state).__name__}, not a state dict")
-    if path.is_dir() and (path / "config.json").is_file():
+    if path.is_dir() and (path / "config.json").is_file() and not state.get("sharded"):
         outer, key = MODEL_STATE
         if isinstance(state.get(outer), dict) and key not in state[outer]:
             state[outer][key] = checkpoint_model_state(path)

@@ -836,6 +836,7 @@ class Trainer:
                             state | {"sharded": True},
                             checkpoint_file(folder, step + 1),
                             shards=learner.save_shards,
+                            tokenizer_dir=start_dir,  # config and tokenizer, for `stare-agents eval --model`
                         )
                     prune_checkpoints(folder, c.checkpoint.keep_last)
                     self._timed("checkpoint", time.perf_counter() - started)

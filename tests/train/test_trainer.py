@@ -14,9 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from stare_agents.models import prepare_model
 from stare_agents.train.checkpoint import latest_checkpoint, load_checkpoint
 from stare_agents.train.config import load_config
 from stare_agents.train.learner import LEARNER_METRICS
+from stare_agents.train.policy import load_causal_lm
 from stare_agents.train.trainer import read_records, train
 
 # timing figures differ between runs; everything else in a step's record must be identical
@@ -44,6 +46,14 @@ def comparable(record: dict) -> dict:
         for k, v in record.items()
         if not k.startswith(TIMING) and k not in TIMING
     }
+
+
+def _dcp_model_state(folder: Path) -> dict:
+    """The policy's weights in a sharded checkpoint, read with DCP's own full-state conversion."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(folder, folder.parent / "full.pt")
+    return torch.load(folder.parent / "full.pt", weights_only=True)["model"]
 
 
 def sigkill_after_checkpoint(out: Path, step: int, *overrides: str) -> None:
@@ -246,6 +256,13 @@ def test_a_data_parallel_run_resumes_from_its_sharded_checkpoints(tmp_path, monk
         state = load_checkpoint(checkpoint)
         assert state["next_step"] == 2 and state["sharded"] and "model" not in state["learner"]
         assert (checkpoint / "learner_shards").is_dir()
+        exported = prepare_model(str(checkpoint))  # what `stare-agents eval --model` does with the folder
+        assert exported == checkpoint / "hf_export" and prepare_model(str(checkpoint)) == exported  # once
+        learner_weights = {
+            k.removeprefix("model."): v for k, v in _dcp_model_state(checkpoint / "learner_shards").items()
+        }
+        exported_weights = load_causal_lm(exported).state_dict()
+        assert all(torch.equal(exported_weights[k], learner_weights[k]) for k in learner_weights)
         train(tiny(stopped, *args), resume=True)
     finally:
         ray.shutdown()
