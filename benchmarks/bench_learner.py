@@ -101,6 +101,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="timed steps per throughput row")
     parser.add_argument("--ratio-rounds", type=int, default=5, help="interleaved STARE/GRPO-ds rounds")
     parser.add_argument("--ratio-precision", default="bf16", choices=("fp32", "bf16"))
+    parser.add_argument(
+        "--precisions",
+        default="fp32,bf16",
+        help="throughput rows, comma-separated (fp32 only on a CPU without bf16)",
+    )
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--skip-reference", action="store_true", help="skip the plain HF reference rows")
     parser.add_argument("--json", default=None, help="also write the results here")
@@ -121,7 +126,7 @@ def main() -> None:
     )
 
     grpo_ds = AlgorithmConfig.preset("grpo-ds")
-    for precision in ("fp32", "bf16"):
+    for precision in args.precisions.split(","):
         learner = learner_for(model_dir, grpo_ds, precision, budget)
         pre_shares = []
 
