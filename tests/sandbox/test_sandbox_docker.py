@@ -71,6 +71,8 @@ for p in os.listdir("/proc"):
             fields = stat(p)
         except OSError:
             continue
+        if fields[0] == "X":  # dead, being removed by the kernel this instant (a replaced worker): runs nothing
+            continue
         (runner if fields[3] == runner_session else code).append(f"{p} {fields[0]} {fields[1]}")
 print(json.dumps([code, runner]))
 """

@@ -91,7 +91,7 @@ for p in os.listdir("/proc"):
             fields = stat(p)
         except OSError:
             continue
-        if fields[3] != runner_session:
+        if fields[3] != runner_session and fields[0] != "X":  # X: dead, being removed this instant
             foreign.append(f"{{p}} {{fields[0]}}")
 ipc = []
 for kind in ("shm", "msg", "sem"):
