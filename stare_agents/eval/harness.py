@@ -53,15 +53,16 @@ from stare_agents.eval.report import (
     sample_record,
     write_results,
 )
+from stare_agents.rollout.engine import DTYPES, ENGINES
+from stare_agents.rollout.render import RENDERINGS
+from stare_agents.sandbox import BACKENDS
 from stare_agents.trajectory import Trajectory
 
 logger = logging.getLogger("stare_agents.eval")
 
 RUN_FILE = "run.json"
-ENGINES = ("vllm", "hf")
-DTYPES = ("auto", "float32", "bfloat16", "fast")  # "fast": bfloat16 where the host computes it fast
-RENDERINGS = ("auto", "chat", "inline")
-SANDBOXES = ("docker", "local", "auto")  # "auto": an older name of "docker" (never the host)
+# the closed word sets are the rollout layer's and the sandbox's; an evaluation runs its tools, so not "none"
+SANDBOXES = tuple(b for b in BACKENDS if b != "none")  # "auto": an older name of "docker" (never the host)
 
 
 @dataclass
