@@ -139,6 +139,10 @@ class RolloutSection:
     max_concurrency: int = 64
     kv_cache_gib: float = 2.0  # vLLM on CPU: KV cache per worker
     multiprocess: bool | None = None  # vLLM's engine core in its own process (None: yes on GPUs, no on CPUs)
+    # the environments (parsing, tool calls, grading) of each worker in N processes of their own, each with its
+    # share of sandbox_pool_size; 0: on threads of the worker's process (measured faster on small CPU hosts,
+    # BENCHMARKS.md, Rollout). A crash there fails only the episodes living in that process (env_error)
+    env_processes: int = 0
     num_cpus_per_worker: float = 1.0
     num_gpus_per_worker: float = 0.0  # 1 on a GPU cluster: one rollout worker per GPU
     timeout_s: float | None = 10800.0  # one step's rollout; episodes unfinished by then fail (engine_error)
@@ -179,6 +183,8 @@ class RolloutSection:
             raise ValueError(
                 f"rollout.gpu_memory_utilization={self.gpu_memory_utilization!r}: allowed: a share in (0, 1]"
             )
+        if isinstance(self.env_processes, bool) or self.env_processes < 0:
+            raise ValueError(f"rollout.env_processes={self.env_processes!r}: allowed: an int >= 0")
         if self.tensor_parallel_size < 1:
             raise ValueError(
                 f"rollout.tensor_parallel_size={self.tensor_parallel_size!r}: allowed: an int >= 1"

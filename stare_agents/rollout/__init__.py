@@ -24,6 +24,7 @@ from stare_agents.rollout.engine import (
     StopOnToolCall,
     make_engine,
 )
+from stare_agents.rollout.env_pool import EnvProcessDied, EnvProcessPool, RemoteEnv
 from stare_agents.rollout.render import ChatRenderer, InlineRenderer, TemplateError, make_renderer
 from stare_agents.rollout.workers import RolloutWorker, RolloutWorkerGroup, WorkerSpec
 
@@ -32,8 +33,11 @@ __all__ = [
     "FINISH_REASONS",
     "ChatRenderer",
     "Engine",
+    "EnvProcessDied",
+    "EnvProcessPool",
     "Generation",
     "InlineRenderer",
+    "RemoteEnv",
     "RolloutConfig",
     "RolloutTask",
     "RolloutWorker",

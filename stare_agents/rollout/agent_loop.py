@@ -4,7 +4,8 @@
                            RolloutConfig(max_tokens_per_turn=256), sandbox=sandbox)
 
 Each episode is a coroutine; many run at once against one engine (which batches them), while environment
-steps (sandbox calls, grading) run on worker threads so they overlap generation. An episode never raises:
+steps (sandbox calls, grading) run on worker threads so they overlap generation, or, with
+`env_factory=EnvProcessPool(...).make`, in environment processes of their own (env_pool.py). An episode never raises:
 whatever fails (the environment, the sandbox, the engine, a bug here) ends it with a failed stop reason, the
 error's text and a short traceback, and the batch goes on. `collect(..., timeout_s=)` bounds a whole batch:
 episodes still running then end as `engine_error` (waiting on the engine) or `tool_failure` (waiting on
@@ -211,10 +212,14 @@ async def run_episode(
             try:
                 observation, reward, terminated, truncated, info = await off_loop(env.step, text)
             except Exception as error:
+                from stare_agents.rollout.env_pool import EnvProcessError
                 from stare_agents.sandbox import SandboxError
 
-                # the sandbox down is the infrastructure's failure; an environment that raises on the policy's
-                # text is the policy's (reward 0: raising must not be a way out of a low reward)
+                # the sandbox down is the infrastructure's failure, and so is the environment's process gone
+                # (every episode living there fails alike) or its result unsendable; an environment that
+                # raises on the policy's text is the policy's (reward 0: raising must not be a way out)
+                if isinstance(error, EnvProcessError):
+                    return _failed(record, "env_error", error)
                 return _failed(
                     record, "tool_failure" if isinstance(error, SandboxError) else "policy_error", error
                 )
@@ -296,11 +301,14 @@ async def collect_async(
     sandbox: Any = None,
     on_done: Callable[[int, Trajectory], None] | None = None,
     timeout_s: float | None = None,
+    env_factory: Callable[[RolloutTask, Any], Any] = make_env,
 ) -> list[Trajectory]:
     """Run every task (at most `config.max_concurrency` at once); trajectories in the order of `tasks`.
     `on_done(index, trajectory)` is called as each episode finishes (progress bars, incremental writes).
     `timeout_s` (default: `config.timeout_s`): the whole batch's limit; episodes unfinished by then end as
-    failed (see the module docstring), so a hung engine or sandbox cannot hold the batch."""
+    failed (see the module docstring), so a hung engine or sandbox cannot hold the batch. `env_factory(task,
+    sandbox)` builds each episode's environment (default: in this process; `EnvProcessPool.make`: in an
+    environment process, see env_pool.py)."""
     timeout_s = config.timeout_s if timeout_s is None else timeout_s
     if timeout_s is not None and not timeout_s > 0:
         raise ValueError(f"timeout_s must be > 0 or None, got {timeout_s}")
@@ -312,7 +320,9 @@ async def collect_async(
     async def one(index: int, task: RolloutTask) -> Trajectory:
         try:
             async with semaphore:
-                trajectory = await run_episode(engine, task, config, sandbox=sandbox, executor=executor)
+                trajectory = await run_episode(
+                    engine, task, config, sandbox=sandbox, executor=executor, env_factory=env_factory
+                )
         except asyncio.CancelledError:  # timed out before it started
             error = TimeoutError("collect timed out before the episode started")
             trajectory = _failed(_new_record(engine, task), "engine_error", error)
@@ -361,11 +371,20 @@ def collect(
     sandbox: Any = None,
     on_done: Callable[[int, Trajectory], None] | None = None,
     timeout_s: float | None = None,
+    env_factory: Callable[[RolloutTask, Any], Any] = make_env,
 ) -> list[Trajectory]:
     """Synchronous `collect_async` (runs its own event loop)."""
     started = time.perf_counter()
     trajectories = asyncio.run(
-        collect_async(engine, tasks, config, sandbox=sandbox, on_done=on_done, timeout_s=timeout_s)
+        collect_async(
+            engine,
+            tasks,
+            config,
+            sandbox=sandbox,
+            on_done=on_done,
+            timeout_s=timeout_s,
+            env_factory=env_factory,
+        )
     )
     logger.info("collected %d trajectories in %.1f s", len(trajectories), time.perf_counter() - started)
     return trajectories

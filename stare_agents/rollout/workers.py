@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from stare_agents.rollout.agent_loop import RolloutConfig, RolloutTask, collect
+from stare_agents.rollout.agent_loop import RolloutConfig, RolloutTask, collect, make_env
 from stare_agents.rollout.engine import make_engine
 from stare_agents.trajectory import Trajectory
 
@@ -47,6 +47,8 @@ class WorkerSpec:
     sandbox_kwargs: e.g. {"runtime": "runsc"}. num_cpus / num_gpus: Ray resources per worker.
     imports: modules to import in the worker first (to register your own environments).
     multiprocess: vLLM's engine core in a process of its own (None: VLLMEngine's default).
+    env_processes: 0: the environments run on threads of the worker's process; N: in N environment processes
+        of their own, each with its share of the sandbox's interpreters (see env_pool.py).
     """
 
     model: str
@@ -63,6 +65,7 @@ class WorkerSpec:
     imports: list[str] = field(default_factory=list)
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
     multiprocess: bool | None = None  # vLLM's engine core in its own process (see VLLMEngine)
+    env_processes: int = 0  # environments in N processes of their own (0: threads of the worker's process)
     placement: str = "none"  # a Ray placement group for the workers: "PACK", "SPREAD", ... (see placement.py)
 
 
@@ -87,9 +90,24 @@ class RolloutWorker:
         # "none": a NoSandbox, so that a tool call is a tool error and never reaches a shared sandbox.
         # Episodes beyond the pool wait for an interpreter as long as it takes (the batch moves on as
         # episodes end); a finite lease timeout would turn a busy pool into tool failures
-        kwargs = {} if spec.sandbox == "none" else {"lease_timeout_s": None, **spec.sandbox_kwargs}
-        self.sandbox = make_sandbox(spec.sandbox, pool_size=spec.sandbox_pool_size, **kwargs)
-        self.sandbox.start()
+        self.env_pool = None
+        self.sandbox = None
+        self.env_factory: Callable[[RolloutTask, Any], Any] = make_env
+        if spec.env_processes > 0:  # each environment process starts its own share of the interpreters
+            from stare_agents.rollout.env_pool import EnvProcessPool
+
+            self.env_pool = EnvProcessPool(
+                spec.env_processes,
+                sandbox=spec.sandbox,
+                sandbox_pool_size=spec.sandbox_pool_size,
+                sandbox_kwargs=spec.sandbox_kwargs,
+                imports=spec.imports,
+            )
+            self.env_factory = self.env_pool.make
+        else:
+            kwargs = {} if spec.sandbox == "none" else {"lease_timeout_s": None, **spec.sandbox_kwargs}
+            self.sandbox = make_sandbox(spec.sandbox, pool_size=spec.sandbox_pool_size, **kwargs)
+            self.sandbox.start()
         self._done = 0
         self._lock = threading.Lock()
 
@@ -99,6 +117,7 @@ class RolloutWorker:
             "pid": os.getpid(),
             "weight_version": self.engine.weight_version,
             "sandbox": type(self.sandbox).__name__ if self.sandbox is not None else None,
+            "env_processes": self.env_pool.pids if self.env_pool is not None else [],
         }
 
     def healthy(self) -> bool:
@@ -116,7 +135,18 @@ class RolloutWorker:
             def finished(index: int, trajectory: Trajectory) -> None:
                 self._done += 1
 
-            return collect(self.engine, tasks, config, sandbox=self.sandbox, on_done=finished)
+            return self.run(tasks, config, on_done=finished)
+
+    def run(
+        self,
+        tasks: Sequence[RolloutTask],
+        config: RolloutConfig,
+        on_done: Callable[[int, Trajectory], None] | None = None,
+    ) -> list[Trajectory]:
+        """The agent loop on this worker's engine and environments (in its environment processes, if any)."""
+        return collect(
+            self.engine, tasks, config, sandbox=self.sandbox, on_done=on_done, env_factory=self.env_factory
+        )
 
     def update_weights(
         self, weights: Mapping[str, torch.Tensor] | PackedWeights, version: int
@@ -139,6 +169,9 @@ class RolloutWorker:
         self.engine.leave_sync_group()
 
     def close(self) -> None:
+        if self.env_pool is not None:
+            self.env_pool.close()
+            self.env_pool = None
         if self.sandbox is not None:
             self.sandbox.close()
             self.sandbox = None
@@ -314,7 +347,9 @@ class RolloutWorkerGroup:
             num_gpus=self.spec.num_gpus,
             max_concurrency=4,  # progress() and ping() answer while collect() runs
             runtime_env={"env_vars": env_vars},
-            scheduling_strategy=bundle(getattr(self, "_placement", None), index),  # a replacement: the same bundle
+            scheduling_strategy=bundle(
+                getattr(self, "_placement", None), index
+            ),  # a replacement: the same bundle
         ).remote(self.spec, index)
         return actor
 
@@ -337,9 +372,7 @@ class RolloutWorkerGroup:
                     if bar is not None:
                         bar.update(1)
 
-                trajectories = collect(
-                    self._local.engine, tasks, config, sandbox=self._local.sandbox, on_done=tick
-                )
+                trajectories = self._local.run(tasks, config, on_done=tick)
                 if not self._local.healthy():
                     logger.warning("the rollout worker's engine died; replacing the worker")
                     self.restarts += 1
