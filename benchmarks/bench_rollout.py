@@ -10,6 +10,13 @@ sync, and SmolLM2 on ArithmeticTIR with the Docker sandbox — side by side in o
    the share of the engine's plain throughput that the loop keeps (target >= 0.85).
 3. Wasted tokens: sampled by the engine but not in any trajectory (target 0). Also: the wall time of the
    same environment work alone (every episode's turns replayed through fresh environments, no engine).
+   And the same episodes' structure alone: each episode's turns regenerated in order (as many tokens as each
+   turn sampled, `ignore_eos`) with its recorded observations inserted at once (no environment, no tool):
+   what the multi-turn shape itself costs (observation prefill, turn-by-turn dependency) against (2).
+   The sandbox's CPU time over the loop (its containers' cgroup) says what the tools' own code took from the
+   cores the engine runs on.
+   With `--env-processes N` (N > 0) the loop also runs with the environments in N processes of their own
+   (`EnvProcessPool`), same engine, right after the threaded loop.
 4. Weight sync: the model's full state dict pushed to a Ray rollout worker (pack, ray.put, reload in vLLM,
    prefix-cache reset), median of `--syncs` pushes (target <= 2 s for SmolLM2 on this CPU).
 """
@@ -19,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import time
 
@@ -48,6 +56,50 @@ def replay_environments(tasks, trajectories, sandbox) -> float:
     return time.perf_counter() - started
 
 
+def docker_cpu_s() -> float | None:
+    """CPU seconds used by every Docker container so far (cgroup v1 or v2), None where unreadable."""
+    for path, scale in (("/sys/fs/cgroup/cpuacct/docker/cpuacct.usage", 1e-9),):
+        try:
+            with open(path) as handle:
+                return int(handle.read()) * scale
+        except OSError:
+            pass
+    try:  # cgroup v2: docker's containers live under system.slice as docker-<id>.scope
+        import glob
+
+        total = 0.0
+        for stat in glob.glob("/sys/fs/cgroup/system.slice/docker-*.scope/cpu.stat"):
+            with open(stat) as handle:
+                total += int(handle.readline().split()[1]) * 1e-6
+        return total or None
+    except OSError:
+        return None
+
+
+def structure_only(engine, trajectories) -> float:
+    """Wall time of every episode's turns regenerated in order with its recorded observations inserted at once."""
+    from stare_agents.rollout import SamplingParams
+
+    async def episode(trajectory) -> None:
+        context = list(trajectory.prompt_ids)
+        ids, mask, i = trajectory.response_ids, trajectory.action_mask, 0
+        while i < len(ids):
+            j = i
+            while j < len(ids) and mask[j] == mask[i]:
+                j += 1
+            if mask[i] == 1:
+                await engine.generate(context, SamplingParams(1.0, 1.0, j - i, ignore_eos=True))
+            context.extend(ids[i:j])
+            i = j
+
+    async def run() -> float:
+        begun = time.perf_counter()
+        await asyncio.gather(*(episode(t) for t in trajectories))
+        return time.perf_counter() - begun
+
+    return asyncio.run(run())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -63,6 +115,11 @@ def main() -> None:
         "--env-kwargs", default="{}", help='JSON for the environment, e.g. {"stateless": true}'
     )
     parser.add_argument("--multiprocess", action="store_true", help="vLLM's engine core in its own process")
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument(
+        "--env-processes", type=int, default=0, help="also run the loop with environments in N processes"
+    )
+    parser.add_argument("--block-size", type=int, help="vLLM KV-cache block size (default: the engine's)")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
 
@@ -72,22 +129,65 @@ def main() -> None:
     from stare_agents.sandbox import make_sandbox
 
     model = str(prepare_model(args.model))
+    engine_kwargs = {"block_size": args.block_size} if args.block_size else None
     engine = make_engine(
-        "vllm", model, dtype=args.dtype, max_model_len=2048, kv_cache_gib=2, multiprocess=args.multiprocess
+        "vllm",
+        model,
+        dtype=args.dtype,
+        max_model_len=2048,
+        kv_cache_gib=2,
+        multiprocess=args.multiprocess,
+        engine_kwargs=engine_kwargs,
     )
     config = RolloutConfig(
-        temperature=1.0, max_tokens_per_turn=args.max_tokens_per_turn, max_total_tokens=args.max_total_tokens
+        temperature=args.temperature,
+        max_tokens_per_turn=args.max_tokens_per_turn,
+        max_total_tokens=args.max_total_tokens,
+        max_concurrency=max(64, args.episodes),
     )
+    env_kwargs = json.loads(args.env_kwargs)
     tasks = [
-        RolloutTask("stare_agents/ArithmeticTIR-v0", seed=i, group_id=str(i)) for i in range(args.episodes)
+        RolloutTask("stare_agents/ArithmeticTIR-v0", seed=i, group_id=str(i), env_kwargs=env_kwargs)
+        for i in range(args.episodes)
     ]
-    figures: dict = {"model": args.model, "dtype": args.dtype, "episodes": args.episodes}
+    block_size = engine.llm.llm_engine.vllm_config.cache_config.block_size
+    figures: dict = {
+        "model": args.model,
+        "dtype": args.dtype,
+        "episodes": args.episodes,
+        "env_kwargs": env_kwargs,
+        "temperature": args.temperature,
+        "block_size": block_size,
+    }
     with make_sandbox(args.sandbox, pool_size=8) as sandbox:
         collect(engine, tasks[:4], config, sandbox=sandbox)  # warm-up (engine kernels, sandbox pool)
+        cpu_before, process_before = docker_cpu_s(), os.times()
         started = time.perf_counter()
         trajectories = collect(engine, tasks, config, sandbox=sandbox)
         multi_s = time.perf_counter() - started
+        cpu_after, process_after = docker_cpu_s(), os.times()
         env_alone_s = replay_environments(tasks, trajectories, sandbox)
+    if cpu_before is not None and cpu_after is not None:
+        figures["tool_cpu_s"] = round(cpu_after - cpu_before, 2)
+    figures["loop_process_cpu_s"] = round(
+        process_after.user + process_after.system - process_before.user - process_before.system, 2
+    )
+    if args.env_processes > 0:
+        from stare_agents.rollout import EnvProcessPool
+
+        with EnvProcessPool(args.env_processes, sandbox=args.sandbox, sandbox_pool_size=8) as pool:
+            collect(engine, tasks[:4], config, env_factory=pool.make)  # warm-up
+            started = time.perf_counter()
+            pooled = collect(engine, tasks, config, env_factory=pool.make)
+            pooled_s = time.perf_counter() - started
+        pooled_summary = summarize(pooled, pooled_s)
+        figures.update(
+            env_processes=args.env_processes,
+            pooled_multi_turn_s=round(pooled_s, 2),
+            pooled_multi_turn_tok_s=round(pooled_summary["action_tokens"] / pooled_s, 1),
+            pooled_mean_turns=round(pooled_summary["mean_turns"], 2),
+            pooled_env_s_per_turn=round(pooled_summary["env_s_per_turn"], 3),
+        )
     summary = summarize(trajectories, multi_s)
     action = summary["action_tokens"]
 
@@ -106,7 +206,14 @@ def main() -> None:
         return time.perf_counter() - begun
 
     single_s = asyncio.run(single_turn())
+    structure_s = structure_only(engine, trajectories)
+    if "pooled_multi_turn_tok_s" in figures:
+        figures["pooled_loop_over_single_ratio"] = round(
+            figures["pooled_multi_turn_tok_s"] * single_s / action, 3
+        )
     figures.update(
+        structure_only_s=round(structure_s, 2),
+        structure_over_single_ratio=round(single_s / structure_s, 3),
         multi_turn_s=round(multi_s, 2),
         multi_turn_tok_s=round(action / multi_s, 1),
         env_steps_alone_s=round(env_alone_s, 2),
@@ -125,6 +232,12 @@ def main() -> None:
     )
     engine.close()
 
+    if args.syncs < 1:
+        print(json.dumps(figures, indent=2))
+        if args.json:
+            with open(args.json, "w") as handle:
+                json.dump(figures, handle, indent=2)
+        return
     import ray
     from transformers import AutoModelForCausalLM
 
