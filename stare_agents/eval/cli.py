@@ -65,7 +65,9 @@ def eval_command(
     split: str = typer.Option("test", help="Split of Hugging Face dataset ids."),
     seed: int = typer.Option(0, help="Run seed (each sample's seed derives from it)."),
     engine: str = typer.Option("vllm", help="Inference engine: vllm or hf."),
-    dtype: str = typer.Option("auto", help="Model dtype: auto (the checkpoint's), float32, bfloat16 or fast."),
+    dtype: str = typer.Option(
+        "auto", help="Model dtype: auto (the checkpoint's), float32, bfloat16 or fast."
+    ),
     rendering: str = typer.Option(
         "auto", help="auto, chat (chat template, tool turns) or inline (one running assistant turn)."
     ),
