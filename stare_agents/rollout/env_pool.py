@@ -78,6 +78,19 @@ class EnvPoolSpec:
     imports: tuple[str, ...] = ()
 
 
+def start_sandbox(backend: str, pool_size: int, kwargs: dict[str, Any]) -> Any:
+    """A started sandbox for a rollout worker or an environment process. "none": a NoSandbox (a tool call is a
+    tool error and never reaches a shared sandbox). Episodes beyond the pool wait for an interpreter as long as
+    it takes (the batch moves on as episodes end); a finite lease timeout would turn a busy pool into tool
+    failures."""
+    from stare_agents.sandbox import make_sandbox
+
+    options = {} if backend == "none" else {"lease_timeout_s": None, **kwargs}
+    sandbox = make_sandbox(backend, pool_size=pool_size, **options)  # type: ignore[arg-type]
+    sandbox.start()
+    return sandbox
+
+
 # -- the child ---------------------------------------------------------------------------------------------------
 def _serve(conn: Any, spec: EnvPoolSpec) -> None:
     """An environment process: build the sandbox, then serve (call_id, op, handle, payload) messages until the
@@ -96,11 +109,8 @@ def _serve(conn: Any, spec: EnvPoolSpec) -> None:
             importlib.import_module(module)
         import stare_agents.envs  # noqa: F401  (registers the stare_agents/* ids)
         from stare_agents.rollout.agent_loop import make_env
-        from stare_agents.sandbox import make_sandbox
 
-        kwargs = {} if spec.sandbox == "none" else {"lease_timeout_s": None, **spec.sandbox_kwargs}
-        sandbox = make_sandbox(spec.sandbox, pool_size=spec.sandbox_pool_size, **kwargs)  # type: ignore[arg-type]
-        sandbox.start()
+        sandbox = start_sandbox(spec.sandbox, spec.sandbox_pool_size, spec.sandbox_kwargs)
     except BaseException as error:
         with contextlib.suppress(Exception):
             send(("failed", f"{type(error).__name__}: {error}"))

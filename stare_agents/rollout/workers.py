@@ -85,11 +85,6 @@ class RolloutWorker:
                 multiprocess=spec.multiprocess,
             )
         self.engine = make_engine(spec.engine, spec.model, **kwargs)
-        from stare_agents.sandbox import make_sandbox
-
-        # "none": a NoSandbox, so that a tool call is a tool error and never reaches a shared sandbox.
-        # Episodes beyond the pool wait for an interpreter as long as it takes (the batch moves on as
-        # episodes end); a finite lease timeout would turn a busy pool into tool failures
         self.env_pool = None
         self.sandbox = None
         self.env_factory: Callable[[RolloutTask, Any], Any] = make_env
@@ -105,9 +100,9 @@ class RolloutWorker:
             )
             self.env_factory = self.env_pool.make
         else:
-            kwargs = {} if spec.sandbox == "none" else {"lease_timeout_s": None, **spec.sandbox_kwargs}
-            self.sandbox = make_sandbox(spec.sandbox, pool_size=spec.sandbox_pool_size, **kwargs)
-            self.sandbox.start()
+            from stare_agents.rollout.env_pool import start_sandbox
+
+            self.sandbox = start_sandbox(spec.sandbox, spec.sandbox_pool_size, spec.sandbox_kwargs)
         self._done = 0
         self._lock = threading.Lock()
 
