@@ -47,6 +47,9 @@ class PoolEnv(gym.Env):
         if self.mode == "crash":  # a fault in native code
             import ctypes
             ctypes.string_at(0)
+        if self.mode == "fragile" and "CRASH" in action:  # a parser with a native bug the text can reach
+            import ctypes
+            ctypes.string_at(0)
         if self.mode == "exit":
             os._exit(3)
         if self.mode == "raise":
@@ -337,3 +340,21 @@ def test_env_processes_is_checked_where_the_config_loads():
     for bad in (-1, True):
         with pytest.raises(ValueError, match=r"rollout\.env_processes"):
             RolloutSection(env_processes=bad)
+
+
+class Attacker(Policy):
+    """Writes the text that crashes a fragile environment, to end a hopeless episode without a low reward."""
+
+    async def generate(self, prompt_ids, params, stop=None, seed=None) -> Generation:
+        ids = [*self.tokenizer("CRASH", add_special_tokens=False)["input_ids"], self.tokenizer.eos_token_id]
+        return Generation(ids, [-0.5] * len(ids), "eos")
+
+
+def test_text_that_crashes_its_environment_wins_nothing(policy, pool):
+    attacker = Attacker(policy.tokenizer)
+    (crashed,) = collect(attacker, [pool_task("fragile")], CONFIG, env_factory=pool.make)
+    # no reward, never correct, and counted as an infrastructure failure (a run stops when they pile up)
+    assert crashed.stop_reason == "env_error" and crashed.failed
+    assert crashed.reward == 0.0 and not crashed.correct and "SIGSEGV" in crashed.error
+    (honest,) = collect(policy, [pool_task("fragile")], CONFIG, env_factory=pool.make)
+    assert honest.stop_reason == "answered" and honest.correct and pool.restarts == 1
