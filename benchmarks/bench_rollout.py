@@ -16,7 +16,10 @@ sync, and SmolLM2 on ArithmeticTIR with the Docker sandbox — side by side in o
    The sandbox's CPU time over the loop (its containers' cgroup) says what the tools' own code took from the
    cores the engine runs on.
    With `--env-processes N` (N > 0) the loop also runs with the environments in N processes of their own
-   (`EnvProcessPool`), same engine, right after the threaded loop.
+   (`EnvProcessPool`), same engine, right after the threaded loop. With `--env-cpus 1` those processes and
+   every sandbox container run on CPU 1 and the engine (this process) on the others, for every measurement
+   (plain generation included): what `rollout.env_cpus` does in a rollout worker, and the shape of a GPU node,
+   where the model's code never runs on the device that generates.
 4. Weight sync: the model's full state dict pushed to a Ray rollout worker (pack, ray.put, reload in vLLM,
    prefix-cache reset), median of `--syncs` pushes (target <= 2 s for SmolLM2 on this CPU).
 """
@@ -120,6 +123,12 @@ def main() -> None:
         "--env-processes", type=int, default=0, help="also run the loop with environments in N processes"
     )
     parser.add_argument("--block-size", type=int, help="vLLM KV-cache block size (default: the engine's)")
+    parser.add_argument(
+        "--env-cpus",
+        default="",
+        help="comma-separated CPUs for the environments and the sandbox containers; the engine (this process) "
+        "is pinned to the others, for every measurement (needs --env-processes >= 1)",
+    )
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
 
@@ -128,6 +137,12 @@ def main() -> None:
     from stare_agents.rollout.summary import summarize
     from stare_agents.sandbox import make_sandbox
 
+    env_cpus = [int(cpu) for cpu in args.env_cpus.split(",") if cpu.strip()]
+    engine_cpus: list[int] = []
+    if env_cpus:  # before the engine starts, as a rollout worker with rollout.env_cpus does
+        from stare_agents.rollout.workers import pin_engine
+
+        engine_cpus = pin_engine(env_cpus, args.env_processes)
     model = str(prepare_model(args.model))
     engine_kwargs = {"block_size": args.block_size} if args.block_size else None
     engine = make_engine(
@@ -158,8 +173,16 @@ def main() -> None:
         "env_kwargs": env_kwargs,
         "temperature": args.temperature,
         "block_size": block_size,
+        "engine_cpus": engine_cpus or sorted(os.sched_getaffinity(0)),
+        "env_cpus": env_cpus,
     }
-    with make_sandbox(args.sandbox, pool_size=8) as sandbox:
+    sandbox_kwargs = {}
+    if env_cpus and args.sandbox == "docker":  # the threaded loop's tools on the environments' CPUs too
+        from stare_agents.rollout.env_pool import cpu_list
+        from stare_agents.sandbox import DockerLimits
+
+        sandbox_kwargs["limits"] = DockerLimits(cpuset=cpu_list(env_cpus))
+    with make_sandbox(args.sandbox, pool_size=8, **sandbox_kwargs) as sandbox:
         collect(engine, tasks[:4], config, sandbox=sandbox)  # warm-up (engine kernels, sandbox pool)
         cpu_before, process_before = docker_cpu_s(), os.times()
         started = time.perf_counter()
@@ -175,11 +198,17 @@ def main() -> None:
     if args.env_processes > 0:
         from stare_agents.rollout import EnvProcessPool
 
-        with EnvProcessPool(args.env_processes, sandbox=args.sandbox, sandbox_pool_size=8) as pool:
+        with EnvProcessPool(
+            args.env_processes, sandbox=args.sandbox, sandbox_pool_size=8, cpus=env_cpus
+        ) as pool:
             collect(engine, tasks[:4], config, env_factory=pool.make)  # warm-up
+            pooled_cpu_before = docker_cpu_s()
             started = time.perf_counter()
             pooled = collect(engine, tasks, config, env_factory=pool.make)
             pooled_s = time.perf_counter() - started
+            pooled_cpu_after = docker_cpu_s()
+        if pooled_cpu_before is not None and pooled_cpu_after is not None:
+            figures["pooled_tool_cpu_s"] = round(pooled_cpu_after - pooled_cpu_before, 2)
         pooled_summary = summarize(pooled, pooled_s)
         figures.update(
             env_processes=args.env_processes,

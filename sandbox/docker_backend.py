@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import struct
 import time
@@ -54,6 +55,17 @@ class DockerLimits:
     tmpfs_mb: int = 64  # the only writable folder, /tmp (the root is read-only)
     nofile: int = 1024  # open files per process
     user: str = "1000:1000"  # non-root, matches the `sandbox` user of the image
+    # the host CPUs the containers may run on (docker's --cpuset-cpus, e.g. "1" or "2-7,10"); None: any. Keeps
+    # the model's code off the cores an inference engine runs on (see rollout.env_cpus)
+    cpuset: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.cpuset is not None and not (
+            isinstance(self.cpuset, str) and re.fullmatch(r"\d+(-\d+)?(,\d+(-\d+)?)*", self.cpuset)
+        ):
+            raise ValueError(
+                f"cpuset must be a CPU list such as '1' or '0-3,6', or None, got {self.cpuset!r}"
+            )
 
 
 def _process_start_time(pid: int) -> str:
@@ -326,7 +338,8 @@ class DockerSandbox(PooledSandbox):
             lease_timeout_s=lease_timeout_s,
         )
         self.image = image
-        self.limits = limits or DockerLimits()
+        # a mapping too (sandbox_kwargs from a YAML config: {limits: {memory_mb: 1024, cpuset: "1"}})
+        self.limits = DockerLimits(**limits) if isinstance(limits, dict) else (limits or DockerLimits())
         self.grace_s = grace_s
         self.host_slack_s = host_slack_s  # past limit + this, a silent container is replaced
         self.preimport = tuple(preimport)
@@ -413,6 +426,8 @@ class DockerSandbox(PooledSandbox):
             ],
             "log_config": LogConfig(type="none"),  # the protocol goes through attach, never to disk
         }
+        if limits.cpuset is not None:
+            host["cpuset_cpus"] = limits.cpuset
         if self.runtime is not None:
             host["runtime"] = self.runtime
         return create, host

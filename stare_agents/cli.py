@@ -113,6 +113,9 @@ def train(
     table.add_column("figure")
     table.add_column("value", justify="right")
     for point, value in summary["accuracy"].items():
+        if value is None:  # not evaluated (eval.num_tasks=0 and no benchmarks)
+            table.add_row(f"accuracy ({point})", "not evaluated")
+            continue
         low, high = summary.get("accuracy_ci", {}).get(point, [None, None])
         interval = f" [{low:.3f}, {high:.3f}]" if low is not None and high is not None else ""
         tasks = summary.get("eval_tasks", {}).get(point, "?")

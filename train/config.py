@@ -143,6 +143,10 @@ class RolloutSection:
     # share of sandbox_pool_size; 0: on threads of the worker's process (measured faster on small CPU hosts,
     # BENCHMARKS.md, Rollout). A crash there fails only the episodes living in that process (env_error)
     env_processes: int = 0
+    # CPUs of each worker's node kept for its environment processes and their sandbox containers (needs
+    # env_processes >= 1 and use_ray); the worker's engine is pinned to its other CPUs. On a CPU-only node this
+    # keeps the model's code (a runaway loop, a huge pow) off the cores that generate; [] : no pinning
+    env_cpus: list[int] = field(default_factory=list)
     num_cpus_per_worker: float = 1.0
     num_gpus_per_worker: float = 0.0  # 1 on a GPU cluster: one rollout worker per GPU
     timeout_s: float | None = 10800.0  # one step's rollout; episodes unfinished by then fail (engine_error)
@@ -185,6 +189,21 @@ class RolloutSection:
             )
         if isinstance(self.env_processes, bool) or self.env_processes < 0:
             raise ValueError(f"rollout.env_processes={self.env_processes!r}: allowed: an int >= 0")
+        if self.env_cpus:
+            cpus = list(self.env_cpus)
+            numbers = all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in cpus)
+            if not numbers or len(set(cpus)) < len(cpus):
+                raise ValueError(f"rollout.env_cpus={cpus!r}: allowed: distinct CPU numbers (ints >= 0)")
+            if self.env_processes < 1:
+                raise ValueError(
+                    f"rollout.env_cpus={cpus!r} needs rollout.env_processes >= 1: environments on threads of "
+                    "the engine's process would run on the engine's CPUs"
+                )
+            if not self.use_ray:
+                raise ValueError(
+                    f"rollout.env_cpus={cpus!r} needs rollout.use_ray: the engine's CPUs are set for its worker "
+                    "process, which without Ray is the trainer's (the learner's CPUs too)"
+                )
         if self.tensor_parallel_size < 1:
             raise ValueError(
                 f"rollout.tensor_parallel_size={self.tensor_parallel_size!r}: allowed: an int >= 1"

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import dataclasses
 import importlib
 import itertools
 import logging
@@ -37,7 +38,7 @@ import signal
 import threading
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,6 +77,45 @@ class EnvPoolSpec:
     sandbox_pool_size: int = 8
     sandbox_kwargs: dict[str, Any] = field(default_factory=dict)
     imports: tuple[str, ...] = ()
+    cpus: tuple[int, ...] = ()  # the CPUs the process (and its sandbox's interpreters) may run on; (): any
+
+
+def pin_process(cpus: Iterable[int]) -> set[int]:
+    """Restrict every thread of this process, and the threads and processes it starts later, to `cpus`
+    (Linux). A CPU this process may not use (offline, outside its cgroup's cpuset) is a ValueError."""
+    wanted = {int(cpu) for cpu in cpus}
+    if not wanted:
+        raise ValueError("pin_process needs at least one CPU")
+    try:
+        threads = [int(tid) for tid in os.listdir("/proc/self/task")]
+    except OSError:
+        threads = [0]
+    for tid in threads:
+        try:
+            os.sched_setaffinity(tid, wanted)
+        except ProcessLookupError:  # the thread ended meanwhile
+            continue
+        except OSError as error:
+            raise ValueError(f"cannot run on CPUs {sorted(wanted)}: {error}") from error
+    return wanted
+
+
+def cpu_list(cpus: Iterable[int]) -> str:
+    """CPUs as docker's --cpuset-cpus writes them: "1", "0,2,3"."""
+    return ",".join(str(cpu) for cpu in sorted(set(cpus)))
+
+
+def _pinned_sandbox_kwargs(spec: EnvPoolSpec) -> dict[str, Any]:
+    """The sandbox's kwargs, with Docker's containers kept on the process's CPUs (unless a cpuset is given)."""
+    kwargs = dict(spec.sandbox_kwargs)
+    if spec.cpus and spec.sandbox == "docker":
+        from stare_agents.sandbox import DockerLimits
+
+        limits = kwargs.get("limits") or DockerLimits()
+        limits = DockerLimits(**limits) if isinstance(limits, dict) else limits
+        if limits.cpuset is None:
+            kwargs["limits"] = dataclasses.replace(limits, cpuset=cpu_list(spec.cpus))
+    return kwargs
 
 
 def start_sandbox(backend: str, pool_size: int, kwargs: dict[str, Any]) -> Any:
@@ -105,12 +145,15 @@ def _serve(conn: Any, spec: EnvPoolSpec) -> None:
             conn.send(message)  # pickled whole before a byte is written: a failure leaves the stream whole
 
     try:
+        # first, so every thread started below (and a local sandbox's interpreters) inherits it
+        if spec.cpus:
+            pin_process(spec.cpus)
         for module in spec.imports:
             importlib.import_module(module)
         import stare_agents.envs  # noqa: F401  (registers the stare_agents/* ids)
         from stare_agents.rollout.agent_loop import make_env
 
-        sandbox = start_sandbox(spec.sandbox, spec.sandbox_pool_size, spec.sandbox_kwargs)
+        sandbox = start_sandbox(spec.sandbox, spec.sandbox_pool_size, _pinned_sandbox_kwargs(spec))
     except BaseException as error:
         with contextlib.suppress(Exception):
             send(("failed", f"{type(error).__name__}: {error}"))
@@ -330,6 +373,9 @@ class EnvProcessPool:
         start_timeout_s: how long a process may take to import the environments and start its sandbox.
         max_restarts: replacements of dead processes allowed over the pool's life; past it `make` raises
             (an environment that kills its process on every episode must not restart processes forever).
+        cpus: the CPUs the processes run on, and their Docker containers (`DockerLimits.cpuset`, unless
+            sandbox_kwargs sets one); () or None: wherever the parent may run. With the engine pinned to the
+            other CPUs, the model's code and the environments never take the engine's cores.
     """
 
     def __init__(
@@ -342,14 +388,19 @@ class EnvProcessPool:
         imports: Sequence[str] = (),
         start_timeout_s: float = 120.0,
         max_restarts: int = 100,
+        cpus: Iterable[int] | None = None,
     ) -> None:
         if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
             raise ValueError(f"processes must be an int >= 1, got {processes!r}")
+        cpus = tuple(sorted(set(cpus or ())))
+        if any(isinstance(cpu, bool) or not isinstance(cpu, int) or cpu < 0 for cpu in cpus):
+            raise ValueError(f"cpus must be CPU numbers (ints >= 0), got {cpus!r}")
         self.spec = EnvPoolSpec(
             sandbox=sandbox,
             sandbox_pool_size=max(1, -(-sandbox_pool_size // processes)),
             sandbox_kwargs=dict(sandbox_kwargs or {}),
             imports=tuple(imports),
+            cpus=cpus,
         )
         self.start_timeout_s = start_timeout_s
         self.max_restarts = max_restarts

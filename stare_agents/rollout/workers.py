@@ -49,6 +49,8 @@ class WorkerSpec:
     multiprocess: vLLM's engine core in a process of its own (None: VLLMEngine's default).
     env_processes: 0: the environments run on threads of the worker's process; N: in N environment processes
         of their own, each with its share of the sandbox's interpreters (see env_pool.py).
+    env_cpus: CPUs kept for the environment processes and their sandbox containers; the worker's own process
+        (the engine) is pinned to the other CPUs it may use, with as many compute threads. [] : no pinning.
     """
 
     model: str
@@ -66,7 +68,31 @@ class WorkerSpec:
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
     multiprocess: bool | None = None  # vLLM's engine core in its own process (see VLLMEngine)
     env_processes: int = 0  # environments in N processes of their own (0: threads of the worker's process)
+    env_cpus: list[int] = field(default_factory=list)  # CPUs for them and their sandbox (engine: the rest)
     placement: str = "none"  # a Ray placement group for the workers: "PACK", "SPREAD", ... (see placement.py)
+
+
+def pin_engine(env_cpus: Sequence[int], env_processes: int) -> list[int]:
+    """Pin this process (its engine) to the CPUs it may use minus `env_cpus`, with one compute thread per CPU.
+    Returns the engine's CPUs. A clear ValueError when the split leaves either side without a CPU."""
+    from stare_agents.rollout.env_pool import pin_process
+
+    if env_processes < 1:
+        raise ValueError(
+            "env_cpus needs env_processes >= 1: environments on threads of the engine's process run on its CPUs"
+        )
+    available = os.sched_getaffinity(0)
+    missing = sorted(set(env_cpus) - available)
+    if missing:
+        raise ValueError(
+            f"env_cpus {sorted(set(env_cpus))}: CPUs {missing} are not among this process's {sorted(available)}"
+        )
+    engine = sorted(available - set(env_cpus))
+    if not engine:
+        raise ValueError(f"env_cpus {sorted(set(env_cpus))} leave the engine no CPU of {sorted(available)}")
+    pin_process(engine)
+    torch.set_num_threads(len(engine))
+    return engine
 
 
 class RolloutWorker:
@@ -77,6 +103,9 @@ class RolloutWorker:
             importlib.import_module(module)
         self.spec = spec
         self.index = index
+        self.engine_cpus: list[int] = []
+        if spec.env_cpus:  # before the engine starts, so its compute threads are born on the engine's CPUs
+            self.engine_cpus = pin_engine(spec.env_cpus, spec.env_processes)
         kwargs = dict(dtype=spec.dtype, seed=spec.seed + index, max_model_len=spec.max_model_len)
         if spec.engine == "vllm":
             kwargs.update(
@@ -97,6 +126,7 @@ class RolloutWorker:
                 sandbox_pool_size=spec.sandbox_pool_size,
                 sandbox_kwargs=spec.sandbox_kwargs,
                 imports=spec.imports,
+                cpus=spec.env_cpus,
             )
             self.env_factory = self.env_pool.make
         else:
@@ -113,6 +143,8 @@ class RolloutWorker:
             "weight_version": self.engine.weight_version,
             "sandbox": type(self.sandbox).__name__ if self.sandbox is not None else None,
             "env_processes": self.env_pool.pids if self.env_pool is not None else [],
+            "engine_cpus": self.engine_cpus,
+            "env_cpus": list(self.spec.env_cpus),
         }
 
     def healthy(self) -> bool:

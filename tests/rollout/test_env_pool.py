@@ -61,7 +61,8 @@ class PoolEnv(gym.Env):
             deadline = time.monotonic() + 60
             while not Path(self.folder, "release").exists() and time.monotonic() < deadline:
                 time.sleep(0.02)
-        return [], 1.0, True, False, {"correct": True, "pid": os.getpid()}
+        cpus = sorted(os.sched_getaffinity(0))
+        return [], 1.0, True, False, {"correct": True, "pid": os.getpid(), "cpus": cpus}
 
 
 gym.register("pooltest/Pool-v0", entry_point=PoolEnv, disable_env_checker=True)
@@ -358,3 +359,111 @@ def test_text_that_crashes_its_environment_wins_nothing(policy, pool):
     assert crashed.reward == 0.0 and not crashed.correct and "SIGSEGV" in crashed.error
     (honest,) = collect(policy, [pool_task("fragile")], CONFIG, env_factory=pool.make)
     assert honest.stop_reason == "answered" and honest.correct and pool.restarts == 1
+
+
+def two_cpus() -> tuple[int, int]:
+    """(the engine's CPU, the environments' CPU) of this process's CPUs, or a skip."""
+    available = sorted(os.sched_getaffinity(0))
+    if len(available) < 2:
+        pytest.skip(f"needs 2 CPUs to split, this process may use {available}")
+    return available[0], available[-1]
+
+
+def test_environment_processes_run_on_their_cpus(policy, env_module):
+    _, env_cpu = two_cpus()
+    before = os.sched_getaffinity(0)
+    with EnvProcessPool(2, sandbox="none", imports=[env_module], cpus=[env_cpu]) as pool:
+        trajectories = collect(
+            policy, [pool_task("plain", f"c{i}") for i in range(4)], CONFIG, env_factory=pool.make
+        )
+    assert [t.info["cpus"] for t in trajectories] == [[env_cpu]] * 4
+    assert os.sched_getaffinity(0) == before, "the pool pinned its parent"
+    with pytest.raises(ValueError, match="cpus must be CPU numbers"):
+        EnvProcessPool(1, sandbox="none", cpus=[-1])
+    with pytest.raises(EnvProcessDied, match="cannot run on CPUs"):  # a CPU this machine does not have
+        EnvProcessPool(1, sandbox="none", cpus=[100_000])
+
+
+def test_environment_processes_keep_their_containers_on_their_cpus(policy):
+    from support import require
+
+    from stare_agents.sandbox import docker_status
+    from stare_agents.sandbox.docker_backend import owner_tag, sandbox_containers
+
+    available, reason = docker_status()
+    require(available, "Docker sandbox", reason)
+    _, env_cpu = two_cpus()
+    import docker
+
+    client = docker.from_env()
+    try:
+        with EnvProcessPool(1, sandbox="docker", sandbox_pool_size=2, cpus=[env_cpu]) as pool:
+            (trajectory,) = collect(
+                policy, [RolloutTask("stare_agents/ArithmeticTIR-v0", seed=0)], CONFIG, env_factory=pool.make
+            )
+            assert trajectory.turns[0].tool_statuses == ["ok"], trajectory.error
+            containers = sandbox_containers(client, owner=owner_tag(pool.pids[0]))
+            assert containers and {
+                client.api.inspect_container(c["Id"])["HostConfig"]["CpusetCpus"] for c in containers
+            } == {str(env_cpu)}
+    finally:
+        client.close()
+
+
+PIN_SCRIPT = """
+import json, os, sys, torch
+sys.path.insert(0, {folder!r})
+from stare_agents.rollout import RolloutWorker, WorkerSpec
+spec = WorkerSpec(model={model!r}, engine="hf", dtype="float32", sandbox="none", env_processes=1,
+                  env_cpus=[{env_cpu}], imports=["pooltest_envs"])
+worker = RolloutWorker(spec)
+threads = {{tid: sorted(os.sched_getaffinity(int(tid))) for tid in os.listdir("/proc/self/task")}}
+print(json.dumps({{"ping": worker.ping(), "threads": list(threads.values()), "torch": torch.get_num_threads()}}))
+worker.close()
+"""
+
+
+def test_a_rollout_worker_pins_its_engine_away_from_the_environments_cpus(tiny_model, env_module):
+    _, env_cpu = two_cpus()
+    import json
+
+    import pooltest_envs
+
+    script = PIN_SCRIPT.format(
+        folder=str(Path(pooltest_envs.__file__).parent), model=str(tiny_model), env_cpu=env_cpu
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    engine_cpus = sorted(os.sched_getaffinity(0) - {env_cpu})
+    assert report["ping"]["engine_cpus"] == engine_cpus and report["ping"]["env_cpus"] == [env_cpu]
+    assert all(cpus == engine_cpus for cpus in report["threads"]), report["threads"]
+    assert report["torch"] == len(engine_cpus)
+    (env_pid,) = report["ping"]["env_processes"]
+    assert not alive(env_pid)
+
+
+def test_pinning_the_engine_refuses_a_split_that_leaves_a_side_without_a_cpu():
+    from stare_agents.rollout.workers import pin_engine
+
+    before = os.sched_getaffinity(0)
+    with pytest.raises(ValueError, match="needs env_processes >= 1"):
+        pin_engine([0], 0)
+    with pytest.raises(ValueError, match="not among this process's"):
+        pin_engine([100_000], 1)
+    with pytest.raises(ValueError, match="leave the engine no CPU"):
+        pin_engine(sorted(before), 1)
+    assert os.sched_getaffinity(0) == before
+
+
+def test_env_cpus_is_checked_where_the_config_loads():
+    from stare_agents.train.config import RolloutSection
+
+    assert RolloutSection(env_processes=1, env_cpus=[1]).env_cpus == [1]
+    for bad in ([-1], [True], [1, 1], ["1"]):
+        with pytest.raises(ValueError, match="distinct CPU numbers"):
+            RolloutSection(env_processes=1, env_cpus=bad)
+    with pytest.raises(ValueError, match=r"needs rollout\.env_processes >= 1"):
+        RolloutSection(env_cpus=[1])
+    with pytest.raises(ValueError, match=r"needs rollout\.use_ray"):
+        RolloutSection(env_processes=1, env_cpus=[1], use_ray=False)

@@ -633,3 +633,48 @@ def _processes_mentioning(ids: set[str]) -> list[str]:
         if any(container_id in cmdline for container_id in ids):
             found.append(cmdline)
     return found
+
+
+def test_containers_stay_on_their_cpuset_and_the_code_cannot_leave_it():
+    """`DockerLimits.cpuset` keeps the model's code off the engine's cores; the code cannot move itself back."""
+    _require_docker()
+    available = sorted(os.sched_getaffinity(0))
+    if len(available) < 2:
+        pytest.skip(f"needs 2 CPUs to split, this process may use {available}")
+    mine, other = available[-1], available[0]
+    escape = textwrap.dedent(
+        f"""
+        import os
+        print(sorted(os.sched_getaffinity(0)))
+        try:
+            os.sched_setaffinity(0, {{{other}}})
+            print("moved", sorted(os.sched_getaffinity(0)))
+        except OSError as error:
+            print("refused", error.errno)
+        """
+    )
+    limits = DockerLimits(memory_mb=256, pids=64, cpus=1.0, tmpfs_mb=16, cpuset=str(mine))
+    with DockerSandbox(pool_size=1, limits=limits) as box:
+        result = box.run(escape, timeout_s=20)
+        assert result.ok, result.stderr
+        first, second = result.stdout.splitlines()
+        assert first == f"[{mine}]"
+        assert second.startswith("refused"), f"the code moved itself onto CPU {other}: {second}"
+        client = docker_client()
+        (container,) = sandbox_containers(client, instance=box.instance)
+        assert client.api.inspect_container(container["Id"])["HostConfig"]["CpusetCpus"] == str(mine)
+
+
+def test_cpuset_is_checked_and_limits_may_come_as_a_mapping():
+    for bad in ("", "one", "1;2", 1, "0-", "--cpuset-cpus=0"):
+        with pytest.raises(ValueError, match="cpuset must be a CPU list"):
+            DockerLimits(cpuset=bad)
+    assert DockerLimits(cpuset="0-3,6").cpuset == "0-3,6"
+    # a YAML config's sandbox_kwargs: {limits: {...}}
+    box = DockerSandbox(pool_size=1, limits={"memory_mb": 300, "cpuset": "0"})
+    assert box.limits == DockerLimits(memory_mb=300, cpuset="0")
+    _, host = box.container_config()
+    assert host["cpuset_cpus"] == "0" and host["mem_limit"] == "300m"
+    assert "cpuset_cpus" not in DockerSandbox(pool_size=1).container_config()[1]
+    with pytest.raises(ValueError, match="cpuset must be a CPU list"):
+        DockerSandbox(pool_size=1, limits={"cpuset": "x"})

@@ -269,3 +269,19 @@ def test_a_data_parallel_run_resumes_from_its_sharded_checkpoints(tmp_path, monk
     first = [comparable(r) for r in read_records(reference / "metrics.jsonl", "rl")]
     second = [comparable(r) for r in read_records(stopped / "metrics.jsonl", "rl")]
     assert [r["step"] for r in second] == [0, 1, 2] and second == first
+
+
+def test_the_cli_summary_of_a_run_without_held_out_evaluation(tmp_path):
+    """eval.num_tasks=0 and no benchmarks: nothing is evaluated, and the run's table says so (it crashed)."""
+    from typer.testing import CliRunner
+
+    from stare_agents.cli import app
+
+    out = tmp_path / "run"
+    overrides = ["rl.steps=1", "eval.num_tasks=0", "sft.enabled=false", "checkpoint.every=0"]
+    result = CliRunner().invoke(
+        app, ["train", "--recipe", "tiny", "--out", str(out), "rollout.sandbox=none", *overrides]
+    )
+    assert result.exit_code == 0, result.output
+    assert "not evaluated" in result.output
+    assert json.loads((out / "summary.json").read_text())["accuracy"] == {"base": None, "rl": None}
