@@ -124,6 +124,11 @@ def main() -> None:
     )
     parser.add_argument("--block-size", type=int, help="vLLM KV-cache block size (default: the engine's)")
     parser.add_argument(
+        "--pooled-first",
+        action="store_true",
+        help="run the loop with environment processes before the threaded loop (order effects)",
+    )
+    parser.add_argument(
         "--env-cpus",
         default="",
         help="comma-separated CPUs for the environments and the sandbox containers; the engine (this process) "
@@ -182,36 +187,50 @@ def main() -> None:
         from stare_agents.sandbox import DockerLimits
 
         sandbox_kwargs["limits"] = DockerLimits(cpuset=cpu_list(env_cpus))
-    with make_sandbox(args.sandbox, pool_size=8, **sandbox_kwargs) as sandbox:
-        collect(engine, tasks[:4], config, sandbox=sandbox)  # warm-up (engine kernels, sandbox pool)
-        cpu_before, process_before = docker_cpu_s(), os.times()
-        started = time.perf_counter()
-        trajectories = collect(engine, tasks, config, sandbox=sandbox)
-        multi_s = time.perf_counter() - started
-        cpu_after, process_after = docker_cpu_s(), os.times()
-        env_alone_s = replay_environments(tasks, trajectories, sandbox)
-    if cpu_before is not None and cpu_after is not None:
-        figures["tool_cpu_s"] = round(cpu_after - cpu_before, 2)
-    figures["loop_process_cpu_s"] = round(
-        process_after.user + process_after.system - process_before.user - process_before.system, 2
-    )
-    if args.env_processes > 0:
+
+    def threaded_loop() -> tuple:
+        with make_sandbox(args.sandbox, pool_size=8, **sandbox_kwargs) as sandbox:
+            collect(engine, tasks[:4], config, sandbox=sandbox)  # warm-up (engine kernels, sandbox pool)
+            cpu_before, process_before = docker_cpu_s(), os.times()
+            started = time.perf_counter()
+            trajectories = collect(engine, tasks, config, sandbox=sandbox)
+            multi_s = time.perf_counter() - started
+            cpu_after, process_after = docker_cpu_s(), os.times()
+            env_alone_s = replay_environments(tasks, trajectories, sandbox)
+        if cpu_before is not None and cpu_after is not None:
+            figures["tool_cpu_s"] = round(cpu_after - cpu_before, 2)
+        figures["loop_process_cpu_s"] = round(
+            process_after.user + process_after.system - process_before.user - process_before.system, 2
+        )
+        return trajectories, multi_s, env_alone_s
+
+    def pooled_loop() -> tuple:
         from stare_agents.rollout import EnvProcessPool
 
         with EnvProcessPool(
             args.env_processes, sandbox=args.sandbox, sandbox_pool_size=8, cpus=env_cpus
         ) as pool:
             collect(engine, tasks[:4], config, env_factory=pool.make)  # warm-up
-            pooled_cpu_before = docker_cpu_s()
+            cpu_before = docker_cpu_s()
             started = time.perf_counter()
             pooled = collect(engine, tasks, config, env_factory=pool.make)
             pooled_s = time.perf_counter() - started
-            pooled_cpu_after = docker_cpu_s()
-        if pooled_cpu_before is not None and pooled_cpu_after is not None:
-            figures["pooled_tool_cpu_s"] = round(pooled_cpu_after - pooled_cpu_before, 2)
+            cpu_after = docker_cpu_s()
+        if cpu_before is not None and cpu_after is not None:
+            figures["pooled_tool_cpu_s"] = round(cpu_after - cpu_before, 2)
+        return pooled, pooled_s
+
+    pooled: list = []
+    if args.env_processes > 0 and args.pooled_first:
+        pooled, pooled_s = pooled_loop()
+    trajectories, multi_s, env_alone_s = threaded_loop()
+    if args.env_processes > 0 and not args.pooled_first:
+        pooled, pooled_s = pooled_loop()
+    if pooled:
         pooled_summary = summarize(pooled, pooled_s)
         figures.update(
             env_processes=args.env_processes,
+            pooled_first=args.pooled_first,
             pooled_multi_turn_s=round(pooled_s, 2),
             pooled_multi_turn_tok_s=round(pooled_summary["action_tokens"] / pooled_s, 1),
             pooled_mean_turns=round(pooled_summary["mean_turns"], 2),
@@ -220,25 +239,27 @@ def main() -> None:
     summary = summarize(trajectories, multi_s)
     action = summary["action_tokens"]
 
-    async def single_turn() -> float:
+    async def single_turn(episodes) -> float:
         requests = [
             engine.generate(
                 t.prompt_ids, SamplingParams(1.0, 1.0, max(1, t.num_action_tokens), ignore_eos=True)
             )
-            for t in trajectories
+            for t in episodes
         ]
         begun = time.perf_counter()
         generations = await asyncio.gather(*requests)
         assert sum(len(g.token_ids) for g in generations) == sum(
-            max(1, t.num_action_tokens) for t in trajectories
+            max(1, t.num_action_tokens) for t in episodes
         )
         return time.perf_counter() - begun
 
-    single_s = asyncio.run(single_turn())
+    single_s = asyncio.run(single_turn(trajectories))
     structure_s = structure_only(engine, trajectories)
-    if "pooled_multi_turn_tok_s" in figures:
-        figures["pooled_loop_over_single_ratio"] = round(
-            figures["pooled_multi_turn_tok_s"] * single_s / action, 3
+    if pooled:  # against plain generation of its own episodes' tokens (each loop samples its own)
+        pooled_single_s = asyncio.run(single_turn(pooled))
+        figures.update(
+            pooled_single_turn_tok_s=round(pooled_summary["action_tokens"] / pooled_single_s, 1),
+            pooled_loop_over_single_ratio=round(pooled_single_s / pooled_s, 3),
         )
     figures.update(
         structure_only_s=round(structure_s, 2),

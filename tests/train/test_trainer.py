@@ -285,3 +285,16 @@ def test_the_cli_summary_of_a_run_without_held_out_evaluation(tmp_path):
     assert result.exit_code == 0, result.output
     assert "not evaluated" in result.output
     assert json.loads((out / "summary.json").read_text())["accuracy"] == {"base": None, "rl": None}
+
+
+def test_environment_processes_train_as_environments_on_threads_do(tmp_path):
+    """rollout.env_processes (the default outside the tiny recipe): the same run, step for step, as with the
+    environments on threads of the worker's process; the user's environment module is imported there too."""
+    import coin_env  # noqa: F401  (registers tests/Coin-v0)
+
+    threads, processes = tmp_path / "threads", tmp_path / "processes"
+    train(tiny(threads, *COIN, "rl.steps=2", "rollout.env_processes=0"))
+    train(tiny(processes, *COIN, "rl.steps=2", "rollout.env_processes=2"))
+    a, b = read_records(threads / "metrics.jsonl", "rl"), read_records(processes / "metrics.jsonl", "rl")
+    assert len(a) == 2 and [comparable(r) for r in a] == [comparable(r) for r in b]
+    assert all(r["rollout/failed"] == 0 for r in b)
