@@ -124,6 +124,9 @@ def main() -> None:
     )
     parser.add_argument("--block-size", type=int, help="vLLM KV-cache block size (default: the engine's)")
     parser.add_argument(
+        "--kv-cache-gib", type=float, default=2.0, help="the engine's KV cache (the default job's: 2)"
+    )
+    parser.add_argument(
         "--pooled-first",
         action="store_true",
         help="run the loop with environment processes before the threaded loop (order effects)",
@@ -155,7 +158,7 @@ def main() -> None:
         model,
         dtype=args.dtype,
         max_model_len=2048,
-        kv_cache_gib=2,
+        kv_cache_gib=args.kv_cache_gib,
         multiprocess=args.multiprocess,
         engine_kwargs=engine_kwargs,
     )
@@ -178,6 +181,7 @@ def main() -> None:
         "env_kwargs": env_kwargs,
         "temperature": args.temperature,
         "block_size": block_size,
+        "kv_cache_gib": args.kv_cache_gib,
         "engine_cpus": engine_cpus or sorted(os.sched_getaffinity(0)),
         "env_cpus": env_cpus,
     }

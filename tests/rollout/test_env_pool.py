@@ -337,7 +337,8 @@ def test_a_rollout_worker_with_environment_processes(policy, tiny_model, env_mod
 def test_env_processes_is_checked_where_the_config_loads():
     from stare_agents.train.config import RolloutSection
 
-    assert RolloutSection(env_processes=2).env_processes == 2
+    assert RolloutSection().env_processes == 2  # the default: environments off the engine's process
+    assert RolloutSection(env_processes=0).env_processes == 0
     for bad in (-1, True):
         with pytest.raises(ValueError, match=r"rollout\.env_processes"):
             RolloutSection(env_processes=bad)
@@ -464,7 +465,7 @@ def test_env_cpus_is_checked_where_the_config_loads():
         with pytest.raises(ValueError, match="distinct CPU numbers"):
             RolloutSection(env_processes=1, env_cpus=bad)
     with pytest.raises(ValueError, match=r"needs rollout\.env_processes >= 1"):
-        RolloutSection(env_cpus=[1])
+        RolloutSection(env_processes=0, env_cpus=[1])
     with pytest.raises(ValueError, match=r"needs rollout\.use_ray"):
         RolloutSection(env_processes=1, env_cpus=[1], use_ray=False)
 
