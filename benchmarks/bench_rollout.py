@@ -15,6 +15,11 @@ sync, and SmolLM2 on ArithmeticTIR with the Docker sandbox — side by side in o
    what the multi-turn shape itself costs (observation prefill, turn-by-turn dependency) against (2).
    The sandbox's CPU time over the loop (its containers' cgroup) says what the tools' own code took from the
    cores the engine runs on.
+   Every measurement starts with an empty prefix cache (the loops share their prompts: without the reset,
+   whichever ran second found its first turns' prompts prefilled, and the structure replay found the whole
+   contexts of the loop it replays).
+   `prefill_tok_s`: the same engine computing every episode's whole context once (prompt, action and
+   observation tokens; one token sampled), the cost of a token the engine reads rather than writes.
    With `--env-processes N` (N > 0) the loop also runs with the environments in N processes of their own
    (`EnvProcessPool`), same engine, right after the threaded loop. With `--env-cpus 1` those processes and
    every sandbox container run on CPU 1 and the engine (this process) on the others, for every measurement
@@ -195,6 +200,7 @@ def main() -> None:
     def threaded_loop() -> tuple:
         with make_sandbox(args.sandbox, pool_size=8, **sandbox_kwargs) as sandbox:
             collect(engine, tasks[:4], config, sandbox=sandbox)  # warm-up (engine kernels, sandbox pool)
+            engine.reset_prefix_cache()
             cpu_before, process_before = docker_cpu_s(), os.times()
             started = time.perf_counter()
             trajectories = collect(engine, tasks, config, sandbox=sandbox)
@@ -215,6 +221,7 @@ def main() -> None:
             args.env_processes, sandbox=args.sandbox, sandbox_pool_size=8, cpus=env_cpus
         ) as pool:
             collect(engine, tasks[:4], config, env_factory=pool.make)  # warm-up
+            engine.reset_prefix_cache()
             cpu_before = docker_cpu_s()
             started = time.perf_counter()
             pooled = collect(engine, tasks, config, env_factory=pool.make)
@@ -257,9 +264,29 @@ def main() -> None:
         )
         return time.perf_counter() - begun
 
+    engine.reset_prefix_cache()
     single_s = asyncio.run(single_turn(trajectories))
+    engine.reset_prefix_cache()
     structure_s = structure_only(engine, trajectories)
+
+    async def prefill() -> float:  # every episode's whole context computed once, one token sampled
+        begun = time.perf_counter()
+        await asyncio.gather(
+            *(
+                engine.generate(t.prompt_ids + t.response_ids, SamplingParams(1.0, 1.0, 1))
+                for t in trajectories
+            )
+        )
+        return time.perf_counter() - begun
+
+    engine.reset_prefix_cache()
+    prefill_tokens = sum(len(t.prompt_ids) + len(t.response_ids) for t in trajectories)
+    figures["prefill_tok_s"] = round(
+        prefill_tokens / asyncio.run(prefill()), 1
+    )  # against decode: single_turn
+    figures["prompt_tokens"] = sum(len(t.prompt_ids) for t in trajectories)
     if pooled:  # against plain generation of its own episodes' tokens (each loop samples its own)
+        engine.reset_prefix_cache()
         pooled_single_s = asyncio.run(single_turn(pooled))
         figures.update(
             pooled_single_turn_tok_s=round(pooled_summary["action_tokens"] / pooled_single_s, 1),

@@ -140,10 +140,11 @@ class RolloutSection:
     kv_cache_gib: float = 2.0  # vLLM on CPU: KV cache per worker
     multiprocess: bool | None = None  # vLLM's engine core in its own process (None: yes on GPUs, no on CPUs)
     # the environments (parsing, tool calls, grading) of each worker in N processes of their own, each with its
-    # share of sandbox_pool_size, off the engine's process and its GIL (0: on threads of the worker's process).
-    # 2 kept more of the engine's speed than threads in every side-by-side run here (BENCHMARKS.md, Rollout).
-    # A crash there fails only the episodes living in that process (env_error)
-    env_processes: int = 2
+    # share of sandbox_pool_size, off the engine's process (0: on threads of the worker's process). A crash
+    # there fails only the episodes living in that process (env_error). None: 2 on GPU workers (CPUs to spare,
+    # and a crashing environment never takes the engine down), 0 on CPU-only workers, where threads kept 0.05
+    # more of plain generation on 2 cores (BENCHMARKS.md, Rollout), or 2 when env_cpus is set
+    env_processes: int | None = None
     # CPUs of each worker's node kept for its environment processes and their sandbox containers (needs
     # env_processes >= 1 and use_ray); the worker's engine is pinned to its other CPUs. On a CPU-only node this
     # keeps the model's code (a runaway loop, a huge pow) off the cores that generate; [] : no pinning
@@ -188,14 +189,16 @@ class RolloutSection:
             raise ValueError(
                 f"rollout.gpu_memory_utilization={self.gpu_memory_utilization!r}: allowed: a share in (0, 1]"
             )
-        if isinstance(self.env_processes, bool) or self.env_processes < 0:
-            raise ValueError(f"rollout.env_processes={self.env_processes!r}: allowed: an int >= 0")
+        if self.env_processes is not None and (
+            isinstance(self.env_processes, bool) or self.env_processes < 0
+        ):
+            raise ValueError(f"rollout.env_processes={self.env_processes!r}: allowed: an int >= 0, or null")
         if self.env_cpus:
             cpus = list(self.env_cpus)
             numbers = all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in cpus)
             if not numbers or len(set(cpus)) < len(cpus):
                 raise ValueError(f"rollout.env_cpus={cpus!r}: allowed: distinct CPU numbers (ints >= 0)")
-            if self.env_processes < 1:
+            if self.env_processes == 0:
                 raise ValueError(
                     f"rollout.env_cpus={cpus!r} needs rollout.env_processes >= 1: environments on threads of "
                     "the engine's process would run on the engine's CPUs"
@@ -236,6 +239,12 @@ class RolloutSection:
                 f"({ {k: self.engine_kwargs[k] for k in unknown} }); allowed: the fields of "
                 "vllm.engine.arg_utils.EngineArgs"
             )
+
+    def resolved_env_processes(self) -> int:
+        """rollout.env_processes, with None resolved: 2 on GPU workers or with env_cpus, 0 on CPU-only ones."""
+        if self.env_processes is not None:
+            return self.env_processes
+        return 2 if self.num_gpus_per_worker > 0 or self.env_cpus else 0
 
     def vllm_kwargs(self) -> dict[str, Any]:
         """The keyword arguments the vLLM engine gets on top of its own (`VLLMEngine(engine_kwargs=...)`)."""

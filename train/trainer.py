@@ -393,7 +393,7 @@ class Trainer:
             sandbox_pool_size=c.rollout.sandbox_pool_size,
             sandbox_kwargs=dict(c.rollout.sandbox_kwargs),
             multiprocess=c.rollout.multiprocess,
-            env_processes=c.rollout.env_processes,
+            env_processes=c.rollout.resolved_env_processes(),
             env_cpus=list(c.rollout.env_cpus),
             num_cpus=c.rollout.num_cpus_per_worker,
             num_gpus=c.rollout.num_gpus_per_worker,

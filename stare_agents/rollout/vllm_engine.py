@@ -276,6 +276,11 @@ class VLLMEngine:
         self.weight_version = self.weight_version + 1 if version is None else int(version)
         return self.weight_version
 
+    def reset_prefix_cache(self, timeout_s: float = 60.0) -> None:
+        """Drop every cached prefix, between two engine steps (weight updates do it themselves). Benchmarks
+        call it so that a measurement does not reuse the prompts an earlier one prefilled."""
+        self._command(self.llm.reset_prefix_cache).result(timeout=timeout_s)
+
     def _refresh_tied_head(self) -> None:
         """After a reload: a tied LM head's packed CPU kernel is rebuilt from the new embedding (see
         `VLLMSyncExtension.stare_refresh_tied_head`; without it the head stays the loaded model's)."""

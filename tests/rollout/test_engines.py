@@ -76,6 +76,19 @@ def test_vllm_logprobs_equal_a_transformers_forward_and_ids_are_kept(vllm_engine
         )
 
 
+def test_vllm_prefix_cache_reset_between_requests_keeps_the_engine_exact(vllm_engine, tiny_model):
+    """The benchmarks empty the prefix cache between measurements: the next request is computed afresh, with
+    the same log-probs as a transformers forward pass."""
+    load_weights(vllm_engine, tiny_model)
+    prompt = chat_prompt(vllm_engine.tokenizer, "What is 6 * 7?")
+    params = SamplingParams(temperature=1.0, max_tokens=16)
+    for _ in range(2):  # the second request's prompt was cached by the first, then dropped
+        vllm_engine.reset_prefix_cache()
+        generation = asyncio.run(vllm_engine.generate(prompt, params))
+        expected = reference_logprobs(tiny_model, prompt + generation.token_ids, len(prompt))
+        assert torch.allclose(torch.tensor(generation.logprobs), expected, atol=2e-3)
+
+
 def test_vllm_stops_right_after_the_closing_fence_and_syncs_weights(
     vllm_engine, tiny_model, toolcaller_model
 ):

@@ -337,8 +337,10 @@ def test_a_rollout_worker_with_environment_processes(policy, tiny_model, env_mod
 def test_env_processes_is_checked_where_the_config_loads():
     from stare_agents.train.config import RolloutSection
 
-    assert RolloutSection().env_processes == 2  # the default: environments off the engine's process
-    assert RolloutSection(env_processes=0).env_processes == 0
+    assert RolloutSection().resolved_env_processes() == 0  # CPU-only workers: threads (measured ahead there)
+    assert RolloutSection(num_gpus_per_worker=1).resolved_env_processes() == 2
+    assert RolloutSection(env_cpus=[1]).resolved_env_processes() == 2
+    assert RolloutSection(env_processes=3, num_gpus_per_worker=1).resolved_env_processes() == 3
     for bad in (-1, True):
         with pytest.raises(ValueError, match=r"rollout\.env_processes"):
             RolloutSection(env_processes=bad)

@@ -288,7 +288,7 @@ def test_the_cli_summary_of_a_run_without_held_out_evaluation(tmp_path):
 
 
 def test_environment_processes_train_as_environments_on_threads_do(tmp_path):
-    """rollout.env_processes (the default outside the tiny recipe): the same run, step for step, as with the
+    """rollout.env_processes (the default on GPU workers): the same run, step for step, as with the
     environments on threads of the worker's process; the user's environment module is imported there too."""
     import coin_env  # noqa: F401  (registers tests/Coin-v0)
 
