@@ -302,6 +302,9 @@ def test_lost_runners_are_replaced_once_and_the_pool_never_grows(box):
             caller = threading.Thread(target=s.run, args=(SLOW,))
             caller.start()
             time.sleep(0.5)
+            deadline = time.monotonic() + 20  # under gVisor on a loaded machine the lease can take longer
+            while s.runner is None and time.monotonic() < deadline:
+                time.sleep(0.05)
             container = s.runner.channel.container.id
             killer = threading.Thread(target=lambda c=container: client.containers.get(c).kill())
             killer.start()  # the container dies while the session is being closed: both paths see it lost
