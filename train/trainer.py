@@ -406,10 +406,14 @@ class Trainer:
         self._timed("start_workers", time.perf_counter() - started)
         for worker in workers.ping():
             logger.info(
-                "rollout worker %d: %s engine, sandbox %s",
+                "rollout worker %d: %s engine%s, %s",
                 worker["index"],
                 c.rollout.engine,
-                worker["sandbox"],
+                f" on CPUs {worker['engine_cpus']}" if worker.get("engine_cpus") else "",
+                f"environments in processes {worker['env_processes']} with their own {c.rollout.sandbox} sandbox"
+                + (f" on CPUs {worker['env_cpus']}" if worker.get("env_cpus") else "")
+                if worker.get("env_processes")
+                else f"environments on threads, sandbox {worker['sandbox']}",
             )
         return workers
 
