@@ -127,9 +127,7 @@ def test_behavior_summary_hand_computed() -> None:
     assert summary["response_tokens_wrong_mean"] == pytest.approx(12.5)
     assert summary["tool_calls_per_response"] == pytest.approx(4 / 3)
     assert summary["tool_call_rate"] == pytest.approx(2 / 3)
-    assert summary["tool_error_rate"] == pytest.approx(
-        2 / 4
-    )  # every call that did not end ok: error, timeout
+    assert summary["tool_error_rate"] == pytest.approx(2 / 4)  # every call that did not end ok: error, timeout
     assert summary["tool_timeout_rate"] == pytest.approx(1 / 4)
     assert summary["void_turns_per_response"] == pytest.approx(1 / 3)
     assert summary["void_turn_rate"] == pytest.approx(1 / 3)

@@ -126,13 +126,7 @@ def test_failing_environments_are_recorded_and_never_fail_the_batch(
         SIX_TIMES_SEVEN,
     ]
     results = collect(vllm_engine, tasks, GREEDY, sandbox=docker_sandbox)
-    assert [t.stop_reason for t in results] == [
-        "env_error",
-        "answered",
-        "policy_error",
-        "env_error",
-        "answered",
-    ]
+    assert [t.stop_reason for t in results] == ["env_error", "answered", "policy_error", "env_error", "answered"]
     assert "reset exploded" in results[0].error and results[0].prompt_ids == []
     assert "step 2 exploded" in results[2].error and results[2].num_turns == 2 and results[2].reward == 0.0
     assert results[0].failed and not results[1].failed and results[1].reward == results[4].reward == 1.0
