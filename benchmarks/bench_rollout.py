@@ -21,7 +21,8 @@ sync, and SmolLM2 on ArithmeticTIR with the Docker sandbox — side by side in o
    `prefill_tok_s`: the same engine computing every episode's whole context once (prompt, action and
    observation tokens; one token sampled), the cost of a token the engine reads rather than writes.
    With `--env-processes N` (N > 0) the loop also runs with the environments in N processes of their own
-   (`EnvProcessPool`), same engine, right after the threaded loop. With `--env-cpus 1` those processes and
+   (`EnvProcessPool`), same engine, after the threaded loop (before it with `--pooled-first`), and is
+   compared with plain generation of its own episodes' tokens. With `--env-cpus 1` those processes and
    every sandbox container run on CPU 1 and the engine (this process) on the others, for every measurement
    (plain generation included): what `rollout.env_cpus` does in a rollout worker, and the shape of a GPU node,
    where the model's code never runs on the device that generates.
@@ -281,9 +282,8 @@ def main() -> None:
 
     engine.reset_prefix_cache()
     prefill_tokens = sum(len(t.prompt_ids) + len(t.response_ids) for t in trajectories)
-    figures["prefill_tok_s"] = round(
-        prefill_tokens / asyncio.run(prefill()), 1
-    )  # against decode: single_turn
+    # against decode: single_turn_tok_s
+    figures["prefill_tok_s"] = round(prefill_tokens / asyncio.run(prefill()), 1)
     figures["prompt_tokens"] = sum(len(t.prompt_ids) for t in trajectories)
     if pooled:  # against plain generation of its own episodes' tokens (each loop samples its own)
         engine.reset_prefix_cache()
