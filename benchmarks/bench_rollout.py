@@ -20,12 +20,18 @@ sync, and SmolLM2 on ArithmeticTIR with the Docker sandbox — side by side in o
    contexts of the loop it replays).
    `prefill_tok_s`: the same engine computing every episode's whole context once (prompt, action and
    observation tokens; one token sampled), the cost of a token the engine reads rather than writes.
+   `engine_steps` (in-process engine): each measurement's engine steps, split into decoded and prefilled
+   tokens, the decode-only steps' time by batch size, a line through it (fixed ms + ms per token), and how
+   the steps that prefilled observations compare with that line: where the loop's extra time goes.
    With `--env-processes N` (N > 0) the loop also runs with the environments in N processes of their own
    (`EnvProcessPool`), same engine, after the threaded loop (before it with `--pooled-first`), and is
    compared with plain generation of its own episodes' tokens. With `--env-cpus 1` those processes and
    every sandbox container run on CPU 1 and the engine (this process) on the others, for every measurement
    (plain generation included): what `rollout.env_cpus` does in a rollout worker, and the shape of a GPU node,
-   where the model's code never runs on the device that generates.
+   where the model's code never runs on the device that generates. With `--low-priority` every loop's
+   sandbox containers run at a low CPU weight (`DockerLimits.low_priority`, what CPU-only rollout
+   workers do by default); `tool_timeouts` against `env_steps_alone_tool_timeouts` (the same calls without
+   the engine) then says whether the engine's load starved any call into a timeout.
 4. Weight sync: the model's full state dict pushed to a Ray rollout worker (pack, ray.put, reload in vLLM,
    prefix-cache reset), median of `--syncs` pushes (target <= 2 s for SmolLM2 on this CPU).
 """
@@ -40,44 +46,54 @@ import statistics
 import time
 
 
-def replay_environments(tasks, trajectories, sandbox) -> float:
-    """Wall time of the same environment work without the engine: every episode's policy turns (their text)
-    replayed through a fresh environment, all episodes at once on threads (as the agent loop runs them)."""
+def replay_environments(tasks, trajectories, sandbox) -> tuple[float, int]:
+    """Wall time of the same environment work without the engine, and its tool timeouts: every episode's policy
+    turns (their text) replayed through a fresh environment, all episodes at once on threads (as the agent
+    loop runs them). Timeouts the loop had beyond these are calls the engine's load starved."""
     import concurrent.futures
 
     from stare_agents.rollout import make_env
 
-    def replay(pair) -> None:
+    def replay(pair) -> int:
         task, trajectory = pair
         env = make_env(task, sandbox)
+        info: dict = {}
         try:
             env.reset(seed=task.seed, options=task.options)
             for turn in trajectory.turns:
-                _, _, terminated, truncated, _ = env.step(turn.text)
+                _, _, terminated, truncated, info = env.step(turn.text)
                 if terminated or truncated:
                     break
         finally:
             env.close()
+        return int(info.get("tool_timeouts", 0))
 
     started = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(len(tasks)) as pool:
-        list(pool.map(replay, zip(tasks, trajectories, strict=True)))
-    return time.perf_counter() - started
+        timeouts = sum(pool.map(replay, zip(tasks, trajectories, strict=True)))
+    return time.perf_counter() - started, timeouts
 
 
 def docker_cpu_s() -> float | None:
-    """CPU seconds used by every Docker container so far (cgroup v1 or v2), None where unreadable."""
-    for path, scale in (("/sys/fs/cgroup/cpuacct/docker/cpuacct.usage", 1e-9),):
+    """CPU seconds used by every Docker container so far (docker's own cgroup parent and the sandbox's
+    low-priority one; cgroup v1 or v2), None where unreadable."""
+    total, found = 0.0, False
+    for parent in ("docker", "stare-sandbox"):
         try:
-            with open(path) as handle:
-                return int(handle.read()) * scale
+            with open(f"/sys/fs/cgroup/cpuacct/{parent}/cpuacct.usage") as handle:
+                total += int(handle.read()) * 1e-9
+                found = True
         except OSError:
             pass
+    if found:
+        return total
     try:  # cgroup v2: docker's containers live under system.slice as docker-<id>.scope
         import glob
 
         total = 0.0
-        for stat in glob.glob("/sys/fs/cgroup/system.slice/docker-*.scope/cpu.stat"):
+        for stat in glob.glob("/sys/fs/cgroup/system.slice/docker-*.scope/cpu.stat") + glob.glob(
+            "/sys/fs/cgroup/stare-sandbox*/*/cpu.stat"
+        ):
             with open(stat) as handle:
                 total += int(handle.readline().split()[1]) * 1e-6
         return total or None
@@ -86,7 +102,8 @@ def docker_cpu_s() -> float | None:
 
 
 def structure_only(engine, trajectories) -> float:
-    """Wall time of every episode's turns regenerated in order with its recorded observations inserted at once."""
+    """Wall time of every episode's turns regenerated in order (each turn as many tokens as the episode's, the
+    regenerated tokens kept in the context) with its recorded observations inserted at once."""
     from stare_agents.rollout import SamplingParams
 
     async def episode(trajectory) -> None:
@@ -96,9 +113,11 @@ def structure_only(engine, trajectories) -> float:
             j = i
             while j < len(ids) and mask[j] == mask[i]:
                 j += 1
-            if mask[i] == 1:
-                await engine.generate(context, SamplingParams(1.0, 1.0, j - i, ignore_eos=True))
-            context.extend(ids[i:j])
+            if mask[i] == 1:  # the turn's own tokens go on: the next turn finds them cached, as in the loop
+                generation = await engine.generate(context, SamplingParams(1.0, 1.0, j - i, ignore_eos=True))
+                context.extend(generation.token_ids)
+            else:
+                context.extend(ids[i:j])
             i = j
 
     async def run() -> float:
@@ -107,6 +126,88 @@ def structure_only(engine, trajectories) -> float:
         return time.perf_counter() - begun
 
     return asyncio.run(run())
+
+
+class StepLog:
+    """Every engine step of an in-process vLLM engine: its wall time, the requests it ran, and how many of its
+    tokens were decoded (one new token of a running request) or prefilled (prompts, observations, the part
+    of a context the prefix cache did not hold). Wraps the engine core's `step_fn` and its scheduler."""
+
+    def __init__(self, engine) -> None:
+        core = engine.llm.llm_engine.engine_core.engine_core  # in-process only (not --multiprocess)
+        scheduler = core.scheduler
+        self.steps: list[
+            tuple[float, int, int, int]
+        ] = []  # (seconds, requests, decode tokens, prefill tokens)
+        self._scheduled: tuple[int, int, int] | None = None
+        schedule, step_fn = scheduler.schedule, core.step_fn
+
+        def logged_schedule(*args, **kwargs):
+            out = schedule(*args, **kwargs)
+            new = {request.req_id for request in out.scheduled_new_reqs}
+            decode = prefill = 0
+            for request_id, tokens in out.num_scheduled_tokens.items():
+                if tokens == 1 and request_id not in new:
+                    decode += 1
+                else:
+                    prefill += tokens
+            self._scheduled = (len(out.num_scheduled_tokens), decode, prefill)
+            return out
+
+        def logged_step(*args, **kwargs):
+            self._scheduled = None
+            started = time.perf_counter()
+            result = step_fn(*args, **kwargs)
+            if self._scheduled is not None and self._scheduled[0]:
+                self.steps.append((time.perf_counter() - started, *self._scheduled))
+            return result
+
+        scheduler.schedule, core.step_fn = logged_schedule, logged_step
+
+    def take(self) -> dict:
+        """Figures of the steps since the last call (and forget them)."""
+        steps, self.steps = self.steps, []
+        if not steps:
+            return {}
+        decode_only = [s for s in steps if s[3] == 0]
+        mixed = [s for s in steps if s[3] > 0]
+        figures = {
+            "steps": len(steps),
+            "step_s": round(sum(s[0] for s in steps), 2),
+            "decode_tokens": sum(s[2] for s in steps),
+            "prefill_tokens": sum(s[3] for s in steps),
+            "steps_with_prefill": len(mixed),
+            "steps_with_prefill_s": round(sum(s[0] for s in mixed), 2),
+            "mean_decode_batch": round(sum(s[2] for s in steps) / len(steps), 1),
+        }
+        # decode-only steps by batch size (requests): how many, median ms
+        buckets: dict[str, list[float]] = {}
+        for seconds, requests, _, _ in decode_only:
+            low = 1 if requests < 8 else requests // 8 * 8
+            key = f"{low}-{requests // 8 * 8 + 7}" if requests >= 8 else "1-7"
+            buckets.setdefault(key, []).append(seconds)
+        figures["decode_step_ms_by_batch"] = {
+            key: [len(v), round(1000 * statistics.median(v), 1)]
+            for key, v in sorted(buckets.items(), key=lambda kv: int(kv[0].split("-")[0]))
+        }
+        # a least-squares line through the decode-only steps, ms = fixed + per_token * tokens, and what it
+        # predicts for the steps with prefill (their tokens counted alike): measured / predicted says whether a
+        # prefilled token costs the engine more than a decoded one
+        if len(decode_only) >= 2:
+            xs, ys = [s[2] for s in decode_only], [1000 * s[0] for s in decode_only]
+            mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
+            var = sum((x - mean_x) ** 2 for x in xs)
+            if var > 0:
+                per_token = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / var
+                fixed = mean_y - per_token * mean_x
+                figures["decode_step_ms_fit"] = {"fixed": round(fixed, 1), "per_token": round(per_token, 2)}
+                small = [s for s in mixed if s[3] <= 512]  # not the first wave of prompts
+                if small:
+                    predicted = sum(fixed + per_token * (s[2] + s[3]) for s in small)
+                    figures["small_prefill_steps_measured_over_fit"] = round(
+                        1000 * sum(s[0] for s in small) / predicted, 2
+                    )
+        return figures
 
 
 def main() -> None:
@@ -142,6 +243,11 @@ def main() -> None:
         default="",
         help="comma-separated CPUs for the environments and the sandbox containers; the engine (this process) "
         "is pinned to the others, for every measurement (needs --env-processes >= 1)",
+    )
+    parser.add_argument(
+        "--low-priority",
+        action="store_true",
+        help="the sandbox's containers at a low CPU weight (DockerLimits.low_priority), for every loop",
     )
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
@@ -180,6 +286,15 @@ def main() -> None:
         for i in range(args.episodes)
     ]
     block_size = engine.llm.llm_engine.vllm_config.cache_config.block_size
+    step_log = None if args.multiprocess else StepLog(engine)
+    engine_steps: dict = {}
+
+    def take_steps(name: str) -> None:
+        if step_log is not None:
+            figures = step_log.take()
+            if name:
+                engine_steps[name] = figures
+
     figures: dict = {
         "model": args.model,
         "dtype": args.dtype,
@@ -192,22 +307,32 @@ def main() -> None:
         "env_cpus": env_cpus,
     }
     sandbox_kwargs = {}
-    if env_cpus and args.sandbox == "docker":  # the threaded loop's tools on the environments' CPUs too
+    if (env_cpus or args.low_priority) and args.sandbox == "docker":
         from stare_agents.rollout.env_pool import cpu_list
         from stare_agents.sandbox import DockerLimits
 
-        sandbox_kwargs["limits"] = DockerLimits(cpuset=cpu_list(env_cpus))
+        # the threaded loop's tools on the environments' CPUs too (EnvProcessPool sets its own cpuset)
+        limits = {"low_priority": args.low_priority}
+        sandbox_kwargs["limits"] = DockerLimits(cpuset=cpu_list(env_cpus) if env_cpus else None, **limits)
+        pool_sandbox_kwargs = {"limits": limits}
+    else:
+        pool_sandbox_kwargs = {}
+    figures["low_priority"] = args.low_priority
 
     def threaded_loop() -> tuple:
         with make_sandbox(args.sandbox, pool_size=8, **sandbox_kwargs) as sandbox:
             collect(engine, tasks[:4], config, sandbox=sandbox)  # warm-up (engine kernels, sandbox pool)
             engine.reset_prefix_cache()
             cpu_before, process_before = docker_cpu_s(), os.times()
+            take_steps("")
             started = time.perf_counter()
             trajectories = collect(engine, tasks, config, sandbox=sandbox)
             multi_s = time.perf_counter() - started
+            take_steps("loop_threads")
             cpu_after, process_after = docker_cpu_s(), os.times()
-            env_alone_s = replay_environments(tasks, trajectories, sandbox)
+            env_alone_s, figures["env_steps_alone_tool_timeouts"] = replay_environments(
+                tasks, trajectories, sandbox
+            )
         if cpu_before is not None and cpu_after is not None:
             figures["tool_cpu_s"] = round(cpu_after - cpu_before, 2)
         figures["loop_process_cpu_s"] = round(
@@ -219,14 +344,20 @@ def main() -> None:
         from stare_agents.rollout import EnvProcessPool
 
         with EnvProcessPool(
-            args.env_processes, sandbox=args.sandbox, sandbox_pool_size=8, cpus=env_cpus
+            args.env_processes,
+            sandbox=args.sandbox,
+            sandbox_pool_size=8,
+            sandbox_kwargs=pool_sandbox_kwargs,
+            cpus=env_cpus,
         ) as pool:
             collect(engine, tasks[:4], config, env_factory=pool.make)  # warm-up
             engine.reset_prefix_cache()
             cpu_before = docker_cpu_s()
+            take_steps("")
             started = time.perf_counter()
             pooled = collect(engine, tasks, config, env_factory=pool.make)
             pooled_s = time.perf_counter() - started
+            take_steps("loop_processes")
             cpu_after = docker_cpu_s()
         if cpu_before is not None and cpu_after is not None:
             figures["pooled_tool_cpu_s"] = round(cpu_after - cpu_before, 2)
@@ -266,9 +397,12 @@ def main() -> None:
         return time.perf_counter() - begun
 
     engine.reset_prefix_cache()
+    take_steps("")
     single_s = asyncio.run(single_turn(trajectories))
+    take_steps("plain")
     engine.reset_prefix_cache()
     structure_s = structure_only(engine, trajectories)
+    take_steps("structure")
 
     async def prefill() -> float:  # every episode's whole context computed once, one token sampled
         begun = time.perf_counter()
@@ -287,7 +421,9 @@ def main() -> None:
     figures["prompt_tokens"] = sum(len(t.prompt_ids) for t in trajectories)
     if pooled:  # against plain generation of its own episodes' tokens (each loop samples its own)
         engine.reset_prefix_cache()
+        take_steps("")
         pooled_single_s = asyncio.run(single_turn(pooled))
+        take_steps("plain_for_processes")
         figures.update(
             pooled_single_turn_tok_s=round(pooled_summary["action_tokens"] / pooled_single_s, 1),
             pooled_loop_over_single_ratio=round(pooled_single_s / pooled_s, 3),
@@ -310,7 +446,14 @@ def main() -> None:
         accuracy=summary["accuracy"],
         generate_s_per_turn=round(summary["generate_s_per_turn"], 3),
         env_s_per_turn=round(summary["env_s_per_turn"], 3),
+        tool_timeouts=sum(turn.tool_statuses.count("timeout") for t in trajectories for turn in t.turns),
     )
+    if pooled:
+        figures["pooled_tool_timeouts"] = sum(
+            turn.tool_statuses.count("timeout") for t in pooled for turn in t.turns
+        )
+    if engine_steps:
+        figures["engine_steps"] = engine_steps
     engine.close()
 
     if args.syncs < 1:

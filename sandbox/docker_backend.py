@@ -33,6 +33,13 @@ RUNNER_PATH = Path(__file__).with_name("runner.py")
 LABEL = "stare-agents.sandbox"  # every sandbox container carries it
 OWNER_LABEL = "stare-agents.sandbox.owner"  # "<host>:<pid>:<process start time>" of the process that made it
 INSTANCE_LABEL = "stare-agents.sandbox.instance"  # one DockerSandbox object (a process may hold several)
+# the cgroup that `DockerLimits.low_priority` containers live under (docker's --cgroup-parent); with docker's
+# systemd cgroup driver it is a slice, LOW_PRIORITY_PARENT + ".slice"
+LOW_PRIORITY_PARENT = "stare-sandbox"
+# its CPU weight, a 16th of a normal process's (cgroup v1 cpu.shares 1024, v2 cpu.weight 100): beside a busy
+# engine the code gets ~6% of a core, enough that a container still starts and answers beside a process that
+# never yields (with the minimum weight, 2, it did not start in 60 s), little enough not to slow the engine
+LOW_PRIORITY_SHARES = 64
 
 
 def _version() -> str:
@@ -58,14 +65,50 @@ class DockerLimits:
     # the host CPUs the containers may run on (docker's --cpuset-cpus, e.g. "1" or "2-7,10"); None: any. Keeps
     # the model's code off the cores an inference engine runs on (see rollout.env_cpus)
     cpuset: str | None = None
+    # the containers under a cgroup of their own (LOW_PRIORITY_PARENT) with a 16th of a normal process's CPU
+    # weight: the model's code then runs mostly on CPU time the host's other processes (an inference engine on
+    # the same cores) leave idle, instead of slowing every step of the engine's threads. Timeouts stay wall-clock, so code starved
+    # long enough times out (BENCHMARKS.md, Rollout, measures how often). Needs root for the cgroup; where
+    # the weight cannot be set the containers run at normal priority, with a warning
+    low_priority: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.low_priority, bool):
+            raise ValueError(f"low_priority must be true or false, got {self.low_priority!r}")
         if self.cpuset is not None and not (
             isinstance(self.cpuset, str) and re.fullmatch(r"\d+(-\d+)?(,\d+(-\d+)?)*", self.cpuset)
         ):
             raise ValueError(
                 f"cpuset must be a CPU list such as '1' or '0-3,6', or None, got {self.cpuset!r}"
             )
+
+
+def lower_cpu_weight(pid: int, cgroup_root: str = "/sys/fs/cgroup") -> str:
+    """Give the cgroup above process `pid`'s own a low CPU weight (LOW_PRIORITY_SHARES as cgroup v1
+    `cpu.shares`, the same share of v2's `cpu.weight`) and return the file written. That parent must be LOW_PRIORITY_PARENT (or its slice): a
+    container elsewhere (docker's own parent, the root) raises ValueError rather than lower what others share."""
+    with open(f"/proc/{pid}/cgroup") as handle:
+        lines = [line.split(":", 2) for line in handle.read().splitlines() if line.count(":") >= 2]
+    v1 = next(((c, p) for _, c, p in lines if "cpu" in c.split(",")), None)  # the cpu controller's hierarchy
+    if v1 is not None:
+        controllers, path = v1
+        mounts = [f"{cgroup_root}/{controllers}", f"{cgroup_root}/cpu", f"{cgroup_root}/cpu,cpuacct"]
+        mount = next((m for m in mounts if os.path.isdir(m)), None)
+        if mount is None:
+            raise ValueError(f"no cgroup v1 cpu hierarchy under {cgroup_root}")
+        name, value = "cpu.shares", str(LOW_PRIORITY_SHARES)
+    else:  # cgroup v2: one hierarchy, "0::/path"
+        path = next((p for hierarchy, c, p in lines if hierarchy == "0" and not c), None)
+        if path is None:
+            raise ValueError(f"process {pid} is in no cgroup with a cpu controller")
+        mount, name, value = cgroup_root, "cpu.weight", str(max(1, round(LOW_PRIORITY_SHARES * 100 / 1024)))
+    parent = os.path.dirname(os.path.join(mount, path.strip("/")))
+    if os.path.basename(parent) not in (LOW_PRIORITY_PARENT, LOW_PRIORITY_PARENT + ".slice"):
+        raise ValueError(f"the container's cgroup {path} is not under {LOW_PRIORITY_PARENT}")
+    target = os.path.join(parent, name)
+    with open(target, "w") as handle:
+        handle.write(value)
+    return target
 
 
 def _process_start_time(pid: int) -> str:
@@ -352,6 +395,8 @@ class DockerSandbox(PooledSandbox):
         self.client: Any = None
         self.owner = owner_tag()
         self.instance = uuid.uuid4().hex[:12]
+        self.cgroup_driver = "cgroupfs"  # docker's (known once the engine has been asked)
+        self.low_priority_set: bool | None = None  # low_priority: whether the weight was set (None: not yet)
 
     def _before_start(self) -> None:
         import docker.errors
@@ -368,6 +413,8 @@ class DockerSandbox(PooledSandbox):
         if problem:
             raise SandboxError(problem)
         self.gvisor = is_gvisor(self.client, self.runtime)
+        if self.limits.low_priority:
+            self.cgroup_driver = str(self.client.info().get("CgroupDriver") or "cgroupfs")
         sweep_stale_containers(self.client)
 
     def container_config(self) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -428,6 +475,9 @@ class DockerSandbox(PooledSandbox):
         }
         if limits.cpuset is not None:
             host["cpuset_cpus"] = limits.cpuset
+        if limits.low_priority:
+            systemd = self.cgroup_driver == "systemd"
+            host["cgroup_parent"] = LOW_PRIORITY_PARENT + ".slice" if systemd else "/" + LOW_PRIORITY_PARENT
         if self.runtime is not None:
             host["runtime"] = self.runtime
         return create, host
@@ -452,4 +502,22 @@ class DockerSandbox(PooledSandbox):
         except Exception as exc:
             runner.close()
             raise SandboxError(f"container {container.short_id} did not start its runner: {exc}") from exc
+        if self.limits.low_priority and self.low_priority_set is None:
+            self._lower_priority(container)
         return runner
+
+    def _lower_priority(self, container: Any) -> None:
+        """Once per sandbox, with the first container up: the low CPU weight for their common parent."""
+        self.low_priority_set = False
+        try:
+            container.reload()
+            target = lower_cpu_weight(int(container.attrs["State"]["Pid"]))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            logger.warning(
+                "the sandbox's containers run at normal CPU priority: low_priority could not set the weight of "
+                "their cgroup (%s)",
+                exc,
+            )
+            return
+        self.low_priority_set = True
+        logger.info("sandbox containers at a low CPU weight (%s)", target)

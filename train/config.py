@@ -149,6 +149,11 @@ class RolloutSection:
     # env_processes >= 1 and use_ray); the worker's engine is pinned to its other CPUs. On a CPU-only node this
     # keeps the model's code (a runaway loop, a huge pow) off the cores that generate; [] : no pinning
     env_cpus: list[int] = field(default_factory=list)
+    # the Docker sandbox's containers at the lowest CPU weight (DockerLimits.low_priority): the model's code runs
+    # on CPU time the engine leaves idle instead of slowing its steps. None: on for CPU-only workers, where the
+    # engine and the code share cores (the loop kept 0.72 of plain generation at 128 episodes against 0.63,
+    # with no more tool timeouts than the same code run alone; BENCHMARKS.md, Rollout), off on GPU workers
+    sandbox_low_priority: bool | None = None
     num_cpus_per_worker: float = 1.0
     num_gpus_per_worker: float = 0.0  # 1 on a GPU cluster: one rollout worker per GPU
     timeout_s: float | None = 10800.0  # one step's rollout; episodes unfinished by then fail (engine_error)
@@ -208,6 +213,21 @@ class RolloutSection:
                     f"rollout.env_cpus={cpus!r} needs rollout.use_ray: the engine's CPUs are set for its worker "
                     "process, which without Ray is the trainer's (the learner's CPUs too)"
                 )
+        if self.sandbox_low_priority is not None and not isinstance(self.sandbox_low_priority, bool):
+            raise ValueError(
+                f"rollout.sandbox_low_priority={self.sandbox_low_priority!r}: allowed: true, false or null"
+            )
+        limits = self.sandbox_kwargs.get("limits")
+        if (
+            self.sandbox_low_priority is not None
+            and isinstance(limits, dict)
+            and "low_priority" in limits
+            and limits["low_priority"] != self.sandbox_low_priority
+        ):
+            raise ValueError(
+                f"rollout.sandbox_low_priority={self.sandbox_low_priority} and rollout.sandbox_kwargs.limits."
+                f"low_priority={limits['low_priority']!r} disagree: set one of them"
+            )
         if self.tensor_parallel_size < 1:
             raise ValueError(
                 f"rollout.tensor_parallel_size={self.tensor_parallel_size!r}: allowed: an int >= 1"
@@ -245,6 +265,21 @@ class RolloutSection:
         if self.env_processes is not None:
             return self.env_processes
         return 2 if self.num_gpus_per_worker > 0 or self.env_cpus else 0
+
+    def resolved_sandbox_kwargs(self) -> dict[str, Any]:
+        """rollout.sandbox_kwargs, with the Docker containers' priority (rollout.sandbox_low_priority, None
+        resolved: low on CPU-only workers) in its limits, unless those set it themselves."""
+        kwargs = dict(self.sandbox_kwargs)
+        low = self.sandbox_low_priority
+        if low is None:
+            low = self.num_gpus_per_worker == 0
+        limits = kwargs.get("limits")
+        if self.sandbox not in ("docker", "auto") or not isinstance(limits, (dict, type(None))):
+            return kwargs  # another backend; or a DockerLimits object, which says it itself
+        limits = dict(limits or {})
+        limits.setdefault("low_priority", low)
+        kwargs["limits"] = limits
+        return kwargs
 
     def vllm_kwargs(self) -> dict[str, Any]:
         """The keyword arguments the vLLM engine gets on top of its own (`VLLMEngine(engine_kwargs=...)`)."""

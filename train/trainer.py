@@ -391,7 +391,7 @@ class Trainer:
             kv_cache_gib=c.rollout.kv_cache_gib,
             sandbox=c.rollout.sandbox,
             sandbox_pool_size=c.rollout.sandbox_pool_size,
-            sandbox_kwargs=dict(c.rollout.sandbox_kwargs),
+            sandbox_kwargs=c.rollout.resolved_sandbox_kwargs(),
             multiprocess=c.rollout.multiprocess,
             env_processes=c.rollout.resolved_env_processes(),
             env_cpus=list(c.rollout.env_cpus),
@@ -413,7 +413,8 @@ class Trainer:
                 f"environments in processes {worker['env_processes']} with their own {c.rollout.sandbox} sandbox"
                 + (f" on CPUs {worker['env_cpus']}" if worker.get("env_cpus") else "")
                 if worker.get("env_processes")
-                else f"environments on threads, sandbox {worker['sandbox']}",
+                else f"environments on threads, sandbox {worker['sandbox']}"
+                + (" at low CPU priority" if worker.get("sandbox_low_priority") else ""),
             )
         return workers
 

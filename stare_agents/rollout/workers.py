@@ -145,6 +145,8 @@ class RolloutWorker:
             "env_processes": self.env_pool.pids if self.env_pool is not None else [],
             "engine_cpus": self.engine_cpus,
             "env_cpus": list(self.spec.env_cpus),
+            # DockerLimits.low_priority: whether the weight was set (None: not asked, or not known here)
+            "sandbox_low_priority": getattr(self.sandbox, "low_priority_set", None),
         }
 
     def healthy(self) -> bool:

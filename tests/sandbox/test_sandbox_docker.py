@@ -23,8 +23,11 @@ from support import require
 from stare_agents.sandbox import DEFAULT_IMAGE, DockerLimits, DockerSandbox, docker_status
 from stare_agents.sandbox.docker_backend import (
     LABEL,
+    LOW_PRIORITY_PARENT,
+    LOW_PRIORITY_SHARES,
     OWNER_LABEL,
     docker_client,
+    lower_cpu_weight,
     owner_tag,
     sandbox_containers,
 )
@@ -678,3 +681,77 @@ def test_cpuset_is_checked_and_limits_may_come_as_a_mapping():
     assert "cpuset_cpus" not in DockerSandbox(pool_size=1).container_config()[1]
     with pytest.raises(ValueError, match="cpuset must be a CPU list"):
         DockerSandbox(pool_size=1, limits={"cpuset": "x"})
+
+
+def _cpu_seconds_beside_a_busy_host_process(limits: DockerLimits, cpu: int) -> tuple[float, str]:
+    """CPU seconds a container's busy loop gets in 2 s of wall time on `cpu`, where a process of this host
+    (priority as usual) spins too, from before the container starts; and what the container's code got when
+    it tried to raise its priority."""
+    code = textwrap.dedent(
+        """
+        import os, time
+        tried = []
+        for attempt in (lambda: os.nice(-5), lambda: open("/sys/fs/cgroup/cpu/cpu.shares", "w").write("1024"),
+                        lambda: open("/sys/fs/cgroup/cpu.weight", "w").write("10000")):
+            try:
+                attempt()
+                tried.append("allowed")
+            except OSError as error:
+                tried.append(type(error).__name__)
+        start, cpu = time.monotonic(), time.process_time()
+        while time.monotonic() - start < 2.0:
+            pass
+        print(time.process_time() - cpu, ",".join(tried))
+        """
+    )
+    spinner = subprocess.Popen(
+        [sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"]
+    )
+    try:
+        with DockerSandbox(pool_size=1, limits=limits) as box:
+            time.sleep(0.5)  # the spinner is on its CPU
+            result = box.run(code, timeout_s=30)
+            assert result.ok, result.stderr
+            seconds, tried = result.stdout.split()
+            if limits.low_priority:
+                assert box.low_priority_set, "the containers' CPU weight was not lowered (see the log)"
+            return float(seconds), tried
+    finally:
+        spinner.kill()
+        spinner.wait()
+
+
+def test_low_priority_containers_only_get_the_cpu_others_leave_and_cannot_raise_their_priority():
+    """`DockerLimits.low_priority`: beside a busy process of the host on the same CPU, the model's code gets a
+    small fraction of what it gets at normal priority (the engine's threads are not slowed by it), yet the
+    container still starts and answers beside a process that never yields, and the code cannot undo its
+    priority from inside (no nice below 0, a read-only cgroup file system)."""
+    _require_docker()
+    if os.geteuid() != 0:
+        pytest.skip("lowering the containers' cgroup weight needs root")
+    cpu = sorted(os.sched_getaffinity(0))[-1]
+    base = dict(memory_mb=256, pids=64, cpus=1.0, tmpfs_mb=16, cpuset=str(cpu))
+    normal, _ = _cpu_seconds_beside_a_busy_host_process(DockerLimits(**base), cpu)
+    low, tried = _cpu_seconds_beside_a_busy_host_process(DockerLimits(**base, low_priority=True), cpu)
+    assert normal > 0.5, f"at normal priority the container got only {normal:.2f} CPU-s of 2 s"
+    assert low < normal / 4, f"low priority: {low:.2f} CPU-s against {normal:.2f} at normal priority"
+    assert "allowed" not in tried.split(","), f"the code raised its priority: {tried}"
+    shares = "/sys/fs/cgroup/cpu/stare-sandbox/cpu.shares"
+    weight = "/sys/fs/cgroup/stare-sandbox/cpu.weight"
+    written = shares if os.path.exists(shares) else weight
+    with open(written) as handle:
+        assert handle.read().strip() == (str(LOW_PRIORITY_SHARES) if written == shares else "6")
+
+
+def test_low_priority_is_checked_and_never_touches_a_cgroup_it_did_not_make():
+    for bad in ("yes", 1, None):
+        with pytest.raises(ValueError, match="low_priority must be true or false"):
+            DockerLimits(low_priority=bad)
+    box = DockerSandbox(pool_size=1, limits={"low_priority": True})
+    assert box.container_config()[1]["cgroup_parent"] == "/" + LOW_PRIORITY_PARENT
+    box.cgroup_driver = "systemd"
+    assert box.container_config()[1]["cgroup_parent"] == LOW_PRIORITY_PARENT + ".slice"
+    assert "cgroup_parent" not in DockerSandbox(pool_size=1).container_config()[1]
+    # this process is not in a container under the sandbox's parent: its own cgroup's parent is left alone
+    with pytest.raises(ValueError, match="is not under"):
+        lower_cpu_weight(os.getpid())

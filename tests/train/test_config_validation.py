@@ -280,3 +280,36 @@ def test_gpu_engine_settings_reach_the_vllm_engines_arguments():
             "fields of vllm.engine.arg_utils",
         )
     )
+
+
+def test_sandbox_low_priority_is_on_for_cpu_only_workers_and_never_contradicts_the_limits():
+    from stare_agents.sandbox import DockerLimits, DockerSandbox
+    from stare_agents.train.config import RolloutSection
+
+    # CPU-only workers: the engine and the model's code share cores, so the code yields them
+    assert RolloutSection().resolved_sandbox_kwargs() == {"limits": {"low_priority": True}}
+    assert RolloutSection(num_gpus_per_worker=1).resolved_sandbox_kwargs()["limits"] == {
+        "low_priority": False
+    }
+    assert (
+        RolloutSection(sandbox_low_priority=False).resolved_sandbox_kwargs()["limits"]["low_priority"]
+        is False
+    )
+    # the user's own limits are kept, and their own word on the priority wins over the default
+    kept = RolloutSection(sandbox_kwargs={"runtime": "runsc", "limits": {"memory_mb": 300}})
+    assert kept.resolved_sandbox_kwargs() == {
+        "runtime": "runsc",
+        "limits": {"memory_mb": 300, "low_priority": True},
+    }
+    assert kept.sandbox_kwargs == {"runtime": "runsc", "limits": {"memory_mb": 300}}  # not modified in place
+    own = RolloutSection(sandbox_kwargs={"limits": {"low_priority": False}})
+    assert own.resolved_sandbox_kwargs()["limits"]["low_priority"] is False
+    # other backends take no Docker limits
+    assert RolloutSection(sandbox="none").resolved_sandbox_kwargs() == {}
+    # what reaches the rollout worker builds a sandbox
+    box = DockerSandbox(pool_size=1, **RolloutSection().resolved_sandbox_kwargs())
+    assert box.limits == DockerLimits(low_priority=True)
+    with pytest.raises(ValueError, match=r"sandbox_low_priority=True and .*low_priority=False disagree"):
+        RolloutSection(sandbox_low_priority=True, sandbox_kwargs={"limits": {"low_priority": False}})
+    with pytest.raises(ValueError, match=r"rollout\.sandbox_low_priority"):
+        load_config("smollm2-arith", overrides=["rollout.sandbox_low_priority=maybe"])
