@@ -151,8 +151,9 @@ class RolloutSection:
     env_cpus: list[int] = field(default_factory=list)
     # the Docker sandbox's containers at the lowest CPU weight (DockerLimits.low_priority): the model's code runs
     # on CPU time the engine leaves idle instead of slowing its steps. None: on for CPU-only workers, where the
-    # engine and the code share cores (the loop kept 0.72 of plain generation at 128 episodes against 0.63,
-    # with no more tool timeouts than the same code run alone; BENCHMARKS.md, Rollout), off on GPU workers
+    # engine and the code share cores (the loop kept 0.69-0.81 of plain generation at 32 episodes against
+    # 0.59-0.77, 0.68-0.72 at 128 against 0.58-0.63, with no more tool timeouts than the same code run alone;
+    # BENCHMARKS.md, Rollout), off on GPU workers
     sandbox_low_priority: bool | None = None
     num_cpus_per_worker: float = 1.0
     num_gpus_per_worker: float = 0.0  # 1 on a GPU cluster: one rollout worker per GPU
