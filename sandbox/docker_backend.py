@@ -67,9 +67,9 @@ class DockerLimits:
     cpuset: str | None = None
     # the containers under a cgroup of their own (LOW_PRIORITY_PARENT) with a 16th of a normal process's CPU
     # weight: the model's code then runs mostly on CPU time the host's other processes (an inference engine on
-    # the same cores) leave idle, instead of slowing every step of the engine's threads. Timeouts stay wall-clock, so code starved
-    # long enough times out (BENCHMARKS.md, Rollout, measures how often). Needs root for the cgroup; where
-    # the weight cannot be set the containers run at normal priority, with a warning
+    # the same cores) leave idle, instead of slowing every step of the engine's threads. Timeouts stay
+    # wall-clock, so code starved long enough times out (BENCHMARKS.md, Rollout, measures how often). Needs
+    # root for the cgroup; where the weight cannot be set the containers run at normal priority, with a warning
     low_priority: bool = False
 
     def __post_init__(self) -> None:
@@ -85,8 +85,9 @@ class DockerLimits:
 
 def lower_cpu_weight(pid: int, cgroup_root: str = "/sys/fs/cgroup") -> str:
     """Give the cgroup above process `pid`'s own a low CPU weight (LOW_PRIORITY_SHARES as cgroup v1
-    `cpu.shares`, the same share of v2's `cpu.weight`) and return the file written. That parent must be LOW_PRIORITY_PARENT (or its slice): a
-    container elsewhere (docker's own parent, the root) raises ValueError rather than lower what others share."""
+    `cpu.shares`, the same share of v2's `cpu.weight`) and return the file written. That parent must be
+    LOW_PRIORITY_PARENT (or its slice): a container elsewhere (docker's own parent, the root) raises
+    ValueError rather than lower what others share."""
     with open(f"/proc/{pid}/cgroup") as handle:
         lines = [line.split(":", 2) for line in handle.read().splitlines() if line.count(":") >= 2]
     v1 = next(((c, p) for _, c, p in lines if "cpu" in c.split(",")), None)  # the cpu controller's hierarchy

@@ -149,9 +149,9 @@ class RolloutSection:
     # env_processes >= 1 and use_ray); the worker's engine is pinned to its other CPUs. On a CPU-only node this
     # keeps the model's code (a runaway loop, a huge pow) off the cores that generate; [] : no pinning
     env_cpus: list[int] = field(default_factory=list)
-    # the Docker sandbox's containers at the lowest CPU weight (DockerLimits.low_priority): the model's code runs
-    # on CPU time the engine leaves idle instead of slowing its steps. None: on for CPU-only workers, where the
-    # engine and the code share cores (the loop kept 0.69-0.81 of plain generation at 32 episodes against
+    # the Docker sandbox's containers at a 16th of a normal process's CPU weight (DockerLimits.low_priority): the
+    # model's code runs on CPU time the engine leaves idle instead of slowing its steps. None: on for CPU-only
+    # workers, where the engine and the code share cores (the loop kept 0.69-0.81 of plain generation at 32 episodes against
     # 0.59-0.77, 0.68-0.72 at 128 against 0.58-0.63, with no more tool timeouts than the same code run alone;
     # BENCHMARKS.md, Rollout), off on GPU workers
     sandbox_low_priority: bool | None = None
