@@ -71,6 +71,9 @@ class ModelSection:
     # the engine's dtype: "auto" (the checkpoint's), "float32", "bfloat16", "fast" (bfloat16 where it is fast)
     rollout_dtype: Dtype = "fast"
     max_model_len: int = 2048
+    # the LM head and its log-softmax in fp32 in the engine (vLLM's head_dtype) and in the learner, whatever
+    # the precisions: the fix for bf16's rounded logits (BENCHMARKS.md, "Precision"); no effect in fp32
+    fp32_lm_head: bool = False
 
 
 @dataclass
@@ -343,14 +346,14 @@ class RLSection:
     max_failed_fraction: float = 0.5
     # "one-step": the rollouts of step k+1 are generated with the weights the learner had before step k's update,
     # while it updates (AReaL / slime / verl's one-step off-policy mode: staleness 1, recorded per trajectory;
-    # needs rl.learner.tis_cap). "off": each step samples with the weights of the step before it
+    # needs rl.learner.importance). "off": each step samples with the weights of the step before it
     pipeline: Literal["off", "one-step"] = "off"
 
     def __post_init__(self) -> None:
-        if self.pipeline == "one-step" and self.learner.tis_cap is None:
+        if self.pipeline == "one-step" and not self.learner.importance.active:
             raise ValueError(
-                "rl.pipeline=one-step trains on rollouts one weight version old: set rl.learner.tis_cap (e.g. 2.0) "
-                "so that truncated importance sampling corrects for the sampler being behind the learner"
+                "rl.pipeline=one-step trains on rollouts one weight version old: set rl.learner.importance.cap "
+                "(e.g. 2.0) so that truncated importance sampling corrects for the sampler being behind the learner"
             )
         if not 0 <= self.max_failed_fraction <= 1:
             raise ValueError(f"rl.max_failed_fraction must be in [0, 1], got {self.max_failed_fraction}")
@@ -534,6 +537,18 @@ class TrainConfig:
     logging: LoggingSection = field(default_factory=LoggingSection)
 
     def __post_init__(self) -> None:
+        # one knob for both ends of the LM head's precision: model.fp32_lm_head
+        if self.rl.learner.fp32_head and not self.model.fp32_lm_head:
+            raise ValueError(
+                "rl.learner.fp32_head=true: set model.fp32_lm_head instead (it gives the engine and the learner "
+                "an fp32 head together; one side alone would widen the mismatch it is meant to close)"
+            )
+        self.rl.learner.fp32_head = self.model.fp32_lm_head
+        if self.model.fp32_lm_head and self.rollout.engine != "vllm":
+            raise ValueError(
+                f"model.fp32_lm_head=true needs rollout.engine=vllm (the {self.rollout.engine} engine computes its "
+                "head in its own dtype)"
+            )
         # the learner scores what the rollout sampled: one temperature, set under rollout
         if self.rl.learner.temperature == 1.0:
             self.rl.learner.temperature = self.rollout.temperature

@@ -31,7 +31,6 @@ import torch
 from torch import Tensor, nn
 
 from stare_agents.algo import (
-    LOG_RATIO_LIMIT,
     AlgorithmConfig,
     Stare,
     StareConfig,
@@ -40,6 +39,7 @@ from stare_agents.algo import (
     quadrant_counts,
     sensitivity_from_statistics,
 )
+from stare_agents.algo.importance import ImportanceConfig, importance_weights, mismatch_sums
 from stare_agents.rollout.weight_sync import GroupAddress, SyncGroup, WeightsPlan, send_weights
 from stare_agents.train.policy import (
     PACKINGS,
@@ -62,8 +62,8 @@ QUADRANTS = ("pos_high", "pos_low", "neg_high", "neg_low")
 @dataclass
 class UpdateSums:
     """What one micro-batch's update adds up (summed over micro-batches, then over workers): the loss as
-    normalised, and per-action-token sums of the loss's statistics, STARE's selection, TIS capping and the
-    sensitivity quadrants."""
+    normalised, and per-action-token sums of the loss's statistics, STARE's selection, the importance
+    correction and the sensitivity quadrants."""
 
     loss: float = 0.0
     clipfrac: float = 0.0
@@ -72,7 +72,8 @@ class UpdateSums:
     lplus: float = 0.0  # tokens in L+ / L-
     lminus: float = 0.0
     lplus_neg: float = 0.0  # L+ tokens with Phi < 0
-    tis_capped: float = 0.0
+    capped: float = 0.0  # action tokens whose importance weight was truncated / masked
+    masked: float = 0.0
     pos_high: float = 0.0  # action tokens by advantage sign and Phi sign (diagnostics)
     pos_low: float = 0.0
     neg_high: float = 0.0
@@ -130,8 +131,11 @@ LEARNER_METRICS = (
     "quadrant/neg_high",
     "quadrant/neg_low",
     "mismatch/logprob_abs_diff",  # mean |log pi_learner - log pi_rollout| over action tokens (each <= 20)
+    "mismatch/kl",  # k3 estimate of KL(pi_rollout || pi_learner) over action tokens
+    "mismatch/max_abs_log_ratio",  # the largest |log pi_learner - log pi_rollout| of the step
     "mismatch/ratio_outside",  # share of action tokens with pi_learner / pi_rollout outside [0.9, 1.1]
-    "tis/capped_share",  # share of action tokens whose TIS weight hit the cap (0 without TIS)
+    "importance/capped_share",  # share of action tokens whose importance weight was truncated (0 without)
+    "importance/masked_share",  # share of action tokens the importance mask left out of the loss (0 without)
 )
 
 
@@ -150,7 +154,12 @@ class LearnerConfig:
     gradient_checkpointing: bool = False
     head_chunk_rows: int = 1024  # action tokens per chunk of the LM head (memory: rows x vocab floats)
     old_logprobs: str = "recompute"  # PPO's pi_old: the pre-update pass ("recompute") or the rollout's
-    tis_cap: float | None = None  # truncated importance sampling min(pi_old / pi_rollout, C); needs recompute
+    # the correction for pi_rollout != pi_old (stare_agents.algo.importance): truncated (cap) and/or masked
+    # (mask: (low, high)) importance sampling, per token or per sequence; needs old_logprobs="recompute"
+    importance: ImportanceConfig = field(default_factory=ImportanceConfig)
+    # the LM head and its log-softmax in fp32 even under bf16 autocast (the trainer sets it from
+    # model.fp32_lm_head, which also gives the vLLM engine an fp32 head)
+    fp32_head: bool = False
     diagnostics: bool = True  # Phi quadrants and L+/L- shares (also for non-STARE algorithms)
     # one update and at most one micro-batch per worker: the update's forward doubles as the pre-update pass
     fuse_single_micro_batch: bool = True
@@ -171,10 +180,12 @@ class LearnerConfig:
             )
         if self.old_logprobs not in OLD_LOGPROB_SOURCES:
             raise ValueError(f"old_logprobs must be one of {OLD_LOGPROB_SOURCES}, got {self.old_logprobs!r}")
-        if self.tis_cap is not None and (self.old_logprobs != "recompute" or not self.tis_cap > 0):
+        if isinstance(self.importance, dict):
+            self.importance = ImportanceConfig(**self.importance)
+        if self.importance.active and self.old_logprobs != "recompute":
             raise ValueError(
-                f"tis_cap={self.tis_cap} needs a positive cap and old_logprobs='recompute' (the TIS weight is "
-                "pi_old / pi_rollout, which is 1 when pi_old is the rollout's)"
+                f"importance={self.importance} needs old_logprobs='recompute' (the weight is pi_old / pi_rollout, "
+                "which is 1 when pi_old is the rollout's)"
             )
         if self.micro_batch_tokens < 1 or self.mini_batches < 1:
             raise ValueError(
@@ -245,6 +256,7 @@ class Learner:
             precision=self.config.precision,
             head_chunk_rows=self.config.head_chunk_rows,
             temperature=self.config.temperature,
+            fp32_head=self.config.fp32_head,
         )
         if shard is not None:
             shard(self.policy)
@@ -388,8 +400,9 @@ class Learner:
         loss normaliser and the row count of each update and the rollout/learner mismatch."""
         aggregation = self.algorithm.loss.aggregation
         names = ["entropy_sum", "entropy_count", "tokens", "action_tokens", "micro_batches"]
-        names += ["abs_diff", "outside"]
+        names += ["abs_diff", "kl", "outside"]
         local = dict.fromkeys(names, 0.0)
+        max_abs = 0.0
         for mb, stats in zip(micro_batches, pre, strict=True):
             mask = mb.batch.action_mask > 0
             if aggregation == "seq-mean-token-mean":  # mean of per-sequence means
@@ -404,9 +417,10 @@ class Learner:
                 local["tokens"] += float(mb.batch.attention_mask.sum())
                 local["micro_batches"] += 1
             local["action_tokens"] += float(mask.sum())
-            diff = (stats.logprob - mb.batch.rollout_logprobs)[mask].clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
-            local["abs_diff"] += float(diff.abs().sum())
-            local["outside"] += float(((diff.exp() < 0.9) | (diff.exp() > 1.1)).sum())
+            mismatch = mismatch_sums(stats.logprob, mb.batch.rollout_logprobs, mb.batch.action_mask)
+            for key in ("abs_diff", "kl", "outside"):
+                local[key] += mismatch[key]
+            max_abs = max(max_abs, mismatch["max_abs"])
         normalizers = [sum(loss_normalizer(mb.batch.action_mask, aggregation) for mb in u) for u in plan]
         rows = [float(sum(len(mb.rows) for mb in u if not mb.filler)) for u in plan]
         vector = torch.tensor([local[k] for k in names] + normalizers + rows, dtype=torch.float64)
@@ -415,6 +429,7 @@ class Learner:
         counts = vector[len(names) :]
         totals["normalizers"] = [max(c, 1.0) for c in counts[: len(plan)]]
         totals["rows"] = counts[len(plan) :]
+        totals["max_abs"] = max(float(t) for t in self.collective.all_gather(torch.tensor([max_abs])))
         return totals
 
     def _step_selection(
@@ -462,11 +477,12 @@ class Learner:
         if self.record_tokens and not mb.filler:
             self._record_tokens(mb, pre, top_pos, top_neg, weights)
         old = pre.logprob if self.config.old_logprobs == "recompute" else mb.batch.rollout_logprobs
-        tis = None
-        if self.config.tis_cap is not None:
-            log_w = (pre.logprob - mb.batch.rollout_logprobs).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
-            tis = log_w.exp().clamp(max=self.config.tis_cap)
-            sums.tis_capped = float(((log_w.exp() >= self.config.tis_cap) & (mask > 0)).sum())
+        correction = None
+        if self.config.importance.active:  # pi_old / pi_rollout, truncated and/or masked
+            correction, capped, masked = importance_weights(
+                pre.logprob, mb.batch.rollout_logprobs, mask, self.config.importance
+            )
+            sums.capped, sums.masked = float(capped.sum()), float(masked.sum())
         loss, metrics = policy_loss(
             stats.logprob,
             old,
@@ -474,7 +490,7 @@ class Learner:
             mask,
             self.algorithm.loss,
             token_weights=weights,
-            importance_weights=tis,
+            importance_weights=correction,
             entropy=stats.entropy,
             normalizer=normalizer,
             generator=self.generator,
@@ -557,8 +573,11 @@ class Learner:
             "stare/lminus_share": per_action(s.lminus) if diagnostics else float("nan"),
             "stare/lplus_negative_phi": s.lplus_neg / s.lplus if s.lplus else float("nan"),
             "mismatch/logprob_abs_diff": per_action(totals["abs_diff"]),
+            "mismatch/kl": per_action(totals["kl"]),
+            "mismatch/max_abs_log_ratio": totals["max_abs"],
             "mismatch/ratio_outside": per_action(totals["outside"]),
-            "tis/capped_share": per_action(s.tis_capped) if actions else 0.0,
+            "importance/capped_share": per_action(s.capped) if actions else 0.0,
+            "importance/masked_share": per_action(s.masked) if actions else 0.0,
         }
         for key in QUADRANTS:
             metrics[f"quadrant/{key}"] = getattr(s, key) if self.config.diagnostics else float("nan")

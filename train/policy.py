@@ -22,11 +22,13 @@ import torch
 from torch import Tensor, nn
 
 from stare_agents.hardware import resolve_precision
+from stare_agents.train.bf16_emulation import emulated_bf16, round_bf16_product
 from stare_agents.trajectory import Batch
 
 # bf16: autocast around the model, fp32 master weights and optimiser state; "fast": bf16 where the device
-# computes it fast, else fp32 (stare_agents.hardware)
-Precision = Literal["fp32", "bf16", "fast"]
+# computes it fast, else fp32 (stare_agents.hardware); "bf16-emulated": bf16 autocast's rounding computed in
+# fp32, to study bf16 on CPUs without bf16 units (train/bf16_emulation.py; as slow as fp32, not faster)
+Precision = Literal["fp32", "bf16", "fast", "bf16-emulated"]
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 LR_SCHEDULES = ("constant", "cosine")
 PACKINGS = (
@@ -122,11 +124,14 @@ def optimizer_step(
 
 
 def autocast(device: torch.device, precision: str):
-    """bf16 autocast around the model's forward, or nothing for fp32."""
+    """bf16 autocast around the model's forward (or its emulation), or nothing for fp32."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    if resolve_precision(precision, device.type) == "fp32":
+    resolved = resolve_precision(precision, device.type)
+    if resolved == "fp32":
         return nullcontext()
+    if resolved == "bf16-emulated":
+        return emulated_bf16()
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
 
 
@@ -150,7 +155,16 @@ class _ActionTokenHead(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx, hidden, weight, bias, tokens, chunk_rows, compute_dtype, want_collision, temperature=1.0
+        ctx,
+        hidden,
+        weight,
+        bias,
+        tokens,
+        chunk_rows,
+        compute_dtype,
+        want_collision,
+        temperature=1.0,
+        emulate=False,
     ):
         ctx.set_materialize_grads(False)
         n = hidden.shape[0]
@@ -161,7 +175,7 @@ class _ActionTokenHead(torch.autograd.Function):
             w = weight.to(compute_dtype)
             for start in range(0, n, chunk_rows):
                 rows = slice(start, start + chunk_rows)
-                logits = _logits(hidden[rows], w, bias, compute_dtype, temperature)
+                logits = _logits(hidden[rows], w, bias, compute_dtype, temperature, emulate)
                 lse = torch.logsumexp(logits, dim=-1)
                 logp = logits.sub_(lse[:, None])
                 p = logp.exp()
@@ -172,6 +186,7 @@ class _ActionTokenHead(torch.autograd.Function):
                     out["collision"][rows] = (p * p * (logp + h[:, None])).sum(-1)
         ctx.save_for_backward(hidden, weight, bias, tokens, out["lse"], out["entropy"])
         ctx.chunk_rows, ctx.compute_dtype, ctx.temperature = chunk_rows, compute_dtype, temperature
+        ctx.emulate = emulate
         ctx.mark_non_differentiable(out["collision"])
         return out["logprob"], out["entropy"], out["collision"]
 
@@ -179,7 +194,7 @@ class _ActionTokenHead(torch.autograd.Function):
     def backward(ctx, grad_logprob, grad_entropy, _grad_collision):
         hidden, weight, bias, tokens, lse, entropy = ctx.saved_tensors
         if grad_logprob is None and grad_entropy is None:
-            return (None,) * 8
+            return (None,) * 9
         cd = ctx.compute_dtype
         grad_hidden = torch.empty_like(hidden)
         grad_weight = torch.zeros_like(weight, dtype=torch.float32)
@@ -188,7 +203,7 @@ class _ActionTokenHead(torch.autograd.Function):
             w = weight.to(cd)
             for start in range(0, hidden.shape[0], ctx.chunk_rows):
                 rows = slice(start, start + ctx.chunk_rows)
-                logp = _logits(hidden[rows], w, bias, cd, ctx.temperature).sub_(lse[rows, None])
+                logp = _logits(hidden[rows], w, bias, cd, ctx.temperature, ctx.emulate).sub_(lse[rows, None])
                 p = logp.exp()
                 grad_z = torch.zeros_like(p)
                 if grad_logprob is not None:  # d log p_a / dz = onehot(a) - p
@@ -198,20 +213,33 @@ class _ActionTokenHead(torch.autograd.Function):
                     grad_z.sub_(p * (logp + entropy[rows, None]) * grad_entropy[rows, None])
                 if ctx.temperature != 1.0:  # z / T: the chain rule's 1 / T
                     grad_z.div_(ctx.temperature)
-                grad_z = grad_z.to(cd)
-                grad_hidden[rows] = (grad_z @ w).to(hidden.dtype)
-                grad_weight += (grad_z.t() @ hidden[rows].to(cd)).float()
+                if ctx.emulate:  # the bf16 backward's rounding
+                    grad_hidden[rows] = round_bf16_product(grad_z, w).to(hidden.dtype)
+                    grad_weight += round_bf16_product(grad_z.t(), hidden[rows])
+                else:
+                    grad_z = grad_z.to(cd)
+                    grad_hidden[rows] = (grad_z @ w).to(hidden.dtype)
+                    grad_weight += (grad_z.t() @ hidden[rows].to(cd)).float()
                 if grad_bias is not None:
                     grad_bias += grad_z.float().sum(0)
         grad_bias = grad_bias.to(bias.dtype) if grad_bias is not None else None
-        return grad_hidden, grad_weight.to(weight.dtype), grad_bias, None, None, None, None, None
+        return grad_hidden, grad_weight.to(weight.dtype), grad_bias, None, None, None, None, None, None
 
 
 def _logits(
-    hidden: Tensor, weight: Tensor, bias: Tensor | None, compute_dtype: torch.dtype, temperature: float = 1.0
+    hidden: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    compute_dtype: torch.dtype,
+    temperature: float = 1.0,
+    emulate: bool = False,
 ) -> Tensor:
-    """(hidden @ W^T + b) / T: the sampling distribution's logits at temperature T."""
-    logits = (hidden.to(compute_dtype) @ weight.t()).float()
+    """(hidden @ W^T + b) / T: the sampling distribution's logits at temperature T (`emulate`: the product
+    rounded as a bf16 one is, computed in fp32)."""
+    if emulate:
+        logits = round_bf16_product(hidden.float(), weight.t().float())
+    else:
+        logits = (hidden.to(compute_dtype) @ weight.t()).float()
     logits = logits + bias.float() if bias is not None else logits
     return logits.div_(temperature) if temperature != 1.0 else logits
 
@@ -230,6 +258,7 @@ class PolicyModel(nn.Module):
         precision: str = "fp32",
         head_chunk_rows: int = 1024,
         temperature: float = 1.0,
+        fp32_head: bool = False,
     ) -> None:
         super().__init__()
         if head_chunk_rows < 1:
@@ -241,6 +270,9 @@ class PolicyModel(nn.Module):
         # the rollout's temperature: log-probs, entropy and gradients are those of softmax(logits / T), the
         # distribution the engine sampled from (as verl does)
         self.temperature = float(temperature)
+        # the LM head and its log-softmax in fp32 under bf16 autocast too (bf16 logits are rounded to 8
+        # significant bits: 0.125 at |z| >= 16, a 0.18-nat step at temperature 0.7)
+        self.fp32_head = fp32_head
         dtype = next(model.parameters()).dtype
         if dtype != torch.float32:
             raise ValueError(
@@ -292,7 +324,9 @@ class PolicyModel(nn.Module):
         p, r = batch.prompt_length, batch.response_length
         is_action = batch.action_mask > 0
         rows = hidden[:, p - 1 : p - 1 + r][is_action]  # the logits at P - 1 + j score response token j
-        bf16 = resolve_precision(self.precision, device.type) == "bf16"
+        resolved = resolve_precision(self.precision, device.type)
+        bf16 = resolved == "bf16" and not self.fp32_head
+        emulate = resolved == "bf16-emulated" and not self.fp32_head
         compute_dtype = torch.bfloat16 if bf16 else self.head.weight.dtype
         logprob, entropy, collision = _ActionTokenHead.apply(
             rows,
@@ -303,6 +337,7 @@ class PolicyModel(nn.Module):
             compute_dtype,
             want_collision,
             self.temperature,
+            emulate,
         )
         return TokenStats(*(_scatter(values, is_action) for values in (logprob, entropy, collision)))
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -35,9 +36,11 @@ import torch
 
 from stare_agents._quiet_progress import quiet_progress_bars
 from stare_agents.algo import AlgorithmConfig, compute_advantages
+from stare_agents.algo.importance import WARN_KL, WARN_OUTSIDE, mismatch_warning
 from stare_agents.envs.registration import split_kwargs
 from stare_agents.envs.tasks import Task
 from stare_agents.eval.metrics import Estimate, estimate, paired_difference
+from stare_agents.hardware import resolve_dtype, resolve_precision
 from stare_agents.records import read_records
 from stare_agents.rollout import RolloutConfig, RolloutTask, RolloutWorkerGroup, WorkerSpec
 from stare_agents.rollout.summary import check_failed_share, summarize
@@ -400,6 +403,7 @@ class Trainer:
             imports=list(c.env.imports),
             engine_kwargs=c.rollout.vllm_kwargs() if c.rollout.engine == "vllm" else {},
             placement=c.rollout.placement,
+            fp32_head=c.model.fp32_lm_head,
         )
         started = time.perf_counter()
         workers = RolloutWorkerGroup(spec, c.rollout.workers, use_ray=c.rollout.use_ray)
@@ -938,6 +942,12 @@ class Trainer:
                 metrics = learner.step(collate(sampled.kept, pad_token_id=0), sampled.advantages)
             else:  # every group had equal rewards (or failed): nothing to learn from this step
                 metrics = dict.fromkeys(LEARNER_METRICS, float("nan"))
+        warning = mismatch_warning(
+            metrics, corrected=c.rl.learner.importance.active, fp32_head=c.model.fp32_lm_head
+        )
+        if warning and (not getattr(self, "_mismatch_warned", False) or step % 10 == 0):
+            logger.warning("RL step %d: %s", step, warning)
+            self._mismatch_warned = True
         if ahead is not None:
             with timer("wait_rollout"):  # what the next step's rollout took beyond this update
                 self._ahead = ahead.result()
@@ -1095,6 +1105,7 @@ class Trainer:
             if "per_task" in e  # a run folder written before per-task scores has accuracies only
         }
         start = "sft" if "sft" in evaluations else "base"
+        device = "cuda" if torch.cuda.is_available() else "cpu"
         summary: dict[str, Any] = {
             "name": c.name,
             "model": c.model.name,
@@ -1110,6 +1121,13 @@ class Trainer:
             "entropy_final": figures["learner_final"],
             "entropy": figures,
             "gate_on_fraction": figures["gate_on_fraction"],
+            "precision": {
+                "rollout_dtype": resolve_dtype(c.model.rollout_dtype, device),
+                "learner": resolve_precision(c.rl.learner.precision, device),
+                "fp32_lm_head": c.model.fp32_lm_head,
+                "importance": dataclasses.asdict(c.rl.learner.importance),
+            },
+            "mismatch": mismatch_figures(records),
             "benchmarks": benchmark_figures(records),
             "tool_use": {
                 key: final_eval.get(key)
@@ -1154,6 +1172,40 @@ def _gain(evaluations: dict[str, Any], after: str, before: str, bootstrap: int) 
         "ci_high": gain.ci_high,
         "tasks": gain.problems,
     }
+
+
+def mismatch_figures(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The rollout/learner mismatch over an RL run: per figure its mean over the steps (the largest |log r|:
+    its maximum), and the steps above the warning thresholds. Figures no step measured are left out."""
+    out: dict[str, Any] = {}
+    for name, key in (
+        ("logprob_abs_diff_mean", "mismatch/logprob_abs_diff"),
+        ("kl_mean", "mismatch/kl"),
+        ("ratio_outside_mean", "mismatch/ratio_outside"),
+        ("importance_capped_share_mean", "importance/capped_share"),
+        ("importance_masked_share_mean", "importance/masked_share"),
+    ):
+        values = [float(r[key]) for r in records if _finite(r.get(key))]
+        if values:
+            out[name] = sum(values) / len(values)
+    largest = [
+        float(r["mismatch/max_abs_log_ratio"])
+        for r in records
+        if _finite(r.get("mismatch/max_abs_log_ratio"))
+    ]
+    if largest:
+        out["max_abs_log_ratio_max"] = max(largest)
+    measured = [r for r in records if _finite(r.get("mismatch/kl"))]
+    if measured:
+        out["steps_above_warning"] = sum(
+            r["mismatch/kl"] > WARN_KL or r.get("mismatch/ratio_outside", 0.0) > WARN_OUTSIDE
+            for r in measured
+        )
+    return out
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value)
 
 
 def benchmark_figures(records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -1248,8 +1300,8 @@ def plot_run(folder: Path, summary: dict[str, Any], compare: str | None = None) 
     if compare:
         curves[compare] = (read_records(folder / compare / "metrics.jsonl", "rl"), f"rl-{compare}")
     evaluations = read_records(folder / "metrics.jsonl", "eval")
-    fig, axes = plt.subplots(2, 3, figsize=(17, 8.5))
-    (ax_h, ax_r, ax_acc), (ax_gate, ax_w, ax_kept) = axes
+    fig, axes = plt.subplots(2, 4, figsize=(22, 8.5))
+    (ax_h, ax_r, ax_acc, ax_mis), (ax_gate, ax_w, ax_kept, ax_share) = axes
     target = summary.get("entropy_target")
     if target is not None:
         ax_h.axhspan(target * 0.7, target * 1.3, color="tab:green", alpha=0.12, label="target ±30%")
@@ -1283,6 +1335,29 @@ def plot_run(folder: Path, summary: dict[str, Any], compare: str | None = None) 
         ax_w.plot(steps, series("stare/w"), color=colour, label=f"{name}: W")
         ax_w.plot(steps, series("stare/m"), color=colour, linestyle="--", label=f"{name}: M")
         ax_kept.plot(steps, series("data/kept_trajectories"), color=colour, marker="o", ms=3, label=name)
+        ax_mis.plot(
+            steps,
+            series("mismatch/logprob_abs_diff"),
+            color=colour,
+            marker="o",
+            ms=3,
+            label=f"{name}: mean |log r|",
+        )
+        ax_mis.plot(steps, series("mismatch/kl"), color=colour, linestyle="--", label=f"{name}: KL (k3)")
+        ax_share.plot(
+            steps,
+            series("mismatch/ratio_outside"),
+            color=colour,
+            marker="o",
+            ms=3,
+            label=f"{name}: r outside [0.9, 1.1]",
+        )
+        ax_share.plot(
+            steps, series("importance/capped_share"), color=colour, linestyle="--", label=f"{name}: IS capped"
+        )
+        ax_share.plot(
+            steps, series("importance/masked_share"), color=colour, linestyle=":", label=f"{name}: IS masked"
+        )
         # held-out accuracy: the start point at step 0, evaluations during RL, the final one at the last step
         mid = [r for r in records if isinstance(r.get("eval/accuracy"), int | float)]
         final = next((e for e in evaluations if e.get("point") == point), None)
@@ -1301,13 +1376,18 @@ def plot_run(folder: Path, summary: dict[str, Any], compare: str | None = None) 
             highs.append(row[high] - row[key] if row.get(high) is not None else 0.0)
         if xs:
             ax_acc.errorbar(xs, ys, yerr=[lows, highs], color=colour, marker="o", capsize=3, label=name)
+    ax_mis.axhline(WARN_KL, color="tab:red", linestyle=":", linewidth=1, label="KL warning")
+    if any(v > 0 for v in _plotted(ax_mis)):
+        ax_mis.set_yscale("log")
     titles = (
         "policy entropy (action tokens)",
         "rollout reward (training prompts)",
         "held-out accuracy (greedy, 95% CI)",
+        "rollout/learner mismatch (action tokens)",
         "STARE gate on",
         "STARE W / M",
         "trajectories trained on (dynamic sampling)",
+        "share of action tokens",
     )
     for ax, title in zip(axes.flat, titles, strict=True):
         ax.set_title(title)
@@ -1324,6 +1404,14 @@ def plot_run(folder: Path, summary: dict[str, Any], compare: str | None = None) 
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def _plotted(ax: Any) -> list[float]:
+    """Every finite y value drawn on `ax` (so a log scale is chosen only for data it can show)."""
+    values = []
+    for line in ax.get_lines():
+        values.extend(float(v) for v in line.get_ydata() if isinstance(v, int | float) and math.isfinite(v))
+    return values
 
 
 def train(config: TrainConfig, *, resume: bool = False, compare: str | None = None) -> dict[str, Any]:

@@ -124,6 +124,9 @@ class VLLMEngine:
             where the trainer puts `rollout.gpu_memory_utilization`; left out on CPUs).
         engine_kwargs: anything else for `vllm.LLM` (the trainer's `rollout.tensor_parallel_size`,
             `rollout.max_num_seqs`, `rollout.engine_kwargs`); they take precedence over the engine's own.
+        fp32_head: compute the LM head and the sampling log-probs in fp32 whatever `dtype` is (vLLM's
+            `hf_overrides={"head_dtype": "float32"}`): bf16 logits are rounded to 8 significant bits, which
+            the learner's own rounding does not reproduce (BENCHMARKS.md, "Precision").
         multiprocess: run vLLM's engine core in its own process (default: yes on GPUs, no on CPUs, or what
             VLLM_ENABLE_V1_MULTIPROCESSING says). Its work then no longer shares this process's GIL with the
             environments' threads; weight updates go through a safetensors file in /dev/shm.
@@ -140,6 +143,7 @@ class VLLMEngine:
         gpu_memory_utilization: float = 0.5,
         engine_kwargs: Mapping[str, Any] | None = None,
         multiprocess: bool | None = None,
+        fp32_head: bool = False,
     ) -> None:
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
@@ -169,7 +173,15 @@ class VLLMEngine:
             # episode's next turn recomputed up to 127 tokens of its context; 32 (the smallest size its
             # kernels are tuned for) lets the next turn reuse nearly all of it (BENCHMARKS.md, Rollout)
             kwargs.update(enforce_eager=True, distributed_executor_backend="uni", block_size=CPU_BLOCK_SIZE)
+        if fp32_head:
+            overrides = dict(extra.pop("hf_overrides", None) or {})
+            if overrides.get("head_dtype", "float32") != "float32":
+                raise ValueError(
+                    f"fp32_head=True and engine_kwargs.hf_overrides.head_dtype={overrides['head_dtype']!r} disagree"
+                )
+            kwargs["hf_overrides"] = {**overrides, "head_dtype": "float32"}
         kwargs.update(extra)
+        self.fp32_head = fp32_head
         # the engine's end of a weight-sync group (stare_agents.rollout.weight_sync), in its worker process
         kwargs.setdefault("worker_extension_cls", SYNC_EXTENSION)
         self._extension = kwargs["worker_extension_cls"] == SYNC_EXTENSION  # ours: sync groups, tied heads

@@ -51,6 +51,7 @@ class WorkerSpec:
         of their own, each with its share of the sandbox's interpreters (see env_pool.py).
     env_cpus: CPUs kept for the environment processes and their sandbox containers; the worker's own process
         (the engine) is pinned to the other CPUs it may use, with as many compute threads. [] : no pinning.
+    fp32_head: vLLM only: the LM head and sampling log-probs in fp32 whatever `dtype` is (see VLLMEngine).
     """
 
     model: str
@@ -70,6 +71,7 @@ class WorkerSpec:
     env_processes: int = 0  # environments in N processes of their own (0: threads of the worker's process)
     env_cpus: list[int] = field(default_factory=list)  # CPUs for them and their sandbox (engine: the rest)
     placement: str = "none"  # a Ray placement group for the workers: "PACK", "SPREAD", ... (see placement.py)
+    fp32_head: bool = False
 
 
 def pin_engine(env_cpus: Sequence[int], env_processes: int) -> list[int]:
@@ -112,6 +114,11 @@ class RolloutWorker:
                 kv_cache_gib=spec.kv_cache_gib,
                 engine_kwargs=spec.engine_kwargs,
                 multiprocess=spec.multiprocess,
+                fp32_head=spec.fp32_head,
+            )
+        elif spec.fp32_head:
+            raise ValueError(
+                f"fp32_head needs the vllm engine (the {spec.engine} engine computes its head in its dtype)"
             )
         self.engine = make_engine(spec.engine, spec.model, **kwargs)
         self.env_pool = None

@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 from learner_support import (
+    TIMING,
     assert_same_metrics,
     make_learner,
     max_param_diff,
@@ -115,7 +116,7 @@ def test_observation_tokens_never_reach_loss_gradient_or_metrics(old_logprobs):
     algorithm = AlgorithmConfig.preset("stare-c2")
     algorithm.stare.target_entropy = 100.0  # gate on: observation tokens must not be selected either
     algorithm.loss.entropy_coef = 1e-2  # the entropy term must not see them either
-    extra = {"tis_cap": 2.0} if old_logprobs == "recompute" else {}
+    extra = {"importance": {"cap": 2.0}} if old_logprobs == "recompute" else {}
     reference = make_learner(algorithm, old_logprobs=old_logprobs, micro_batch_tokens=100, **extra)
     metrics_a = reference.step(batch, advantages)
 
@@ -201,7 +202,7 @@ def test_an_all_masked_micro_batch_contributes_nothing():
 
 
 @pytest.mark.parametrize("sentinel", [-1e9, float("-inf")])
-@pytest.mark.parametrize("mode", [{"old_logprobs": "rollout"}, {"tis_cap": 2.0}])
+@pytest.mark.parametrize("mode", [{"old_logprobs": "rollout"}, {"importance": {"cap": 2.0}}])
 def test_sentinel_rollout_logprobs_give_no_nan(sentinel, mode):
     _, batch, advantages = step_inputs(6)
     batch.rollout_logprobs = torch.where(batch.action_mask > 0, sentinel, 0.0)
@@ -228,11 +229,11 @@ def test_mismatch_metrics_and_truncated_importance_sampling_hand_computed():
     plain = make_learner().step(batch, advantages)
     assert plain["mismatch/logprob_abs_diff"] == pytest.approx(0.2 * share, rel=1e-4)
     assert plain["mismatch/ratio_outside"] == pytest.approx(share)
-    assert plain["tis/capped_share"] == 0.0
+    assert plain["importance/capped_share"] == 0.0
     # TIS weights min(e^{learner - rollout}, C): e^-0.2 = 0.819 on half the tokens, 1 elsewhere; C = 0.9
     # caps the others at 0.9. At ratio 1 the loss is -sum(A w) / N, so it scales accordingly.
-    tis = make_learner(tis_cap=0.9).step(batch, advantages)
-    assert tis["tis/capped_share"] == pytest.approx(1 - share)
+    tis = make_learner(importance={"cap": 0.9}).step(batch, advantages)
+    assert tis["importance/capped_share"] == pytest.approx(1 - share)
     weights = torch.where(offsets[mask] != 0, math.exp(-0.2), 0.9)
     adv = advantages[:, None].expand_as(mask)[mask]
     assert tis["learner/loss"] == pytest.approx(float(-(adv * weights).sum() / mask.sum()), rel=1e-5)
@@ -311,7 +312,7 @@ def test_hostile_inputs_are_refused_with_the_value_and_the_remedy():
     with pytest.raises(ValueError, match="mini_batches"):
         split_step(batch, advantages, mini_batches=99, micro_batch_tokens=100)
     with pytest.raises(ValueError, match="old_logprobs='recompute'"):
-        LearnerConfig(old_logprobs="rollout", tis_cap=2.0)
+        LearnerConfig(old_logprobs="rollout", importance={"cap": 2.0})
     with pytest.raises(ValueError, match="old_logprobs"):
         LearnerConfig(old_logprobs="vllm")
     with pytest.raises(ValueError, match="float32 master weights"):
@@ -337,3 +338,48 @@ def test_one_forward_for_a_single_micro_batch_step_gives_the_two_pass_result(sco
     for _ in range(2):
         assert_same_metrics(fused.step(batch, advantages), two_pass.step(batch, advantages), rel=1e-6)
     assert max_param_diff(fused.model, two_pass.model) < 1e-7
+
+
+@pytest.mark.parametrize(
+    "importance",
+    [{"cap": 2.0}, {"mask": [0.5, 2.0]}, {"cap": 1.5, "mask": [0.8, 1.25], "level": "sequence"}],
+)
+def test_the_importance_correction_leaves_an_agreeing_step_bit_identical(importance):
+    """fp32 engine and learner agree: the correction's weights are exactly 1 and the step is the same, bit
+    for bit, as one without it."""
+    _, batch, advantages = step_inputs(8)
+    batch.rollout_logprobs = make_learner().token_stats(batch).logprob.clone()  # the learner's own
+    plain, corrected = make_learner("stare-c2"), make_learner("stare-c2", importance=importance)
+    plain_metrics, corrected_metrics = plain.step(batch, advantages), corrected.step(batch, advantages)
+    for (name, a), b in zip(
+        plain.model.state_dict().items(), corrected.model.state_dict().values(), strict=True
+    ):
+        assert torch.equal(a, b), name
+    assert corrected_metrics["importance/masked_share"] == corrected_metrics["importance/capped_share"] == 0.0
+    assert plain_metrics["mismatch/kl"] == 0.0 and plain_metrics["mismatch/max_abs_log_ratio"] == 0.0
+    for name, value in plain_metrics.items():
+        if name not in TIMING:
+            assert value == corrected_metrics[name] or (
+                math.isnan(value) and math.isnan(corrected_metrics[name])
+            )
+
+
+def test_masked_importance_sampling_drops_the_forged_tokens_from_the_loss():
+    _, batch, advantages = step_inputs(7)
+    learner_logprobs = make_learner().token_stats(batch).logprob
+    mask = batch.action_mask > 0
+    offsets = torch.zeros_like(learner_logprobs)
+    flat = offsets[mask]
+    flat[::3] = 1.0  # a third of the tokens: the rollout 1 nat more confident (ratio e^-1 = 0.37)
+    offsets[mask] = flat
+    batch.rollout_logprobs = torch.where(mask, learner_logprobs + offsets, 0.0)
+    forged = offsets[mask] != 0
+    metrics = make_learner(importance={"mask": [0.5, 2.0]}).step(batch, advantages)
+    assert metrics["importance/masked_share"] == pytest.approx(float(forged.float().mean()))
+    assert metrics["mismatch/kl"] == pytest.approx(
+        float(forged.float().mean()) * (math.exp(-1) - 1 + 1), rel=1e-4
+    )
+    assert metrics["mismatch/max_abs_log_ratio"] == pytest.approx(1.0, rel=1e-5)
+    # at ratio 1 the loss is -sum(A w) / N with w = 0 on the forged tokens and 1 elsewhere
+    adv = advantages[:, None].expand_as(mask)[mask]
+    assert metrics["learner/loss"] == pytest.approx(float(-(adv * (~forged)).sum() / mask.sum()), rel=1e-5)

@@ -196,7 +196,7 @@ def test_a_data_parallel_learner_runs_sft_and_rl_on_its_workers(tmp_path):
     assert (folder / "final_model" / "model.safetensors").exists()
 
 
-PIPELINE = [*COIN, "rl.pipeline=one-step", "rl.learner.tis_cap=2.0"]
+PIPELINE = [*COIN, "rl.pipeline=one-step", "rl.learner.importance.cap=2.0"]
 
 
 def test_a_pipelined_run_trains_one_version_behind_and_resumes_exactly(tmp_path):
@@ -224,7 +224,7 @@ def test_a_pipelined_run_trains_one_version_behind_and_resumes_exactly(tmp_path)
 
 
 def test_a_pipelined_run_needs_truncated_importance_sampling():
-    with pytest.raises(ValueError, match=r"rl\.pipeline=one-step .* set rl\.learner\.tis_cap"):
+    with pytest.raises(ValueError, match=r"rl\.pipeline=one-step .* set rl\.learner\.importance\.cap"):
         load_config(recipe="tiny", overrides=["rl.pipeline=one-step"])
 
 

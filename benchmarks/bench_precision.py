@@ -1,0 +1,200 @@
+"""Where the rollout/learner mismatch of bf16 comes from, on the default job's model and episodes.
+
+For each engine precision (vLLM float32, bfloat16, bfloat16 with an fp32 LM head) the same training tasks of
+ArithmeticTIR are sampled, as the default job samples them (temperature 0.7, the Docker sandbox, 128 tokens a
+turn, 320 an episode). Each batch is then scored by the learner in each precision (fp32, bf16-emulated: bf16
+autocast's rounding computed in fp32, see train/bf16_emulation.py; optionally real bf16 autocast, which is
+~100x slower on CPUs without bf16 units), with and without the fp32 LM head, and the mismatch is measured per
+pair: mean |log r|, the k3 KL estimate, the share of tokens with r outside [0.9, 1.1], the largest |log r|,
+and what truncated (cap 2) and masked ([0.5, 2]) importance sampling would touch, per token and per sequence.
+Last, on the bf16 engine's batch, the GRPO gradient of each learner precision against the fp32 one (cosine
+and relative error), so the learner's own rounding is measured apart from the engine's.
+
+    .venv/bin/python benchmarks/bench_precision.py --model runs/smollm2-arith/sft_model --prompts 16 --samples 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+
+
+def mismatch_row(learner_lp, rollout_lp, mask) -> dict:
+    import torch
+
+    from stare_agents.algo.importance import ImportanceConfig, importance_weights, mismatch_sums
+
+    sums = mismatch_sums(learner_lp, rollout_lp, mask)
+    n = float((mask > 0).sum())
+    row = {
+        "abs_log_ratio": sums["abs_diff"] / n,
+        "kl_k3": sums["kl"] / n,
+        "ratio_outside_0.9_1.1": sums["outside"] / n,
+        "max_abs_log_ratio": sums["max_abs"],
+    }
+    for level in ("token", "sequence"):
+        _, capped, _ = importance_weights(
+            learner_lp, rollout_lp, mask, ImportanceConfig(cap=2.0, level=level)
+        )
+        _, _, masked = importance_weights(
+            learner_lp, rollout_lp, mask, ImportanceConfig(mask=(0.5, 2.0), level=level)
+        )
+        row[f"tis2_capped_{level}"] = float(capped.sum()) / n
+        row[f"mis_masked_{level}"] = float(masked.sum()) / n
+    diff = (learner_lp - rollout_lp)[mask > 0]
+    row["mean_log_ratio"] = float(diff.mean())  # the sign says which side is more confident
+    row["p99_abs_log_ratio"] = float(torch.quantile(diff.abs().double(), 0.99))
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", required=True, help="a model folder (the default job's sft_model)")
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--samples", type=int, default=4)
+    parser.add_argument(
+        "--seed", type=int, default=0, help="first training task seed; also the engine's seed"
+    )
+    parser.add_argument(
+        "--engines",
+        default="float32,bfloat16,bfloat16+fp32head",
+        help="engine precisions, comma-separated: float32, bfloat16, bfloat16+fp32head",
+    )
+    parser.add_argument(
+        "--learners",
+        default="fp32,bf16-emulated,bf16-emulated+fp32head",
+        help="learner precisions: fp32, bf16-emulated, bf16 (real autocast: very slow without bf16 units), "
+        "each optionally +fp32head",
+    )
+    parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--json", help="also write the figures to this file")
+    args = parser.parse_args()
+
+    import torch
+
+    from stare_agents.algo import AlgorithmConfig, compute_advantages
+    from stare_agents.envs.registration import split_kwargs
+    from stare_agents.rollout import RolloutConfig, RolloutTask, collect, make_engine
+    from stare_agents.sandbox import make_sandbox
+    from stare_agents.train.policy import PolicyModel, load_causal_lm
+    from stare_agents.trajectory import collate
+
+    env_id = "stare_agents/ArithmeticTIR-v0"
+    env_kwargs = split_kwargs(env_id, {"stateless": True}, "train")
+    tasks = [
+        RolloutTask(env_id, seed=args.seed + i, group_id=str(i), sample_index=j, env_kwargs=env_kwargs)
+        for i in range(args.prompts)
+        for j in range(args.samples)
+    ]
+    config = RolloutConfig(
+        temperature=args.temperature,
+        max_tokens_per_turn=128,
+        max_total_tokens=320,
+        rendering="chat",
+        max_concurrency=64,
+        seed=args.seed,
+    )
+    figures: dict = {
+        "model": args.model,
+        "episodes": len(tasks),
+        "temperature": args.temperature,
+        "engines": {},
+    }
+    batches = {}
+    with make_sandbox("docker", pool_size=8) as sandbox:
+        for name in args.engines.split(","):
+            dtype, _, head = name.partition("+")
+            engine = make_engine(
+                "vllm",
+                args.model,
+                dtype=dtype,
+                seed=args.seed,
+                max_model_len=1024,
+                kv_cache_gib=2,
+                fp32_head=head == "fp32head",
+            )
+            started = time.perf_counter()
+            trajectories = collect(engine, tasks, config, sandbox=sandbox)
+            seconds = time.perf_counter() - started
+            engine.close()
+            kept = [t for t in trajectories if t.prompt_ids and t.num_action_tokens]
+            action_tokens = sum(t.num_action_tokens for t in kept)
+            figures["engines"][name] = {
+                "seconds": round(seconds, 1),
+                "action_tokens": action_tokens,
+                "tokens_per_s": round(action_tokens / seconds, 1),
+                "reward": sum(t.reward for t in kept) / max(1, len(kept)),
+                "failed": len(trajectories) - len(kept),
+            }
+            tokenizer_pad = engine.tokenizer.pad_token_id
+            pad = tokenizer_pad if tokenizer_pad is not None else engine.eos_ids[0]
+            batches[name] = (collate(kept, pad), [t.group_id for t in kept])
+            print(name, figures["engines"][name], flush=True)
+            del engine
+
+    model = load_causal_lm(args.model)
+    figures["pairs"] = {}
+    for learner in args.learners.split(","):
+        precision, _, head = learner.partition("+")
+        policy = PolicyModel(
+            model, precision=precision, temperature=args.temperature, fp32_head=head == "fp32head"
+        )
+        policy.eval()
+        for name, (batch, _) in batches.items():
+            started = time.perf_counter()
+            with torch.no_grad():
+                stats = policy(batch)
+            row = mismatch_row(stats.logprob, batch.rollout_logprobs, batch.action_mask)
+            row["score_s"] = round(time.perf_counter() - started, 1)
+            figures["pairs"][f"{name} | {learner}"] = row
+            print(
+                f"engine {name:20s} learner {learner:26s}",
+                {k: round(v, 5) for k, v in row.items()},
+                flush=True,
+            )
+
+    # the learner's own rounding: the GRPO gradient on one batch, each precision against fp32
+    name = next((n for n in batches if n.startswith("bfloat16")), next(iter(batches)))
+    batch, groups = batches[name]
+    advantages = compute_advantages(batch.rewards, groups, AlgorithmConfig.preset("grpo")).advantages
+    grads = {}
+    for learner in args.learners.split(","):
+        precision, _, head = learner.partition("+")
+        policy = PolicyModel(
+            model, precision=precision, temperature=args.temperature, fp32_head=head == "fp32head"
+        )
+        model.zero_grad(set_to_none=True)
+        stats = policy(batch)
+        mask = batch.action_mask > 0
+        loss = -(stats.logprob * advantages[:, None].expand_as(stats.logprob))[mask].sum() / mask.sum()
+        loss.backward()
+        grads[learner] = torch.cat(
+            [p.grad.flatten() for p in model.parameters() if p.grad is not None]
+        ).clone()
+    reference = grads.get("fp32")
+    if reference is not None and float(reference.norm()) > 0:
+        figures["gradient_vs_fp32"] = {
+            learner: {
+                "cosine": float(torch.nn.functional.cosine_similarity(g, reference, dim=0)),
+                "relative_error": float((g - reference).norm() / reference.norm()),
+            }
+            for learner, g in grads.items()
+        }
+        figures["gradient_batch"] = name
+        print("gradient vs fp32 on the", name, "batch:", figures["gradient_vs_fp32"], flush=True)
+
+    text = json.dumps(
+        figures, indent=2, allow_nan=False, default=lambda v: None if not math.isfinite(v) else v
+    )
+    print(text)
+    if args.json:
+        with open(args.json, "w") as handle:
+            handle.write(text)
+
+
+if __name__ == "__main__":
+    main()
