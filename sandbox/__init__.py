@@ -12,15 +12,17 @@
 `DockerSandbox` is the security boundary (no network, memory/pids/CPU limits, read-only root, non-root,
 no capabilities, a syscall filter on top of the engine's seccomp profile; `runtime="runsc"` adds gVisor's
 user-space kernel); `LocalSandbox` has the same API for development and is not: it runs only when asked
-for by name with an acknowledgement (`allow_host_execution=True` or STARE_ALLOW_LOCAL_SANDBOX=1), never as
-root, with a scrubbed environment and writes confined to its own folder. Between sessions a
-container keeps nothing of the previous one: every process is killed, IPC objects removed, scratch
-folders wiped, and that is checked before the container is lent again.
+for by name with an acknowledgement (`allow_host_execution=True` from Python, or STARE_ALLOW_LOCAL_SANDBOX=1;
+never a config file's sandbox_kwargs, see `check_config_kwargs`), never as root, with a scrubbed
+environment and writes confined to its own folder. Between sessions a container keeps nothing of the
+previous one: every process is killed, IPC objects removed, scratch folders wiped, and that is checked
+before the container is lent again.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
 from stare_agents.sandbox.docker_backend import DEFAULT_IMAGE, DockerLimits, DockerSandbox, docker_status
@@ -43,6 +45,7 @@ __all__ = [
     "SandboxError",
     "Session",
     "check_backend",
+    "check_config_kwargs",
     "docker_status",
     "make_sandbox",
 ]
@@ -51,6 +54,48 @@ logger = logging.getLogger("stare_agents.sandbox")
 
 Backend = Literal["docker", "local", "none", "auto"]
 BACKENDS: tuple[str, ...] = get_args(Backend)
+BACKEND_CLASSES: dict[str, type] = {
+    "docker": DockerSandbox,
+    "local": LocalSandbox,
+    "none": NoSandbox,
+    "auto": DockerSandbox,
+}
+# what only the person starting a run decides, never a config file's sandbox_kwargs: why, and what to do instead
+NOT_FROM_CONFIG = {
+    "allow_host_execution": (
+        "a config file cannot acknowledge that model-written code runs on this host; whoever starts the run "
+        f"does, with {ALLOW_LOCAL_ENV}=1 in its environment (or use the Docker sandbox)"
+    ),
+    "python": "the local sandbox starts this process's own interpreter; a config cannot choose what the host runs",
+    "isolate_network": (
+        "the local sandbox's code gets a network namespace of its own wherever the host can make one; a config "
+        "cannot turn that off"
+    ),
+}
+
+
+def check_config_kwargs(backend: str, kwargs: Mapping[str, Any], where: str = "sandbox_kwargs") -> None:
+    """Refuse what a run's config may not pass to its sandbox (a ValueError naming `where`.key, the value and
+    what is allowed): a key outside the backend's `config_kwargs`, and above all the acknowledgement of host
+    execution, the executable the host starts and the network switch (NOT_FROM_CONFIG). Docker's `limits`
+    are built here, so a limit out of its range is refused when the config loads."""
+    if backend not in BACKEND_CLASSES:
+        raise ValueError(f"sandbox backend must be one of {BACKENDS}, got {backend!r}")
+    allowed = BACKEND_CLASSES[backend].config_kwargs
+    for key, value in kwargs.items():
+        if key in NOT_FROM_CONFIG:
+            raise ValueError(f"{where}.{key}={value!r} is not allowed: {NOT_FROM_CONFIG[key]}")
+        if key not in allowed:
+            raise ValueError(
+                f"{where}.{key}={value!r}: not a setting of the {backend!r} sandbox a config may set; "
+                f"allowed: {', '.join(sorted(allowed)) or 'none'}"
+            )
+    limits = kwargs.get("limits")
+    if limits is not None and not isinstance(limits, DockerLimits):
+        try:
+            DockerLimits.from_mapping(limits)
+        except ValueError as exc:
+            raise ValueError(f"{where}.limits: {exc}") from None
 
 
 def check_backend(backend: str, **kwargs: Any) -> None:

@@ -9,7 +9,7 @@ import socket
 import struct
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -71,6 +71,16 @@ class DockerLimits:
     # wall-clock, so code starved long enough times out (BENCHMARKS.md, Rollout, measures how often). Needs
     # root for the cgroup; where the weight cannot be set the containers run at normal priority, with a warning
     low_priority: bool = False
+
+    @classmethod
+    def from_mapping(cls, values: Any) -> DockerLimits:
+        """The limits a config gives as a mapping ({memory_mb: 1024, cpuset: "1"}), each checked."""
+        if not isinstance(values, dict):
+            raise ValueError(f"limits must be a mapping of {[f.name for f in fields(cls)]}, got {values!r}")
+        unknown = sorted(set(values) - {f.name for f in fields(cls)}, key=str)
+        if unknown:
+            raise ValueError(f"{unknown} are not limits; allowed: {[f.name for f in fields(cls)]}")
+        return cls(**values)
 
     def __post_init__(self) -> None:
         if not isinstance(self.low_priority, bool):
@@ -360,6 +370,20 @@ class DockerSandbox(PooledSandbox):
     """
 
     runner_kind = "container"
+    # what a run's config may set (rollout.sandbox_kwargs): the image, runtime and limits, sizes and timeouts
+    config_kwargs: frozenset[str] = frozenset(
+        {
+            "image",
+            "limits",
+            "runtime",
+            "default_timeout_s",
+            "max_output_bytes",
+            "lease_timeout_s",
+            "grace_s",
+            "host_slack_s",
+            "preimport",
+        }
+    )
 
     def __init__(
         self,
@@ -383,7 +407,11 @@ class DockerSandbox(PooledSandbox):
         )
         self.image = image
         # a mapping too (sandbox_kwargs from a YAML config: {limits: {memory_mb: 1024, cpuset: "1"}})
-        self.limits = DockerLimits(**limits) if isinstance(limits, dict) else (limits or DockerLimits())
+        if limits is None:
+            limits = DockerLimits()
+        elif not isinstance(limits, DockerLimits):
+            limits = DockerLimits.from_mapping(limits)
+        self.limits = limits
         self.grace_s = grace_s
         self.host_slack_s = host_slack_s  # past limit + this, a silent container is replaced
         self.preimport = tuple(preimport)

@@ -63,6 +63,7 @@ class NoSandbox:
 
     runner_kind = "nothing"
     pool_size = 0
+    config_kwargs: frozenset[str] = frozenset()  # nothing for a config to set
     message = (
         "Error: tool execution is disabled in this run (sandbox: none); no code was run. "
         "Answer without calling tools."
@@ -158,11 +159,17 @@ class LocalSandbox(PooledSandbox):
     write nowhere else (Landlock), and as root it runs as `nobody`. It can still read whatever that user can:
     never point it at untrusted code on a machine you care about. It says so once, loudly.
 
-    It refuses to be created unless acknowledged: `allow_host_execution=True`, or STARE_ALLOW_LOCAL_SANDBOX=1
-    in the environment (how the CLI, recipes and Ray workers ask for it).
+    It refuses to be created unless acknowledged: `allow_host_execution=True` from Python, or
+    STARE_ALLOW_LOCAL_SANDBOX=1 in the environment (how the CLI, training runs and Ray workers ask for it; a
+    config file cannot).
     """
 
     runner_kind = "local interpreter"
+    # what a run's config may set (rollout.sandbox_kwargs): sizes and timeouts. Never the acknowledgement, the
+    # executable the host starts (`python`) or the network namespace (`isolate_network`)
+    config_kwargs: frozenset[str] = frozenset(
+        {"default_timeout_s", "max_output_bytes", "lease_timeout_s", "memory_mb"}
+    )
 
     def __init__(
         self,

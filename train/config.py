@@ -44,7 +44,7 @@ from stare_agents.rollout.engine import Dtype, EngineName
 from stare_agents.rollout.placement import Placement
 from stare_agents.rollout.render import Rendering
 from stare_agents.rollout.weight_sync import WeightSync
-from stare_agents.sandbox import Backend
+from stare_agents.sandbox import Backend, check_config_kwargs
 from stare_agents.sandbox.runner import MAX_TIMEOUT_S
 from stare_agents.train.learner import LearnerConfig
 from stare_agents.train.policy import OptimizerConfig, Precision
@@ -138,7 +138,9 @@ class RolloutSection:
         "docker"  # "docker" | "local" (needs STARE_ALLOW_LOCAL_SANDBOX=1) | "none" (no tools run)
     )
     sandbox_pool_size: int = 8
-    sandbox_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. {"runtime": "runsc"}
+    # e.g. {"runtime": "runsc"}; only the backend's `config_kwargs` (its sizes, timeouts, Docker's image,
+    # runtime and limits), never the acknowledgement of host execution (the environment's STARE_ALLOW_LOCAL_SANDBOX)
+    sandbox_kwargs: dict[str, Any] = field(default_factory=dict)
     max_concurrency: int = 64
     kv_cache_gib: float = 2.0  # vLLM on CPU: KV cache per worker
     multiprocess: bool | None = None  # vLLM's engine core in its own process (None: yes on GPUs, no on CPUs)
@@ -221,6 +223,8 @@ class RolloutSection:
             raise ValueError(
                 f"rollout.sandbox_low_priority={self.sandbox_low_priority!r}: allowed: true, false or null"
             )
+        # keys whitelisted per backend; host execution is acknowledged by the environment, never by a config
+        check_config_kwargs(self.sandbox, self.sandbox_kwargs, "rollout.sandbox_kwargs")
         limits = self.sandbox_kwargs.get("limits")
         if (
             self.sandbox_low_priority is not None
@@ -284,6 +288,14 @@ class RolloutSection:
         limits.setdefault("low_priority", low)
         kwargs["limits"] = limits
         return kwargs
+
+    def code_sandbox(self) -> tuple[Backend, dict[str, Any]]:
+        """(backend, kwargs) of a sandbox that must run code (the SFT solver's traces): rollout.sandbox with
+        the kwargs every rollout worker gets, or with sandbox 'none' Docker as it comes (the code must run to be
+        verified, and never on the host)."""
+        if self.sandbox == "none":
+            return "docker", {}
+        return self.sandbox, self.resolved_sandbox_kwargs()
 
     def vllm_kwargs(self) -> dict[str, Any]:
         """The keyword arguments the vLLM engine gets on top of its own (`VLLMEngine(engine_kwargs=...)`)."""

@@ -642,9 +642,8 @@ class Trainer:
 
             seeds = [c.env.train_seed + 10_000_000 + i for i in range(c.sft.num_examples)]  # apart from RL's
             # the solver's code must run to be verified: "none" still uses Docker here, never the host
-            with make_sandbox(
-                c.rollout.sandbox if c.rollout.sandbox != "none" else "docker", pool_size=4
-            ) as sandbox:
+            backend, sandbox_kwargs = c.rollout.code_sandbox()  # the rollout workers' kwargs
+            with make_sandbox(backend, pool_size=4, **sandbox_kwargs) as sandbox:
                 traces = solver_traces(
                     c.env.id,
                     seeds,

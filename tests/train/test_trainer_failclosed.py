@@ -41,3 +41,82 @@ def test_the_local_backend_needs_the_acknowledgement(tmp_path, monkeypatch):
     check_backend("none")
     with pytest.raises(ValueError, match="podman"):
         check_backend("podman")
+
+
+def test_a_config_file_cannot_acknowledge_host_execution(tmp_path, monkeypatch):
+    """The acknowledgement is the environment's (STARE_ALLOW_LOCAL_SANDBOX=1): a recipe that says so itself
+    is refused when it loads, with the variable named, and nothing runs on the host."""
+    monkeypatch.delenv(ALLOW_LOCAL_ENV, raising=False)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(
+        "model: {name: tiny}\nrollout: {sandbox: local, sandbox_kwargs: {allow_host_execution: true}}\n"
+    )
+    with pytest.raises(
+        ValueError, match=rf"rollout\.sandbox_kwargs\.allow_host_execution.*{ALLOW_LOCAL_ENV}=1"
+    ):
+        load_config(path=str(recipe))
+
+
+@pytest.mark.parametrize(
+    "backend, kwargs, says",
+    [
+        ("local", "{python: /bin/sh}", r"sandbox_kwargs\.python='/bin/sh' is not allowed"),
+        ("local", "{isolate_network: false}", r"sandbox_kwargs\.isolate_network=False is not allowed"),
+        ("docker", "{allow_host_execution: true}", "cannot acknowledge"),
+        ("local", "{image: evil:1}", r"not a setting of the 'local' sandbox.*allowed: default_timeout_s"),
+        ("local", "{limits: {user: '0:0'}}", "not a setting of the 'local' sandbox"),
+        ("docker", "{memory_mb: 9}", "not a setting of the 'docker' sandbox"),
+        ("docker", "{privileged: true}", "not a setting of the 'docker' sandbox"),
+        ("docker", "{limits: {seccomp: unconfined}}", r"\['seccomp'\] are not limits"),
+        ("none", "{image: x}", "allowed: none"),
+    ],
+)
+def test_sandbox_kwargs_are_whitelisted_per_backend(backend, kwargs, says):
+    with pytest.raises(ValueError, match=says):
+        load_config(
+            recipe="tiny", overrides=[f"rollout.sandbox={backend}", f"rollout.sandbox_kwargs={kwargs}"]
+        )
+    # what a config may set still loads
+    assert load_config(
+        recipe="tiny", overrides=["rollout.sandbox_kwargs={runtime: runsc, limits: {cpus: 2}}"]
+    )
+    assert load_config(
+        recipe="tiny", overrides=["rollout.sandbox=local", "rollout.sandbox_kwargs={memory_mb: 700}"]
+    )
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        (
+            ["rollout.sandbox_kwargs={default_timeout_s: 7, limits: {memory_mb: 300}}"],
+            ("docker", {"default_timeout_s": 7, "limits": {"memory_mb": 300, "low_priority": True}}),
+        ),
+        (["rollout.sandbox=local", "rollout.sandbox_kwargs={memory_mb: 700}"], ("local", {"memory_mb": 700})),
+        (["rollout.sandbox=none"], ("docker", {})),  # the solver's code must run: Docker, never the host
+    ],
+)
+def test_the_sft_solver_sandbox_gets_the_rollout_workers_kwargs(tmp_path, monkeypatch, overrides, expected):
+    """sft.data=solver verifies its traces in a sandbox of its own: the same backend and kwargs as every
+    rollout worker's (the local backend's run no longer crashes there, and Docker's limits hold there too)."""
+    import stare_agents.sandbox
+    from stare_agents.models import prepare_model
+    from stare_agents.train.trainer import Trainer
+
+    monkeypatch.setenv(ALLOW_LOCAL_ENV, "1")
+    config = load_config(
+        recipe="tiny", overrides=[f"out_dir={tmp_path / 'run'}", "sft.data=solver", *overrides]
+    )
+    started = []
+
+    class Started(Exception):
+        pass
+
+    def make_sandbox(backend, *, pool_size=4, **kwargs):
+        started.append((backend, kwargs))
+        raise Started
+
+    monkeypatch.setattr(stare_agents.sandbox, "make_sandbox", make_sandbox)
+    with pytest.raises(Started):
+        Trainer(config).supervised_fine_tuning(prepare_model("tiny"), tmp_path / "sft")
+    assert started == [expected]
