@@ -52,9 +52,22 @@ def _version() -> str:
 DEFAULT_IMAGE = f"stare-agents/sandbox:{_version()}"
 
 
+# the range each size of DockerLimits must lie in (inclusive): outside it a limit no longer limits, or the
+# runner cannot start
+LIMIT_RANGES: dict[str, tuple[int | float, int | float]] = {
+    "memory_mb": (32, 262_144),
+    "pids": (1, 4096),
+    "cpus": (0.01, 1024),  # the engine's smallest quota is a 100th of a CPU
+    "tmpfs_mb": (1, 65_536),
+    "nofile": (64, 65_536),
+}
+MAX_ID = 2**31 - 1  # uids and gids above it are not portable (and 2**32 - 1 is "no user")
+
+
 @dataclass(frozen=True)
 class DockerLimits:
-    """Per-container limits. Every one is always on; only the sizes are configurable."""
+    """Per-container limits. Every one is always on; only the sizes are configurable, each within
+    LIMIT_RANGES, and the user is a numeric uid:gid other than root's (checked where the limits are built)."""
 
     memory_mb: int = 512  # RAM; swap is set equal, so there is none on top
     pids: int = 128  # processes + threads in the container
@@ -83,6 +96,18 @@ class DockerLimits:
         return cls(**values)
 
     def __post_init__(self) -> None:
+        for name, (low, high) in LIMIT_RANGES.items():
+            value = getattr(self, name)
+            kinds = (int, float) if name == "cpus" else (int,)
+            if isinstance(value, bool) or not isinstance(value, kinds) or not low <= value <= high:
+                what = "a number" if name == "cpus" else "an int"
+                raise ValueError(f"{name} must be {what} in [{low}, {high}], got {value!r}")
+        ids = re.fullmatch(r"([0-9]+):([0-9]+)", self.user) if isinstance(self.user, str) else None
+        if ids is None or not all(1 <= int(n) <= MAX_ID for n in ids.groups()):
+            raise ValueError(
+                f"user must be a numeric uid:gid, neither of them 0 (root), such as '1000:1000' (the image's "
+                f"`sandbox` user), got {self.user!r}"
+            )
         if not isinstance(self.low_priority, bool):
             raise ValueError(f"low_priority must be true or false, got {self.low_priority!r}")
         if self.cpuset is not None and not (
@@ -198,6 +223,7 @@ def is_gvisor(client: Any, runtime: str | None) -> bool:
 # a few dozen OS threads) and, on the ptrace platform, one host task per thread of the code. The sentry
 # dies when it cannot start a thread, so it gets this many on top of `DockerLimits.pids`.
 GVISOR_EXTRA_PIDS = 128
+_described: set[str] = set()  # the limits this process has logged (DockerSandbox.describe)
 
 
 def docker_status(image: str = DEFAULT_IMAGE, runtime: str | None = None) -> tuple[bool, str]:
@@ -445,6 +471,21 @@ class DockerSandbox(PooledSandbox):
         if self.limits.low_priority:
             self.cgroup_driver = str(self.client.info().get("CgroupDriver") or "cgroupfs")
         sweep_stale_containers(self.client)
+        summary = self.describe()
+        if summary not in _described:  # once per process for each set of limits
+            _described.add(summary)
+            logger.info("sandbox: %s", summary)
+
+    def describe(self) -> str:
+        """The resolved limits of each container, in words (logged when the sandbox starts)."""
+        limits = self.limits
+        runtime = f"runtime {self.runtime or 'default'}" + (" (gVisor)" if self.gvisor else "")
+        return (
+            f"Docker image {self.image}, {runtime}; each container: {limits.memory_mb} MB of memory and no "
+            f"swap, {limits.pids} processes and threads, {limits.cpus:g} CPUs on CPUs {limits.cpuset or 'any'} "
+            f"at {'low' if limits.low_priority else 'normal'} priority, {limits.tmpfs_mb} MB writable /tmp, "
+            f"{limits.nofile} open files, user {limits.user}, no network, no capabilities, read-only root"
+        )
 
     def container_config(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """(create_container kwargs, host config kwargs) of the engine API: every isolation setting here."""

@@ -112,7 +112,7 @@ def _pinned_sandbox_kwargs(spec: EnvPoolSpec) -> dict[str, Any]:
         from stare_agents.sandbox import DockerLimits
 
         limits = kwargs.get("limits") or DockerLimits()
-        limits = DockerLimits(**limits) if isinstance(limits, dict) else limits
+        limits = DockerLimits.from_mapping(limits) if isinstance(limits, dict) else limits
         if limits.cpuset is None:
             kwargs["limits"] = dataclasses.replace(limits, cpuset=cpu_list(spec.cpus))
     return kwargs

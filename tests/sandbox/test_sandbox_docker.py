@@ -683,6 +683,59 @@ def test_cpuset_is_checked_and_limits_may_come_as_a_mapping():
         DockerSandbox(pool_size=1, limits={"cpuset": "x"})
 
 
+@pytest.mark.parametrize(
+    "field, bad",
+    [
+        ("user", "0:0"),  # uid 0 in the container, uid 0 on the host under runc without userns remapping
+        ("user", "root"),
+        ("user", "1000"),  # no gid: the engine takes the image's, or 0
+        ("user", "1000:0"),
+        ("user", "0:1000"),
+        ("user", "1000:1000:x"),
+        ("user", "\u0661\u0662:1000"),  # digits, but not ASCII ones
+        ("user", str(2**32 - 1) + ":1000"),
+        ("user", 1000),
+        ("pids", -1),  # pids.max=max
+        ("pids", 0),
+        ("pids", True),
+        ("pids", 10**6),
+        ("cpus", 0),  # no CPU quota
+        ("cpus", -1.0),
+        ("cpus", float("nan")),
+        ("cpus", float("inf")),
+        ("cpus", "2"),
+        ("memory_mb", 0),
+        ("memory_mb", 10**9),
+        ("memory_mb", 512.5),
+        ("tmpfs_mb", float("inf")),
+        ("tmpfs_mb", 0),
+        ("nofile", 0),
+        ("nofile", 10**7),
+    ],
+)
+def test_limits_that_would_switch_a_limit_off_are_refused(field, bad):
+    with pytest.raises(ValueError, match=rf"^{field} must be"):
+        DockerLimits(**{field: bad})
+    with pytest.raises(ValueError, match=rf"^{field} must be"):
+        DockerSandbox(pool_size=1, limits={field: bad})  # a config's mapping, checked the same way
+
+
+def test_limits_at_their_bounds_are_kept_and_logged_once_at_start(caplog):
+    edge = DockerLimits(memory_mb=32, pids=1, cpus=0.01, tmpfs_mb=1, nofile=64, user="65534:65534")
+    assert DockerLimits(memory_mb=262_144, pids=4096, cpus=1024, tmpfs_mb=65_536, nofile=65_536).cpus == 1024
+    assert DockerSandbox(pool_size=1, limits=edge).container_config()[0]["user"] == "65534:65534"
+    _require_docker()
+    limits = DockerLimits(memory_mb=256, pids=48, cpus=0.5, tmpfs_mb=16, user="1000:1000")
+    caplog.set_level("INFO", logger="stare_agents.sandbox")
+    for _ in range(2):
+        with DockerSandbox(pool_size=1, limits=limits) as box:
+            assert box.run("print(1)", timeout_s=20).stdout == "1\n"
+    logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("sandbox: Docker image")]
+    assert len(logged) == 1, logged
+    assert "256 MB of memory" in logged[0] and "48 processes" in logged[0] and "0.5 CPUs" in logged[0]
+    assert "user 1000:1000" in logged[0] and "16 MB writable /tmp" in logged[0]
+
+
 def _cpu_seconds_beside_a_busy_host_process(limits: DockerLimits, cpu: int) -> tuple[float, str]:
     """CPU seconds a container's busy loop gets in 2 s of wall time on `cpu`, where a process of this host
     (priority as usual) spins too, from before the container starts; and what the container's code got when

@@ -69,6 +69,10 @@ def test_a_config_file_cannot_acknowledge_host_execution(tmp_path, monkeypatch):
         ("docker", "{privileged: true}", "not a setting of the 'docker' sandbox"),
         ("docker", "{limits: {seccomp: unconfined}}", r"\['seccomp'\] are not limits"),
         ("none", "{image: x}", "allowed: none"),
+        ("docker", "{limits: {user: '0:0'}}", r"sandbox_kwargs\.limits: user must be a numeric uid:gid"),
+        ("docker", "{limits: {pids: -1}}", r"sandbox_kwargs\.limits: pids must be an int in \[1, 4096\]"),
+        ("docker", "{limits: {cpus: 0}}", r"sandbox_kwargs\.limits: cpus must be a number in"),
+        ("docker", "{limits: {memory_mb: .inf}}", r"sandbox_kwargs\.limits: memory_mb must be"),
     ],
 )
 def test_sandbox_kwargs_are_whitelisted_per_backend(backend, kwargs, says):
