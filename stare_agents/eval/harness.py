@@ -16,7 +16,10 @@ How it runs:
    flushed and fsynced.
 4. An interrupted run started again with the same folder and settings resumes: samples already in
    `samples.jsonl` are kept and not redone (a torn last line is cut off); different settings or a different
-   model in the same folder is an error. `run.json` holds what a resume must match.
+   model in the same folder is an error. `run.json` holds what a resume must match. A kept sample is not
+   taken on trust: it must have exactly the known fields, the benchmark's answer and a reward in the
+   environment's range, and one marked correct is graded again (`check_resumed_grades`); otherwise the file
+   is refused by name.
 5. At the end `results.json`, `results.md` and `pass_at_k.png` are computed from `samples.jsonl` alone.
 """
 
@@ -368,13 +371,21 @@ SAMPLE_TYPES: dict[str, tuple[type, ...]] = {  # what each samples.jsonl field m
 
 
 def check_sample_records(records: Sequence[dict[str, Any]], path: Path) -> None:
-    """Refuse a samples file that cannot be trusted: every field of every record has its type (`"correct":
-    "false"` is not a boolean, so it never counts as correct), the numbers are finite and in range, the stop
-    reason is one of STOP_REASONS and agrees with `failed`, and nothing failed or policy-failed is correct."""
+    """Refuse a samples file that cannot be trusted: every record has exactly the known fields, each of its
+    type (`"correct": "false"` is not a boolean, so it never counts as correct), the numbers are finite and in
+    range, the stop reason is one of STOP_REASONS and agrees with `failed`, and nothing failed or
+    policy-failed is correct."""
+    from stare_agents.eval.report import SAMPLE_TOKENS
     from stare_agents.trajectory import FAILED_STOP_REASONS, STOP_REASONS
 
     for number, record in enumerate(records, 1):
         where = f"{path}: record {number} ({record.get('benchmark')!r}, {record.get('problem_id')!r})"
+        unknown = sorted(set(record) - set(SAMPLE_TYPES) - {SAMPLE_TOKENS})
+        if unknown:
+            raise ValueError(
+                f"{where}: unknown fields {unknown}; the file was edited or damaged and is not resumed. Use "
+                "another --out folder."
+            )
         for key, types in SAMPLE_TYPES.items():
             value = record.get(key)
             if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
@@ -400,6 +411,56 @@ def check_sample_records(records: Sequence[dict[str, Any]], path: Path) -> None:
             raise ValueError(
                 f"{where}: {'; '.join(problems)}; the file is not trusted. Use another --out folder."
             )
+
+
+def check_resumed_grades(
+    records: Sequence[dict[str, Any]], benchmarks: Sequence[Benchmark], protocol: Protocol, path: Path
+) -> None:
+    """Refuse resumed samples whose grade this run would not give: the `answer` must be the benchmark's, the
+    reward inside the protocol environment's `reward_range`, and a sample marked correct must be correct
+    again when its `extracted` answer is graded against the benchmark's answer, by the environment's own
+    `score` of a final `\\boxed{extracted}`. (A sample marked wrong is kept: it cannot raise a score.)"""
+    if not records:
+        return
+    from stare_agents.rollout import RolloutTask, make_env
+    from stare_agents.sandbox import NoSandbox
+
+    tasks = {(b.name, t.id): t for b in benchmarks for t in b.tasks}
+    first = benchmarks[0].tasks[0]
+    row = {"problem": first.problem, "answer": first.answer, "id": first.id}
+    env_kwargs = {**protocol.make_env_kwargs(), "dataset": [row]}
+    env = make_env(RolloutTask(protocol.env_id, env_kwargs=env_kwargs), NoSandbox())  # grades; runs no code
+    try:
+        grader = env.unwrapped
+        low, high = grader.reward_range
+        for number, record in enumerate(records, 1):
+            task = tasks[(record["benchmark"], record["problem_id"])]
+            reference, extracted = str(task.answer), record["extracted"]
+            problems = []
+            if record["answer"] != reference:
+                problems.append(f"answer {record['answer']!r} is not the benchmark's, {reference!r}")
+            if not low <= record["reward"] <= high:
+                problems.append(
+                    f"reward {record['reward']!r} is outside the environment's range [{low}, {high}]"
+                )
+            if record["correct"] and not problems:
+                if extracted is None:
+                    problems.append("it is marked correct without an extracted answer")
+                else:
+                    score = grader.score(task, f"\\boxed{{{extracted}}}")
+                    if not score.correct:
+                        problems.append(
+                            f"it is marked correct, but its extracted answer {extracted!r} graded again "
+                            f"against {reference!r} is {score.reason!r}"
+                        )
+            if problems:
+                raise ValueError(
+                    f"{path}: record {number} ({record['benchmark']!r}, {record['problem_id']!r}, sample "
+                    f"{record['sample_index']}): {'; '.join(problems)}. The file was edited or damaged and is "
+                    f"not resumed: use another --out folder, or delete {path} to sample everything again."
+                )
+    finally:
+        env.close()
 
 
 def _token_problems(tokens: Any, response_tokens: int) -> list[str]:
@@ -509,6 +570,7 @@ def evaluate(
         raise ValueError(
             f"{samples_path} holds samples this run does not plan, e.g. {stray[:3]}; use another --out"
         )
+    check_resumed_grades(existing, loaded, protocol, samples_path)
     done = {sample_key(r) for r in existing}
     pending = [spec for spec in planned if spec.key not in done]
     if done:
@@ -639,6 +701,7 @@ __all__ = [
     "RolloutRunner",
     "Runner",
     "SampleSpec",
+    "check_resumed_grades",
     "evaluate",
     "plan_samples",
     "run_settings",

@@ -135,6 +135,47 @@ def test_records_that_contradict_themselves_are_refused(setup: dict, tmp_path: P
         rewrite_and_resume(setup, tmp_path / "run", records)
 
 
+@pytest.mark.parametrize(
+    "changes, says",
+    [
+        # well-typed and self-consistent, but not what this run would grade: avg@k would rise on resume
+        (
+            {"extracted": "x"},
+            r"marked correct, but its extracted answer 'x' graded again against '1' is 'wrong'",
+        ),
+        ({"extracted": None}, "marked correct without an extracted answer"),
+        ({"answer": "x", "extracted": "x"}, "answer 'x' is not the benchmark's, '1'"),
+        ({"correct": False, "reward": 2.0}, r"reward 2.0 is outside the environment's range \[0.0, 1.0\]"),
+        ({"reward": -0.5}, "outside the environment's range"),
+        ({"bonus": 1}, r"unknown fields \['bonus'\]"),
+        ({"correct_strict": True}, r"unknown fields \['correct_strict'\]"),
+    ],
+)
+def test_forged_but_well_typed_samples_are_graded_again_and_refused(
+    setup: dict,  # noqa: F811
+    tmp_path: Path,
+    changes,
+    says,
+) -> None:
+    samples = interrupted_run(setup, tmp_path / "run")
+    records = read_samples(samples)
+    assert records[0]["problem_id"] == "q0" and records[0]["correct"] and records[0]["extracted"] == "1"
+    records[0].update(changes)
+    with pytest.raises(ValueError, match=says) as error:
+        rewrite_and_resume(setup, tmp_path / "run", records)
+    assert str(samples) in str(error.value) and "not resumed" in str(error.value)
+
+
+def test_a_correct_sample_graded_again_resumes(setup: dict, tmp_path: Path) -> None:  # noqa: F811
+    """Grading again is the environment's own: an answer equal to the reference in value still counts."""
+    samples = interrupted_run(setup, tmp_path / "run")
+    records = read_samples(samples)
+    records[0]["extracted"] = "\\frac{2}{2}"
+    runner = rewrite_and_resume(setup, tmp_path / "run", records)
+    assert len([key for chunk in runner.calls for key in chunk]) == 20 - len(records)
+    assert read_samples(samples)[0]["extracted"] == "\\frac{2}{2}"
+
+
 def test_fingerprint_covers_the_middle_of_the_weights_and_is_cached(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("STARE_CACHE_DIR", str(tmp_path / "cache"))
     model = tmp_path / "m"
