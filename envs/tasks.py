@@ -162,7 +162,8 @@ def load_rows(
         if path.suffix == ".json" and text.lstrip().startswith("["):
             return [dict(row) for row in json.loads(text)]
         rows = []
-        for number, line in enumerate(text.splitlines(), start=1):
+        # lines split at "\n" only: str.splitlines() also breaks at U+2028/U+2029/U+0085 inside a JSON string
+        for number, line in enumerate(text.split("\n"), start=1):
             if line.strip():
                 try:
                     rows.append(json.loads(line))

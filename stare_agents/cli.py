@@ -278,14 +278,18 @@ def show(
 ) -> None:
     """Write one self-contained HTML page of saved rollouts: per-step overview, filters, and each trajectory's
     tokens coloured by surprisal or by STARE weight, with tool calls and outputs. Opens from disk."""
+    from stare_agents.jsonl import Unread, unread_message
     from stare_agents.viewer import serve as serve_page
     from stare_agents.viewer import write_page
 
+    unread: list[Unread] = []
     try:
-        path = write_page(source, out, steps=step or None)
+        path = write_page(source, out, steps=step or None, unread=unread)
     except (FileNotFoundError, ValueError) as error:
         typer.secho(str(error), fg="red", err=True)
         raise typer.Exit(2) from error
+    if unread:  # also on the page, as notices above the overview
+        typer.secho(f"warning: {unread_message(unread, 'lines or files')}", fg="yellow", err=True)
     typer.echo(str(path))
     if serve:
         serve_page(path, port=port)

@@ -16,17 +16,19 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import json
 import os
-from collections.abc import Iterator, Sequence
+import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stare_agents.jsonl import Unread, dumps_line, parse_lines, read_lines, report_unread
 from stare_agents.trajectory import Trajectory
 
 ROLLOUTS_DIR = "rollouts"
 STEP_FILE = "step-{step:06d}.jsonl.gz"
+GUNZIP_PIECE = 1 << 16  # compressed bytes decompressed at a time when reading a step file
 
 # What became of a trajectory in its step. A closed set: the viewer filters on it.
 ROLLOUT_STATUSES: tuple[str, ...] = (
@@ -106,8 +108,13 @@ def saved_steps(folder: str | Path) -> list[int]:
     return sorted(steps)
 
 
-def read_rollouts(path: str | Path, step: int | None = None) -> list[SavedRollout]:
-    """Saved rollouts: of a run folder (every step, or `step`), or of one step file."""
+def read_rollouts(
+    path: str | Path, step: int | None = None, *, unread: list[Unread] | None = None
+) -> list[SavedRollout]:
+    """Saved rollouts: of a run folder (every step, or `step`), of one step file, or of an eval samples.jsonl
+    or trajectories JSONL. What cannot be read (a damaged or truncated step file, a line that is not a saved
+    rollout) is skipped and reported: into `unread` when given, else as one warning naming file and line. A
+    file of which nothing could be read is a ValueError naming what was wrong."""
     path = Path(path)
     if path.is_dir():
         if step is not None:
@@ -118,42 +125,79 @@ def read_rollouts(path: str | Path, step: int | None = None) -> list[SavedRollou
                 )
         else:
             files = [step_file(path, s) for s in saved_steps(path)]
-    elif path.suffix == ".jsonl" and path.exists():  # an eval samples.jsonl or a trajectories file
-        return list(read_jsonl_rollouts(path))
     elif path.exists():
         files = [path]
     else:
         raise FileNotFoundError(f"{path} is neither a run folder nor a rollout file")
-    out = []
+    out: list[SavedRollout] = []
+    problems: list[Unread] = []
     for file in files:
-        with gzip.open(file, "rt", encoding="utf-8") as handle:
-            for number, line in enumerate(handle, 1):
-                if not line.strip():
-                    continue
-                try:
-                    out.append(SavedRollout.from_dict(json.loads(line)))
-                except (json.JSONDecodeError, KeyError, TypeError) as error:
-                    raise ValueError(f"{file}:{number}: not a saved rollout ({error})") from None
+        read, damage = read_jsonl_rollouts(file) if file.suffix == ".jsonl" else read_step_file(file)
+        if not read and damage and not path.is_dir():
+            raise ValueError(f"{file}: nothing could be read: " + "; ".join(str(u) for u in damage[:5]))
+        out += read
+        problems += damage
+    report_unread(problems, unread, "rollout lines or files")
     return out
 
 
-def read_jsonl_rollouts(path: str | Path) -> Iterator[SavedRollout]:
+def read_step_file(path: str | Path) -> tuple[list[SavedRollout], list[Unread]]:
+    """The saved rollouts of one step file, and what could not be read of it: a line that is not a saved
+    rollout, or the end of a damaged file (truncated, not gzip) after the rollouts that came before it."""
+    path = Path(path)
+    data, damage = gunzip(path.read_bytes())
+    values, unread = parse_lines(data, path)
+    rollouts = []
+    for number, value in values:
+        try:
+            rollouts.append(SavedRollout.from_dict(value))
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            unread.append(Unread(str(path), number, f"not a saved rollout ({type(error).__name__}: {error})"))
+    if damage:
+        unread.append(
+            Unread(str(path), None, f"damaged ({damage}); {len(rollouts)} rollouts read before the damage")
+        )
+    return rollouts, unread
+
+
+def gunzip(data: bytes) -> tuple[bytes, str | None]:
+    """The bytes gzip `data` holds, and what was wrong with it (None: nothing). Of a truncated or corrupt
+    stream, or of data that is not gzip, what decompressed before the fault."""
+    out = []
+    rest = data
+    while rest.strip(b"\0"):  # one member after another (gzip pads with zeros at the end)
+        stream = zlib.decompressobj(16 + zlib.MAX_WBITS)  # 16: a gzip header and trailer
+        position = 0
+        try:
+            while not stream.eof and position < len(rest):  # in pieces: a fault loses only its piece
+                out.append(stream.decompress(rest[position : position + GUNZIP_PIECE]))
+                position += GUNZIP_PIECE
+        except zlib.error as error:
+            return b"".join(out), f"not gzip data, or corrupt: {error}"
+        if not stream.eof:
+            return b"".join(out), "truncated: the gzip stream ends before its end"
+        rest = stream.unused_data + rest[position:]
+    return b"".join(out), None
+
+
+def read_jsonl_rollouts(path: str | Path) -> tuple[list[SavedRollout], list[Unread]]:
     """The episodes of an eval samples.jsonl (`stare-agents eval`; with their token ids, mask and rollout
     log-probs when the file has them, turn texts only in older files) or of a trajectories JSONL
-    (`stare_agents.trajectory.write_jsonl`), as saved rollouts (step 0). A line torn by a kill is skipped."""
+    (`stare_agents.trajectory.write_jsonl`), as saved rollouts (step 0), and the lines that are neither (a
+    line torn by a kill among them)."""
     from stare_agents.trajectory import TurnRecord
 
     path = Path(path)
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
+    values, unread = read_lines(path)
+    rollouts = []
+    for number, record in values:
         try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        try:
+            if not isinstance(record, dict):
+                raise TypeError(f"a JSON {type(record).__name__}, not an object")
             if "prompt_ids" in record:
-                yield SavedRollout(step=0, trajectory=Trajectory.from_dict(record), status="trained")
+                rollouts.append(
+                    SavedRollout(step=0, trajectory=Trajectory.from_dict(record), status="trained")
+                )
                 continue
             if "benchmark" not in record or "turns" not in record:
                 raise KeyError("neither an eval sample nor a trajectory")
@@ -175,9 +219,15 @@ def read_jsonl_rollouts(path: str | Path) -> Iterator[SavedRollout]:
                 error=record.get("error"),
             )
             status = "failed" if record.get("failed") else "trained"
-            yield SavedRollout(step=0, trajectory=trajectory, status=status)
+            rollouts.append(SavedRollout(step=0, trajectory=trajectory, status=status))
         except (KeyError, TypeError, ValueError) as error:
-            raise ValueError(f"{path}:{number}: not an eval sample or a trajectory ({error})") from None
+            unread.append(
+                Unread(
+                    str(path), number, f"not an eval sample or a trajectory ({type(error).__name__}: {error})"
+                )
+            )
+    unread.sort(key=lambda u: u.line or 0)
+    return rollouts, unread
 
 
 def token_texts(tokenizer: Any, ids: Sequence[int]) -> list[str]:
@@ -300,7 +350,7 @@ def write_step(folder: str | Path, step: int, rollouts: Sequence[SavedRollout]) 
     tmp = path.with_name(path.name + ".tmp")
     with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=6) as handle:
         for rollout in rollouts:
-            handle.write(json.dumps(rollout.to_dict(), ensure_ascii=False) + "\n")
+            handle.write(dumps_line(rollout.to_dict()) + "\n")
     os.replace(tmp, path)
     return path
 

@@ -16,7 +16,6 @@ re-tokenises generated text.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields
@@ -24,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from stare_agents.jsonl import Unread, dumps_line, read_lines, report_unread
 
 # Why an episode ended. A closed set: metrics, reports and tests count these words.
 STOP_REASONS: tuple[str, ...] = (
@@ -173,19 +174,6 @@ def learning_trajectories(trajectories: Iterable[Trajectory]) -> list[Trajectory
     return [t for t in trajectories if not t.failed]
 
 
-# Characters that end a line for str.splitlines() (and some JSON readers) but that JSON may leave raw in a
-# string: escaped on write, so that one record is one line for every reader.
-_LINE_BREAKS = {"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"}
-
-
-def dumps_line(record: Any) -> str:
-    """One JSON line (no trailing newline): non-ASCII text kept, every line-breaking character escaped."""
-    text = json.dumps(record, ensure_ascii=False)
-    for raw, escaped in _LINE_BREAKS.items():
-        text = text.replace(raw, escaped)
-    return text
-
-
 def write_jsonl(trajectories: Iterable[Trajectory], path: str | Path, *, append: bool = False) -> int:
     """Write one JSON object per line; returns how many were written."""
     count = 0
@@ -196,23 +184,16 @@ def write_jsonl(trajectories: Iterable[Trajectory], path: str | Path, *, append:
     return count
 
 
-def read_jsonl(path: str | Path) -> list[Trajectory]:
-    """Read trajectories written by `write_jsonl`. A torn last line (a killed writer) is skipped. Lines
-    are split at "\\n" only (a raw U+2028 inside a record, from an older writer, stays in its string)."""
-    lines = Path(path).read_text(encoding="utf-8").split("\n")
-    while lines and not lines[-1].strip():
-        lines.pop()
-    trajectories = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            trajectories.append(Trajectory.from_dict(json.loads(line)))
-        except json.JSONDecodeError:
-            if number == len(lines):
-                break  # the writer was killed mid-line
-            raise ValueError(f"{path}:{number}: not a JSON trajectory") from None
-    return trajectories
+def read_jsonl(path: str | Path, *, unread: list[Unread] | None = None) -> list[Trajectory]:
+    """Read trajectories written by `write_jsonl`. Lines are split at "\\n" only (a raw U+2028 inside a
+    record, from an older writer, stays in its string). A torn last line (a killed writer) is skipped and
+    reported (into `unread` when given, else as a warning); a bad line before it is a ValueError."""
+    values, problems = read_lines(path)
+    for problem in problems:
+        if not problem.torn:
+            raise ValueError(f"{problem.path}:{problem.line}: not a JSON trajectory ({problem.reason})")
+    report_unread(problems, unread, "trajectory lines")
+    return [Trajectory.from_dict(value) for _, value in values]
 
 
 @dataclass

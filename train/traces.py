@@ -138,7 +138,8 @@ def conversation_traces(
     if rendering == "auto":
         rendering = "chat" if getattr(tokenizer, "chat_template", None) else "inline"
     traces = []
-    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+    # lines split at "\n" only: str.splitlines() also breaks at U+2028/U+2029/U+0085 inside a JSON string
+    for number, line in enumerate(Path(path).read_text(encoding="utf-8").split("\n"), 1):
         if not line.strip():
             continue
         where = f"{path}:{number}"

@@ -41,6 +41,7 @@ from stare_agents.envs.registration import split_kwargs
 from stare_agents.envs.tasks import Task
 from stare_agents.eval.metrics import Estimate, estimate, paired_difference
 from stare_agents.hardware import resolve_dtype, resolve_precision
+from stare_agents.jsonl import dumps_line, read_lines, report_unread
 from stare_agents.records import read_records
 from stare_agents.rollout import RolloutConfig, RolloutTask, RolloutWorkerGroup, WorkerSpec
 from stare_agents.rollout.summary import check_failed_share, summarize
@@ -81,8 +82,10 @@ class RunLog:
         if (
             purge_from is not None and self.path.exists()
         ):  # drop what a killed run logged after its checkpoint
-            kept = [line for line in self.path.read_text().splitlines() if _keep(line, purge_from)]
-            self.path.write_text("".join(line + "\n" for line in kept))
+            records, unread = read_lines(self.path)  # split at "\n" only; a torn line is named in a warning
+            report_unread(unread, None, "metrics lines")
+            kept = [dumps_line(record) for _, record in records if _keep(record, purge_from)]
+            self.path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
         self.writer = None
         if config.logging.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -207,10 +210,8 @@ def _check_same_run(saved: Path, config: TrainConfig) -> None:
         )
 
 
-def _keep(line: str, purge_from: int) -> bool:
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError:
+def _keep(record: Any, purge_from: int) -> bool:
+    if not isinstance(record, dict):
         return False
     return not (record.get("kind") in ("rl", "eval-rl") and int(record.get("step", 0)) >= purge_from)
 

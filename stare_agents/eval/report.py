@@ -27,6 +27,7 @@ from typing import Any
 
 from stare_agents.eval.behavior import ResponseStats, response_stats, summarize
 from stare_agents.eval.metrics import BenchmarkMetrics, Estimate, benchmark_metrics, outcomes_from_samples
+from stare_agents.jsonl import Unread, dumps_line, read_lines, report_unread
 from stare_agents.trajectory import Trajectory
 
 RESULTS_FORMAT = "stare-agents-eval/1"
@@ -115,24 +116,21 @@ def sample_key(record: Mapping[str, Any]) -> tuple[str, str, int]:
     return (str(record["benchmark"]), str(record["problem_id"]), int(record["sample_index"]))
 
 
-def read_samples(path: str | Path) -> list[dict[str, Any]]:
-    """The sample records of a samples.jsonl. A torn last line (a killed writer) is skipped; a bad line
-    elsewhere, a record without the sample keys, or the same sample twice is an error."""
+def read_samples(path: str | Path, *, unread: list[Unread] | None = None) -> list[dict[str, Any]]:
+    """The sample records of a samples.jsonl (lines split at "\\n" only). A torn last line (a killed writer)
+    is skipped and reported (into `unread` when given, else as a warning); a bad line elsewhere, a record
+    without the sample keys, or the same sample twice is an error."""
     path = Path(path)
     if not path.exists():
         return []
-    lines = path.read_text(encoding="utf-8").split("\n")
+    values, problems = read_lines(path)
+    for problem in problems:
+        if not problem.torn:
+            raise ValueError(f"{problem}: not a JSON sample record; the file is damaged")
+    report_unread(problems, unread, "sample lines")
     records: list[dict[str, Any]] = []
     seen: set[tuple[str, str, int]] = set()
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            if number == len(lines):  # no newline after it: the writer was killed mid-line
-                break
-            raise ValueError(f"{path}:{number}: not a JSON sample record; the file is damaged") from None
+    for number, record in values:
         missing = (
             [key for key in SAMPLE_KEYS if key not in record] if isinstance(record, dict) else SAMPLE_KEYS
         )
@@ -176,11 +174,12 @@ def drop_torn_tail(path: str | Path) -> int:
 
 
 def append_samples(path: str | Path, records: Iterable[Mapping[str, Any]]) -> int:
-    """Append records as JSON lines, flushed and fsynced (a killed run keeps everything written)."""
+    """Append records as JSON lines (`dumps_line`: no NaN, no raw line separator), flushed and fsynced (a
+    killed run keeps everything written)."""
     count = 0
     with open(path, "a", encoding="utf-8") as handle:
         for record in records:
-            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+            handle.write(dumps_line(record) + "\n")
             count += 1
         handle.flush()
         os.fsync(handle.fileno())

@@ -19,14 +19,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from stare_agents.rollout_log import (
-    ROLLOUTS_DIR,
-    SavedRollout,
-    read_jsonl_rollouts,
-    read_rollouts,
-    saved_steps,
-    step_file,
-)
+from stare_agents.jsonl import Unread, report_unread
+from stare_agents.rollout_log import ROLLOUTS_DIR, SavedRollout, read_rollouts, saved_steps
 
 ASSETS = Path(__file__).parent / "assets"
 PAGE_NAME = "rollouts.html"
@@ -105,9 +99,13 @@ def compact(saved: SavedRollout, index: int) -> dict[str, Any]:
     }
 
 
-def load_source(source: str | Path) -> tuple[str, dict[str, list[SavedRollout]], list[dict[str, Any]]]:
+def load_source(
+    source: str | Path, unread: list[Unread] | None = None
+) -> tuple[str, dict[str, list[SavedRollout]], list[dict[str, Any]]]:
     """(title, step name -> saved rollouts, metrics.jsonl "rl" records) of a run folder, a step file, an
-    eval samples.jsonl or a trajectories JSONL."""
+    eval samples.jsonl or a trajectories JSONL. What cannot be read (a damaged step file, a malformed line)
+    is skipped and appended to `unread` (else logged as a warning); a step of which nothing could be read is
+    left out, and a single file of which nothing could be read is a ValueError."""
     source = Path(source)
     if source.is_dir():
         steps = saved_steps(source)
@@ -116,30 +114,37 @@ def load_source(source: str | Path) -> tuple[str, dict[str, list[SavedRollout]],
                 f"{source} has no saved rollouts ({source / ROLLOUTS_DIR}/step-*.jsonl.gz); they are written "
                 "by RL runs with logging.rollouts > 0 (the default)"
             )
-        data = {str(s): read_rollouts(step_file(source, s)) for s in steps}
-        return source.name or str(source), data, _rl_records(source / "metrics.jsonl")
+        data = {str(s): read_rollouts(source, s, unread=unread) for s in steps}
+        data = {name: saved for name, saved in data.items() if saved}
+        return source.name or str(source), data, _rl_records(source / "metrics.jsonl", unread)
     if not source.exists():
         raise FileNotFoundError(f"{source}: no such run folder or file")
     if source.name.endswith(".jsonl.gz"):
-        saved = read_rollouts(source)
+        saved = read_rollouts(source, unread=unread)
         name = str(saved[0].step) if saved else source.name
-        return source.name, {name: saved}, _rl_records(source.parent.parent / "metrics.jsonl")
+        return source.name, {name: saved}, _rl_records(source.parent.parent / "metrics.jsonl", unread)
     if source.suffix == ".jsonl":
-        return source.name, {"samples": list(read_jsonl_rollouts(source))}, []
+        return source.name, {"samples": read_rollouts(source, unread=unread)}, []
     raise ValueError(
         f"{source}: not a run folder, a rollouts/step-*.jsonl.gz file or a .jsonl of samples/trajectories"
     )
 
 
-def _rl_records(path: Path) -> list[dict[str, Any]]:
+def _rl_records(path: Path, unread: list[Unread] | None) -> list[dict[str, Any]]:
     from stare_agents.records import read_records
 
-    return read_records(path, "rl")
+    return read_records(path, "rl", unread=unread)
 
 
-def build_page(source: str | Path, *, steps: Iterable[int] | None = None) -> str:
-    """The HTML page of `source` (see `load_source`); `steps` limits a run folder to those RL steps."""
-    title, data, records = load_source(source)
+def build_page(
+    source: str | Path, *, steps: Iterable[int] | None = None, unread: list[Unread] | None = None
+) -> str:
+    """The HTML page of `source` (see `load_source`); `steps` limits a run folder to those RL steps. What
+    could not be read is shown as notices at the top of the page, and appended to `unread` when given (else
+    logged as one warning)."""
+    notices: list[Unread] = []
+    title, data, records = load_source(source, notices)
+    report_unread(notices, unread, "lines or files")
     if steps is not None:
         wanted = {str(s) for s in steps}
         data = {name: saved for name, saved in data.items() if name in wanted}
@@ -164,6 +169,7 @@ def build_page(source: str | Path, *, steps: Iterable[int] | None = None) -> str
         "overview": overview,
         "curve": [{"step": r.get("step"), "entropy": r.get("learner/entropy")} for r in records],
         "target": target,
+        "notices": [str(u) for u in notices],
     }
     blocks = [f'<script type="application/json" id="meta">{escape_json(meta)}</script>']
     for name, saved in data.items():
@@ -205,11 +211,16 @@ def default_output(source: str | Path) -> Path:
 
 
 def write_page(
-    source: str | Path, out: str | Path | None = None, *, steps: Iterable[int] | None = None
+    source: str | Path,
+    out: str | Path | None = None,
+    *,
+    steps: Iterable[int] | None = None,
+    unread: list[Unread] | None = None,
 ) -> Path:
-    """Write the page of `source` (default: RUN/rollouts.html, or FILE.html beside a file); returns its path."""
+    """Write the page of `source` (default: RUN/rollouts.html, or FILE.html beside a file); returns its path.
+    What could not be read goes to `unread` when given (see `build_page`)."""
     path = Path(out) if out is not None else default_output(source)
-    html = build_page(source, steps=steps)
+    html = build_page(source, steps=steps, unread=unread)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(html, encoding="utf-8")

@@ -156,3 +156,21 @@ def test_records_are_json_lines(tmp_path):
     log.log({"kind": "rl", "step": 0, "x": float("nan")})
     log.close()
     assert json.loads((tmp_path / "metrics.jsonl").read_text().replace("NaN", "null"))["x"] is None
+
+
+def test_a_resume_keeps_every_record_before_its_checkpoint_and_names_a_torn_one(tmp_path, caplog):
+    """The purge of a resumed run splits lines at "\\n" only: a line separator inside a record (left raw by
+    an older writer) does not lose the record, and the line a kill tore is named in a warning."""
+    import logging
+
+    kept = {"kind": "eval", "point": "base", "step": 0, "note": "one\u2028two\u2029three\x85four"}
+    lines = [
+        json.dumps(kept, ensure_ascii=False),
+        json.dumps({"kind": "rl", "step": 0}),
+        '{"kind": "rl", "st',
+    ]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines), encoding="utf-8")
+    with caplog.at_level(logging.WARNING):
+        RunLog(tmp_path, TrainConfig(), purge_from=0).close()
+    assert read_records(tmp_path / "metrics.jsonl") == [kept]
+    assert f"{tmp_path / 'metrics.jsonl'}:3: torn last line" in caplog.text

@@ -259,8 +259,16 @@
   function recolour() { document.querySelectorAll("span.t").forEach(colour); }
 
   // ---- page ----
+  // what the source had that could not be read (a damaged step file, a malformed line): named, never hidden
+  function notices() {
+    const list = meta.notices || [];
+    if (!list.length) return null;
+    return el("div", { id: "notices", class: "notices" },
+      el("strong", {}, list.length + " thing(s) in the source could not be read and are not shown:"),
+      el("ul", {}, ...list.map((text) => el("li", {}, text))));
+  }
   function render() {
-    const children = [el("h1", {}, meta.title), el("div", { class: "muted" }, "stare-agents rollouts · " + meta.overview.length + " step(s)"), overview()];
+    const children = [el("h1", {}, meta.title), el("div", { class: "muted" }, "stare-agents rollouts · " + meta.overview.length + " step(s)"), notices(), overview()].filter((c) => c !== null);
     if (state.step !== null) children.push(stepView());
     else children.push(el("p", { class: "muted", id: "hint" }, "open a step above to list its trajectories"));
     app.replaceChildren(...children);
