@@ -10,6 +10,10 @@ Windows): the node IP becomes 127.0.0.1 and every server above binds to it. Ray 
 imported, so it is set in the environment (for the processes Ray starts) and in Ray's constants (for this
 process, which may have imported Ray already).
 
+Ray 2.60 also turns token authentication on for a new local instance and writes the token it makes to
+`~/.ray/auth_token` readable by everyone (0644): any local user could then authenticate to the run's Ray.
+`private_auth_token` makes that file first, 0600, and makes an existing one 0600, so Ray uses it as it is.
+
 A multi-node run connects to a cluster started with `ray start` instead (`ray.init(address=...)`, see the
 README's cluster section): this function is only for the local instance.
 """
@@ -17,10 +21,30 @@ README's cluster section): this function is only for the local instance.
 from __future__ import annotations
 
 import os
+import secrets
+from pathlib import Path
 from typing import Any
 
 SINGLE_MACHINE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 LOOPBACK = "127.0.0.1"
+
+
+def private_auth_token() -> Path | None:
+    """The file of Ray's authentication token, readable and writable by this user only (0600): made here
+    with a fresh token (as Ray would: 32 random bytes in hex) when there is none, else its mode set. None when
+    Ray's token authentication is off (RAY_AUTH_MODE other than "token") or the token is in RAY_AUTH_TOKEN."""
+    if os.environ.get("RAY_AUTH_MODE", "token").lower() != "token" or os.environ.get("RAY_AUTH_TOKEN"):
+        return None
+    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        os.chmod(path, 0o600)
+        return path
+    with os.fdopen(fd, "w") as handle:
+        handle.write(secrets.token_hex(32))
+    return path
 
 
 def init_local_ray(**kwargs: Any) -> Any:
@@ -31,6 +55,7 @@ def init_local_ray(**kwargs: Any) -> Any:
             "init_local_ray starts a new local instance; connect to a cluster with ray.init(address=...)"
         )
     os.environ[SINGLE_MACHINE_ENV] = "0"  # the GCS, raylet, agents and workers Ray starts read it
+    private_auth_token()  # before Ray would write one that every local user can read
     import ray
     from ray._private import ray_constants
 
@@ -39,4 +64,4 @@ def init_local_ray(**kwargs: Any) -> Any:
     return ray.init(**kwargs)
 
 
-__all__ = ["LOOPBACK", "SINGLE_MACHINE_ENV", "init_local_ray"]
+__all__ = ["LOOPBACK", "SINGLE_MACHINE_ENV", "init_local_ray", "private_auth_token"]
