@@ -229,13 +229,19 @@ def write_page(
 
 
 def serve(path: str | Path, *, port: int = 8000, host: str = "127.0.0.1") -> None:
-    """Serve one page over HTTP on `host` until interrupted (for opening it from another machine over a tunnel)."""
+    """Serve one page over HTTP on `host` until interrupted (for opening it from another machine over a tunnel).
+    Only requests addressed to it (Host `host:port` or `localhost:port`) are answered, others get 403: a web
+    page whose own name resolves to this address (DNS rebinding) cannot read the rollouts."""
     import http.server
 
     page = Path(path).read_bytes()
+    hosts: set[str] = set()  # the Host headers answered, once the port is bound
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
+            if self.headers.get("Host") not in hosts:
+                self.send_error(403, "this server answers requests for its own address only")
+                return
             self.send_response(200)
             self.send_header("Content-Type", "text/html; charset=utf-8")
             self.send_header("Content-Length", str(len(page)))
@@ -246,6 +252,8 @@ def serve(path: str | Path, *, port: int = 8000, host: str = "127.0.0.1") -> Non
             return
 
     with http.server.ThreadingHTTPServer((host, port), Handler) as server:
-        print(f"serving {path} on http://{host}:{server.server_address[1]}/ (Ctrl-C stops)")
+        bound = server.server_address[1]
+        hosts.update({f"{host}:{bound}", f"localhost:{bound}"})
+        print(f"serving {path} on http://{host}:{bound}/ (Ctrl-C stops)")
         with contextlib.suppress(KeyboardInterrupt):
             server.serve_forever()
