@@ -89,9 +89,18 @@ def benchmark_source(spec: str, *, data_dir: str | Path | None = None) -> tuple[
     path = Path(spec).expanduser()
     if path.exists():
         return path.stem if path.is_file() else path.name, str(path)
-    if path.suffix in (".jsonl", ".json", ".parquet"):
+    # a path that does not exist is an error naming it, never a dataset id: one that looks like a path, or an
+    # "owner/name" whose owner is a folder here ("data/aime24", a local file misspelt)
+    looks_like_a_path = spec.startswith(("/", ".", "~")) or spec.count("/") > 1
+    if looks_like_a_path or path.suffix in (".jsonl", ".json", ".parquet"):
         raise FileNotFoundError(f"benchmark file {path} does not exist")
-    if "/" in spec and not spec.startswith(("/", ".", "~")):
+    if spec.count("/") == 1 and path.parent.is_dir():
+        raise FileNotFoundError(
+            f"benchmark {spec!r}: there is no file or folder {path} (but {path.parent}/ exists here, so this "
+            "looks like a mistyped local path, not a Hugging Face dataset id). Check the path; for a dataset "
+            "whose owner matches a local folder's name, run from another directory."
+        )
+    if spec.count("/") == 1:
         return spec, spec  # a Hugging Face dataset id, loaded through `datasets`
     raise ValueError(
         f"unknown benchmark {spec!r}: not one of the names {sorted(BENCHMARK_FILES)}, not an existing file, "

@@ -247,3 +247,31 @@ def test_a_mistyped_local_path_is_an_error_not_a_download(tmp_path: Path, monkey
     monkeypatch.setattr("stare_agents.models._download_hub", no_download)
     with pytest.raises(FileNotFoundError, match="mistyped local path"):
         prepare_model("runs/sft_modle")
+
+
+@pytest.mark.parametrize(
+    "spec, says",
+    [
+        ("data/aime2O24", r"no file or folder data/aime2O24 \(but data/ exists here"),  # a letter O for a 0
+        ("data/sub/aime24", "benchmark file data/sub/aime24 does not exist"),  # no hub id has two slashes
+        ("./aime24", "benchmark file aime24 does not exist"),
+        (str(Path("/nonexistent") / "aime24"), "benchmark file /nonexistent/aime24 does not exist"),
+    ],
+)
+def test_a_mistyped_benchmark_path_is_an_error_not_a_dataset_id(
+    tmp_path: Path, monkeypatch, spec: str, says: str
+) -> None:
+    from stare_agents.eval import benchmarks
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "aime2024.jsonl").write_text('{"id": "1", "problem": "p", "answer": "1"}\n')
+    monkeypatch.chdir(tmp_path)
+
+    def no_dataset(*args, **kwargs):
+        raise AssertionError("a mistyped local path must not be loaded as a Hugging Face dataset")
+
+    monkeypatch.setattr(benchmarks, "TaskDataset", no_dataset)
+    with pytest.raises(FileNotFoundError, match=says):
+        benchmarks.load_benchmark(spec)
+    # an owner/name whose owner is no folder here is still a dataset id
+    assert benchmarks.benchmark_source("HuggingFaceH4/MATH-500")[1] == "HuggingFaceH4/MATH-500"
