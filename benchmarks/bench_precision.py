@@ -16,6 +16,7 @@ and relative error), so the learner's own rounding is measured apart from the en
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import time
@@ -70,6 +71,12 @@ def main() -> None:
         help="learner precisions: fp32, bf16-emulated, bf16 (real autocast: very slow without bf16 units), "
         "each optionally +fp32head",
     )
+    parser.add_argument(
+        "--sync-to",
+        help="a second model folder (e.g. the run's final_model): each engine starts from --model, is sent these "
+        "weights as the trainer sends them (float32, tied head once), then samples; the learners score with "
+        "them, and an fp32 learner also with --model's, which shows whether the engine kept stale weights",
+    )
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
@@ -80,7 +87,7 @@ def main() -> None:
     from stare_agents.envs.registration import split_kwargs
     from stare_agents.rollout import RolloutConfig, RolloutTask, collect, make_engine
     from stare_agents.sandbox import make_sandbox
-    from stare_agents.train.policy import PolicyModel, load_causal_lm
+    from stare_agents.train.policy import PolicyModel, load_causal_lm, split_step
     from stare_agents.trajectory import collate
 
     env_id = "stare_agents/ArithmeticTIR-v0"
@@ -117,10 +124,16 @@ def main() -> None:
                 kv_cache_gib=2,
                 fp32_head=head == "fp32head",
             )
+            if args.sync_to:  # as RolloutWorkerGroup.update_weights sends them (float32 for "fast"/"float32")
+                from stare_agents.rollout.workers import _untied
+
+                synced = load_causal_lm(args.sync_to).state_dict()
+                engine.update_weights({k: v.detach().float() for k, v in _untied(synced).items()})
             started = time.perf_counter()
             trajectories = collect(engine, tasks, config, sandbox=sandbox)
             seconds = time.perf_counter() - started
             engine.close()
+            gc.collect()
             kept = [t for t in trajectories if t.prompt_ids and t.num_action_tokens]
             action_tokens = sum(t.num_action_tokens for t in kept)
             figures["engines"][name] = {
@@ -136,8 +149,19 @@ def main() -> None:
             print(name, figures["engines"][name], flush=True)
             del engine
 
-    model = load_causal_lm(args.model)
+    model = load_causal_lm(args.sync_to or args.model)
     figures["pairs"] = {}
+    if args.sync_to:  # the weights the engines started with: a stale engine would match these instead
+        stale = PolicyModel(load_causal_lm(args.model), precision="fp32", temperature=args.temperature)
+        for name, (batch, _) in batches.items():
+            with torch.no_grad():
+                stats = stale(batch)
+            row = mismatch_row(stats.logprob, batch.rollout_logprobs, batch.action_mask)
+            figures["pairs"][f"{name} | fp32 with the weights before the sync"] = row
+            print(
+                f"engine {name:20s} learner fp32, pre-sync weights", {k: round(v, 5) for k, v in row.items()}
+            )
+        del stale
     for learner in args.learners.split(","):
         precision, _, head = learner.partition("+")
         policy = PolicyModel(
@@ -168,10 +192,16 @@ def main() -> None:
             model, precision=precision, temperature=args.temperature, fp32_head=head == "fp32head"
         )
         model.zero_grad(set_to_none=True)
-        stats = policy(batch)
-        mask = batch.action_mask > 0
-        loss = -(stats.logprob * advantages[:, None].expand_as(stats.logprob))[mask].sum() / mask.sum()
-        loss.backward()
+        total = float((batch.action_mask > 0).sum())
+        for mb in (
+            mb
+            for update in split_step(batch, advantages, mini_batches=1, micro_batch_tokens=4096)
+            for mb in update
+        ):
+            stats = policy(mb.batch)  # micro-batches: the whole batch's activations would not fit in memory
+            mask = mb.batch.action_mask > 0
+            adv = mb.advantages[:, None].expand_as(stats.logprob)
+            (-(stats.logprob * adv)[mask].sum() / total).backward()
         grads[learner] = torch.cat(
             [p.grad.flatten() for p in model.parameters() if p.grad is not None]
         ).clone()
@@ -179,7 +209,7 @@ def main() -> None:
     if reference is not None and float(reference.norm()) > 0:
         figures["gradient_vs_fp32"] = {
             learner: {
-                "cosine": float(torch.nn.functional.cosine_similarity(g, reference, dim=0)),
+                "cosine": float(torch.nn.functional.cosine_similarity(g.double(), reference.double(), dim=0)),
                 "relative_error": float((g - reference).norm() / reference.norm()),
             }
             for learner, g in grads.items()
