@@ -14,6 +14,12 @@ read-only root + tmpfs, non-root, no capabilities, no-new-privileges; fd-level s
     calling `print(1)` in a loop), memory per warm container and containerd shim;
   * the same `print(1)` with `docker run --rm` per call and with `docker exec` into a warm container,
   * LocalSandbox for reference (no isolation).
+
+    flock /tmp/stare-heavy.lock .venv/bin/python benchmarks/bench_sandbox.py --cpu-share [--rounds 3]
+
+measures only what `DockerLimits.low_priority` buys (needs root): the CPU seconds a container's busy loop
+gets in 2 s of wall time on one CPU where a process of the host spins too, at normal and at low priority
+(the test suite checks the cgroup settings; a share under load is a figure, not a pass/fail).
 """
 
 from __future__ import annotations
@@ -278,6 +284,55 @@ def compare(args, limits: DockerLimits, runtimes: list[str]) -> dict[str, dict]:
     }
 
 
+BUSY_LOOP = """
+import time
+start, cpu = time.monotonic(), time.process_time()
+while time.monotonic() - start < 2.0:
+    pass
+print(time.process_time() - cpu)
+"""
+
+
+def cpu_seconds_beside_a_busy_process(limits: DockerLimits, cpu: int, image: str) -> float:
+    """CPU seconds a container's busy loop gets in 2 s of wall time on `cpu`, where a process of this host
+    (at its usual priority) spins too, from before the container starts."""
+    spinner = subprocess.Popen(
+        [sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"]
+    )
+    try:
+        with DockerSandbox(pool_size=1, image=image, limits=limits) as box:
+            time.sleep(0.5)  # the spinner is on its CPU
+            result = box.run(BUSY_LOOP, timeout_s=30)
+            if not result.ok:
+                raise RuntimeError(f"the busy loop failed: {result.stderr}")
+            if limits.low_priority and not box.low_priority_set:
+                raise RuntimeError("the containers' CPU weight was not lowered (needs root; see the log)")
+            return float(result.stdout)
+    finally:
+        spinner.kill()
+        spinner.wait()
+
+
+def cpu_share(args) -> dict[str, list[float]]:
+    """`--cpu-share`: normal against low priority, `args.rounds` alternating rounds, on this process's last CPU."""
+    cpu = sorted(os.sched_getaffinity(0))[-1]
+    base = dict(memory_mb=256, pids=64, cpus=1.0, tmpfs_mb=16, cpuset=str(cpu))
+    figures: dict[str, list[float]] = {"normal": [], "low": []}
+    for _ in range(args.rounds):
+        for name, low in (("normal", False), ("low", True)):
+            limits = DockerLimits(**base, low_priority=low)
+            figures[name].append(cpu_seconds_beside_a_busy_process(limits, cpu, args.image))
+    table = Table(f"CPU-s of 2 s on CPU {cpu} beside a busy host process", "median", "min", "max")
+    for name, values in figures.items():
+        table.add_row(name, *(f"{v:.2f}" for v in (statistics.median(values), min(values), max(values))))
+    console.print(table)
+    console.print(
+        f"low / normal: {statistics.median(figures['low']) / statistics.median(figures['normal']):.3f} "
+        f"(the weight is a 16th: ~0.06 of the CPU when the other process never yields)"
+    )
+    return figures
+
+
 def _spread(rows: list[dict], key: str, digits: int) -> str:
     values = sorted(r[key] for r in rows)
     median = statistics.median(values)
@@ -300,10 +355,20 @@ def main() -> None:
     parser.add_argument("--no-extras", action="store_true", help="only the before/after x runtime table")
     parser.add_argument("--image", default=DEFAULT_IMAGE)
     parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument(
+        "--cpu-share",
+        action="store_true",
+        help="only the CPU share of a low-priority container beside a busy process (needs root)",
+    )
     args = parser.parse_args()
 
     limits = DockerLimits()
     figures: dict[str, dict] = {}
+    if args.cpu_share:
+        console.print(f"cores: {os.cpu_count()}, load {os.getloadavg()[0]:.1f}, image: {args.image}")
+        figures["cpu_share"] = cpu_share(args)
+        _write(args.json, figures)
+        return
     runtimes = ["runc"] + (["runsc"] if "runsc" in engine_runtimes(docker_client()) else [])
     load = os.getloadavg()
     console.print(f"cores: {os.cpu_count()}, load {load[0]:.1f}, image: {args.image}, limits: {limits}")

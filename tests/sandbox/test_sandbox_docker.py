@@ -736,63 +736,49 @@ def test_limits_at_their_bounds_are_kept_and_logged_once_at_start(caplog):
     assert "user 1000:1000" in logged[0] and "16 MB writable /tmp" in logged[0]
 
 
-def _cpu_seconds_beside_a_busy_host_process(limits: DockerLimits, cpu: int) -> tuple[float, str]:
-    """CPU seconds a container's busy loop gets in 2 s of wall time on `cpu`, where a process of this host
-    (priority as usual) spins too, from before the container starts; and what the container's code got when
-    it tried to raise its priority."""
-    code = textwrap.dedent(
-        """
-        import os, time
-        tried = []
-        for attempt in (lambda: os.nice(-5), lambda: open("/sys/fs/cgroup/cpu/cpu.shares", "w").write("1024"),
-                        lambda: open("/sys/fs/cgroup/cpu.weight", "w").write("10000")):
-            try:
-                attempt()
-                tried.append("allowed")
-            except OSError as error:
-                tried.append(type(error).__name__)
-        start, cpu = time.monotonic(), time.process_time()
-        while time.monotonic() - start < 2.0:
-            pass
-        print(time.process_time() - cpu, ",".join(tried))
-        """
-    )
-    spinner = subprocess.Popen(
-        [sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"]
-    )
-    try:
-        with DockerSandbox(pool_size=1, limits=limits) as box:
-            time.sleep(0.5)  # the spinner is on its CPU
-            result = box.run(code, timeout_s=30)
-            assert result.ok, result.stderr
-            seconds, tried = result.stdout.split()
-            if limits.low_priority:
-                assert box.low_priority_set, "the containers' CPU weight was not lowered (see the log)"
-            return float(seconds), tried
-    finally:
-        spinner.kill()
-        spinner.wait()
+RAISE_PRIORITY = textwrap.dedent(
+    """
+    import os
+    tried = []
+    for attempt in (lambda: os.nice(-5), lambda: os.setpriority(os.PRIO_PROCESS, 0, -10),
+                    lambda: open("/sys/fs/cgroup/cpu/cpu.shares", "w").write("1024"),
+                    lambda: open("/sys/fs/cgroup/cpu.weight", "w").write("10000")):
+        try:
+            attempt()
+            tried.append("allowed")
+        except OSError as error:
+            tried.append(type(error).__name__)
+    print(",".join(tried))
+    """
+)
 
 
-def test_low_priority_containers_only_get_the_cpu_others_leave_and_cannot_raise_their_priority():
-    """`DockerLimits.low_priority`: beside a busy process of the host on the same CPU, the model's code gets a
-    small fraction of what it gets at normal priority (the engine's threads are not slowed by it), yet the
-    container still starts and answers beside a process that never yields, and the code cannot undo its
-    priority from inside (no nice below 0, a read-only cgroup file system)."""
+def test_low_priority_containers_get_a_low_cpu_weight_and_cannot_raise_their_priority():
+    """`DockerLimits.low_priority`: the containers live under the sandbox's own cgroup, whose CPU weight is a
+    16th of a normal process's, and the code cannot undo that from inside (no nice below 0, a read-only
+    cgroup file system). What share of a CPU that buys beside a busy process is measured by
+    `benchmarks/bench_sandbox.py --cpu-share`, not here: a test that timed it failed on a loaded machine."""
     _require_docker()
     if os.geteuid() != 0:
         pytest.skip("lowering the containers' cgroup weight needs root")
-    cpu = sorted(os.sched_getaffinity(0))[-1]
-    base = dict(memory_mb=256, pids=64, cpus=1.0, tmpfs_mb=16, cpuset=str(cpu))
-    normal, _ = _cpu_seconds_beside_a_busy_host_process(DockerLimits(**base), cpu)
-    low, tried = _cpu_seconds_beside_a_busy_host_process(DockerLimits(**base, low_priority=True), cpu)
-    assert normal > 0.5, f"at normal priority the container got only {normal:.2f} CPU-s of 2 s"
-    assert low < normal / 4, f"low priority: {low:.2f} CPU-s against {normal:.2f} at normal priority"
-    assert "allowed" not in tried.split(","), f"the code raised its priority: {tried}"
+    limits = DockerLimits(memory_mb=256, pids=64, cpus=1.0, tmpfs_mb=16, low_priority=True)
+    with DockerSandbox(pool_size=1, limits=limits) as box:
+        result = box.run(RAISE_PRIORITY, timeout_s=30)
+        assert result.ok, result.stderr
+        tried = result.stdout.strip().split(",")
+        assert len(tried) == 4 and "allowed" not in tried, f"the code raised its priority: {tried}"
+        assert box.low_priority_set, "the containers' CPU weight was not lowered (see the log)"
+        client = docker_client()
+        (container,) = sandbox_containers(client, instance=box.instance)
+        inspected = client.api.inspect_container(container["Id"])
+        parent = inspected["HostConfig"]["CgroupParent"]
+        assert parent in ("/" + LOW_PRIORITY_PARENT, LOW_PRIORITY_PARENT + ".slice"), parent
+        with open(f"/proc/{inspected['State']['Pid']}/cgroup") as handle:
+            assert LOW_PRIORITY_PARENT in handle.read()  # the runner lives under the low-weight cgroup
     shares = "/sys/fs/cgroup/cpu/stare-sandbox/cpu.shares"
     weight = "/sys/fs/cgroup/stare-sandbox/cpu.weight"
     written = shares if os.path.exists(shares) else weight
-    with open(written) as handle:
+    with open(written) as handle:  # still low after the code's attempts
         assert handle.read().strip() == (str(LOW_PRIORITY_SHARES) if written == shares else "6")
 
 
