@@ -69,7 +69,7 @@ def main() -> None:
             reply = {"reason": "parse_failure", "detail": "memory limit exceeded while grading"}
         except Exception as error:  # anything sympy/latex2sympy raises is a property of the input
             reply = {"reason": "parse_failure", "detail": f"{type(error).__name__}: {str(error)[:200]}"}
-        out.write(json.dumps(reply) + "\n")
+        out.write(json.dumps(reply, allow_nan=False) + "\n")
         out.flush()
 
 

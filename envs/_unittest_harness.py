@@ -75,7 +75,7 @@ def report_mac(key: bytes, body: str) -> str:
 
 def seal_report(key: bytes, report: dict) -> str:
     """The report line: tag, seal, body (ASCII JSON with sorted keys)."""
-    body = json.dumps(report, sort_keys=True, separators=(",", ":"))
+    body = json.dumps(report, sort_keys=True, separators=(",", ":"), allow_nan=False)
     return REPORT_TAG + report_mac(key, body) + " " + body
 
 
@@ -154,7 +154,7 @@ def _number(value):
 
 
 def _write_line(stream, payload):
-    stream.write((json.dumps(payload, separators=(",", ":")) + "\n").encode())
+    stream.write((json.dumps(payload, separators=(",", ":"), allow_nan=False) + "\n").encode())
     stream.flush()
 
 
@@ -185,11 +185,13 @@ def _child(folder):
             if function is None:
                 raise NameError("the submission defines no {!r}".format(request["name"]))
             value = function(*_decode(request["args"]), **_decode(request["kwargs"]))
-            reply = json.dumps({"id": request["id"], "value": _encode(value)}, separators=(",", ":"))
+            reply = json.dumps(
+                {"id": request["id"], "value": _encode(value)}, separators=(",", ":"), allow_nan=False
+            )
             if len(reply) >= MAX_LINE_BYTES:
                 raise _Unencodable(f"the returned value takes more than {MAX_LINE_BYTES} bytes")
         except BaseException as error:
-            reply = json.dumps({"id": request["id"], "error": _describe(error)})
+            reply = json.dumps({"id": request["id"], "error": _describe(error)}, allow_nan=False)
         channel_out.write((reply + "\n").encode())
         channel_out.flush()
 
@@ -281,7 +283,7 @@ class _Child:
             }
         except _Unencodable as error:
             raise TypeError(f"an argument to {name}() cannot be sent to the submission: {error}") from None
-        data = (json.dumps(request) + "\n").encode()
+        data = (json.dumps(request, allow_nan=False) + "\n").encode()
         if len(data) > MAX_LINE_BYTES:
             raise TypeError(f"the arguments to {name}() take more than {MAX_LINE_BYTES} bytes")
         self.next_id += 1

@@ -130,5 +130,6 @@ def export(
         env.close()
     with open(out, "w", encoding="utf-8") as handle:
         for task in tasks:
-            handle.write(json.dumps({"id": task.id, "problem": task.problem, "answer": task.answer}) + "\n")
+            row = {"id": task.id, "problem": task.problem, "answer": task.answer}
+            handle.write(json.dumps(row, allow_nan=False) + "\n")
     console.print(f"wrote {len(tasks)} distinct {split} tasks of {env_id} to {out}")

@@ -255,7 +255,7 @@ def _read_messages_from_shared_memory(space: MessagesSpace, shared_memory: Any, 
 def _write_messages_to_shared_memory(
     space: MessagesSpace, index: int, value: list[Message], shared_memory: Any
 ) -> None:
-    data = json.dumps(value, ensure_ascii=False).encode("utf-8")
+    data = json.dumps(value, ensure_ascii=False, allow_nan=False).encode("utf-8")
     size = space.shared_memory_bytes
     if len(data) + 8 > size:
         raise ValueError(

@@ -278,7 +278,7 @@ class _Worker:
         """The worker's reply, or None when it missed the deadline (the caller kills it). Raises
         BrokenPipeError / EOFError when the worker is gone."""
         assert self.proc.stdin is not None
-        self.proc.stdin.write((json.dumps(payload) + "\n").encode())
+        self.proc.stdin.write((json.dumps(payload, allow_nan=False) + "\n").encode())
         self.proc.stdin.flush()
         line = self.read_line(time.monotonic() + timeout_s)
         return None if line is None else json.loads(line)

@@ -241,7 +241,7 @@ class PythonUnitTestEnv(TextEnv):
         }
         code = (
             f"{HARNESS_SOURCE}\n_SOURCE = {HARNESS_SOURCE!r}\n"
-            f"import json as _json\n_driver(_json.loads({json.dumps(params)!r}))\n"
+            f"import json as _json\n_driver(_json.loads({json.dumps(params, allow_nan=False)!r}))\n"
         )
         with self.sandbox.session(stateless=True) as session:
             result = session.run(code, timeout_s=self.tool_timeout_s)

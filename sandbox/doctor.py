@@ -65,7 +65,7 @@ print(json.dumps({
     "no_new_privs": status.get("NoNewPrivs"),
     "host_env": sorted(k for k in os.environ if k not in ("PATH", "HOME", "TMPDIR", "LANG", "HOSTNAME")
                        and not k.endswith("_NUM_THREADS") and not k.startswith("PYTHON") and k != "MPLBACKEND"),
-}))
+}, allow_nan=False))
 """
 
 
@@ -153,7 +153,7 @@ foreign = [p for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, o
            and stat(p)[3] != runner]
 ipc = [line for kind in ("shm", "msg", "sem") if os.path.exists(f"/proc/sysvipc/{kind}")
        for line in open(f"/proc/sysvipc/{kind}").read().splitlines()[1:]]
-print(json.dumps({"processes": foreign, "ipc": ipc, "tmp": os.listdir("/tmp")}))
+print(json.dumps({"processes": foreign, "ipc": ipc, "tmp": os.listdir("/tmp")}, allow_nan=False))
 """
 
 

@@ -61,7 +61,7 @@ RESET_BUDGET_S = 5.0  # killing, removing and wiping between sessions; past it t
 
 
 def encode_frame(header: dict, *blobs: bytes) -> bytes:
-    payload = json.dumps(header, separators=(",", ":")).encode()
+    payload = json.dumps(header, separators=(",", ":"), allow_nan=False).encode()
     return b"".join((_LEN.pack(len(payload)), payload, *blobs))
 
 

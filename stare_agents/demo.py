@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -11,6 +10,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from stare_agents.algo.simulation import SimulationConfig, SimulationResult, simulate
+from stare_agents.jsonl import dumps
 
 
 def _window_mean(values: list[float], start: int, stop: int) -> float:
@@ -86,6 +86,6 @@ def run_demo(
     output_dir.mkdir(parents=True, exist_ok=True)
     plot_entropy(results, target_entropy, output_dir / "entropy.png")
     metrics = {r.config.algorithm: asdict(r) for r in results}
-    (output_dir / "metrics.json").write_text(json.dumps(metrics, indent=1))
+    (output_dir / "metrics.json").write_text(dumps(metrics, indent=1))
     console.print(f"wrote {output_dir / 'entropy.png'} and {output_dir / 'metrics.json'}")
     return results

@@ -28,6 +28,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from stare_agents.jsonl import dumps
+
 logger = logging.getLogger("stare_agents.models")
 
 MODEL_NAMES: tuple[str, ...] = ("tiny", "smollm2-135m")
@@ -152,7 +154,7 @@ def _atomic_build(target: Path, recipe: dict, build) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         details = build(tmp) or {}
-        (tmp / STAMP).write_text(json.dumps({"recipe": recipe, **details}, indent=2))
+        (tmp / STAMP).write_text(dumps({"recipe": recipe, **details}, indent=2))
         _check_replaceable(target)  # again: something may have appeared while building
         if target.exists():
             if any(target.iterdir()):
@@ -268,7 +270,7 @@ def file_sha256(path: str | Path) -> str:
     try:
         cache_file.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache_file.with_name(f".{cache_file.name}.{os.getpid()}")
-        tmp.write_text(json.dumps(cache, indent=0), encoding="utf-8")
+        tmp.write_text(dumps(cache, indent=0), encoding="utf-8")
         tmp.replace(cache_file)
     except OSError as error:  # a read-only cache costs time, not correctness
         logger.debug("could not write the hash cache %s: %s", cache_file, error)

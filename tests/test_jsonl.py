@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from stare_agents.envs import TaskDataset
-from stare_agents.jsonl import Unread, parse_lines
+from stare_agents.jsonl import Unread, dumps, dumps_line, finite, parse_lines
 
 SEPARATORS = "a\u2028b\u2029c\x85d\x1ce\x0bf\x0cg"  # line ends for str.splitlines(), none in a JSON line
 
@@ -52,3 +52,21 @@ def test_a_conversation_file_with_line_separators_in_a_message(tmp_path):
     path.write_text(json.dumps({"messages": conversation}, ensure_ascii=False) + "\n", encoding="utf-8")
     [trace] = conversation_traces(path, tokenizer, {tokenizer.eos_token_id})
     assert tokenizer.decode(trace.prompt_ids).count("\u2028") == 1
+
+
+def strict(text: str):
+    """json.loads that refuses NaN, Infinity and -Infinity, as strict parsers (JavaScript, jq) do."""
+
+    def refuse(constant: str):
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_what_is_not_finite_is_absent_never_nan():
+    nan, inf = float("nan"), float("inf")
+    record = {"a": nan, "b": [1.0, inf, 2], "c": {"d": -inf, "e": "x"}, "f": (nan,), "g": 0.5}
+    assert strict(dumps(record)) == {"b": [1.0, None, 2], "c": {"e": "x"}, "f": [None], "g": 0.5}
+    assert finite(record)["g"] == 0.5 and "a" not in finite(record)  # never replaced by another quantity
+    line = dumps_line({"text": SEPARATORS, "x": nan})
+    assert "\n" not in line and "\u2028" not in line and strict(line) == {"text": SEPARATORS}

@@ -41,7 +41,7 @@ from stare_agents.envs.registration import split_kwargs
 from stare_agents.envs.tasks import Task
 from stare_agents.eval.metrics import Estimate, estimate, paired_difference
 from stare_agents.hardware import resolve_dtype, resolve_precision
-from stare_agents.jsonl import dumps_line, read_lines, report_unread
+from stare_agents.jsonl import dumps_line, finite, read_lines, report_unread
 from stare_agents.records import read_records
 from stare_agents.rollout import RolloutConfig, RolloutTask, RolloutWorkerGroup, WorkerSpec
 from stare_agents.rollout.summary import check_failed_share, summarize
@@ -95,8 +95,11 @@ class RunLog:
         self._wandb_kinds: set[str] = set()
 
     def log(self, record: dict[str, Any]) -> None:
+        """Append `record` to every sink. A figure that is not a finite number (not measured: NaN) is left out
+        of it, so that metrics.jsonl is strict JSON and an absent figure never reads as another."""
+        record = finite(json.loads(json.dumps(record, default=_jsonable)))  # tensors and numpy as numbers
         with open(self.path, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record, default=_jsonable) + "\n")
+            handle.write(dumps_line(record) + "\n")
         step = int(record.get("step", 0))
         prefix = scalar_prefix(record)
         numbers = scalars(record, prefix)
@@ -217,8 +220,10 @@ def _keep(record: Any, purge_from: int) -> bool:
 
 
 def _jsonable(value: Any) -> Any:
-    if isinstance(value, torch.Tensor | np.generic):
+    if isinstance(value, torch.Tensor):
         return value.item() if value.numel() == 1 else value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
     return str(value)
 
 

@@ -56,6 +56,7 @@ from stare_agents.eval.report import (
     sample_record,
     write_results,
 )
+from stare_agents.jsonl import dumps
 from stare_agents.rollout.engine import DTYPES, ENGINES
 from stare_agents.rollout.render import RENDERINGS
 from stare_agents.sandbox import BACKENDS
@@ -554,7 +555,7 @@ def evaluate(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     _check_resume(out, settings)
-    (out / RUN_FILE).write_text(json.dumps({"settings": settings, "model": identity}, indent=2) + "\n")
+    (out / RUN_FILE).write_text(dumps({"settings": settings, "model": identity}, indent=2) + "\n")
     samples_path = out / SAMPLES_FILE
     cut = drop_torn_tail(samples_path)
     if cut:

@@ -27,7 +27,7 @@ from typing import Any
 
 from stare_agents.eval.behavior import ResponseStats, response_stats, summarize
 from stare_agents.eval.metrics import BenchmarkMetrics, Estimate, benchmark_metrics, outcomes_from_samples
-from stare_agents.jsonl import Unread, dumps_line, read_lines, report_unread
+from stare_agents.jsonl import Unread, dumps, dumps_line, read_lines, report_unread
 from stare_agents.trajectory import Trajectory
 
 RESULTS_FORMAT = "stare-agents-eval/1"
@@ -348,7 +348,7 @@ def results_markdown(results: Mapping[str, Any]) -> str:
             f"{'—' if calls is None else f'{calls:.2f}'} | {'—' if tokens is None else f'{tokens:.0f}'} | "
             f"{done} |"
         )
-    lines += ["", "## Settings", "", "```json", json.dumps(settings, indent=2, default=str), "```", ""]
+    lines += ["", "## Settings", "", "```json", dumps(settings, indent=2, default=str), "```", ""]
     lines += [
         "## Model",
         "",
@@ -407,7 +407,7 @@ def write_results(folder: str | Path, results: Mapping[str, Any]) -> dict[str, P
     if plot is not None:
         written["pass_at_k.png"] = plot
     tmp = folder / (RESULTS_FILE + ".tmp")
-    tmp.write_text(json.dumps(results, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
+    tmp.write_text(dumps(results, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
     tmp.replace(folder / RESULTS_FILE)
     written["results.json"] = folder / RESULTS_FILE
     return written

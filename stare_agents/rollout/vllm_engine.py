@@ -83,7 +83,7 @@ def write_safetensors(state_dict: Mapping[str, torch.Tensor], path: Path) -> Non
         }
         tensors.append(tensor)
         offset += size
-    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded = json.dumps(header, separators=(",", ":"), allow_nan=False).encode()
     encoded += b" " * (-len(encoded) % 8)  # the data starts 8-byte aligned
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as handle:

@@ -1,6 +1,7 @@
 """A line separator inside a sample's text (U+2028, U+2029, U+0085: line ends for `str.splitlines()`) round-
 trips through the evaluation writer and is read back whole by every reader: the resume, the viewer's, and
-the metrics reader; a torn line is named in a warning (issue 30, item 1)."""
+the metrics reader; a torn line is named in a warning (issue 30, item 1). Every JSON file an evaluation
+writes parses strictly: no NaN, no Infinity (item 2)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from pathlib import Path
 
 from test_eval_harness import ScriptedRunner, setup  # noqa: F401  (setup is a fixture)
 
-from stare_agents.eval.harness import evaluate
-from stare_agents.eval.report import SAMPLES_FILE, read_samples
+from stare_agents.eval.harness import RUN_FILE, evaluate
+from stare_agents.eval.report import RESULTS_FILE, SAMPLES_FILE, read_samples, write_results
 from stare_agents.records import read_records
 from stare_agents.rollout_log import read_rollouts
 
@@ -67,3 +68,25 @@ def test_a_malformed_metrics_line_is_named_in_a_warning(tmp_path: Path, caplog) 
     assert [r["step"] for r in records] == [0, 1] and records[1]["note"] == "a\u2028b"
     assert "2 metrics lines could not be read" in caplog.text
     assert f"{path}:2: not JSON" in caplog.text and f"{path}:4: not a JSON object" in caplog.text
+
+
+def strict(text: str):
+    """json.loads that refuses NaN, Infinity and -Infinity, as strict parsers (JavaScript, jq) do."""
+
+    def refuse(constant: str):
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_an_evaluations_json_files_parse_strictly(setup: dict, tmp_path: Path) -> None:  # noqa: F811
+    out = tmp_path / "run"
+    results = evaluate(setup["model"], setup["benchmarks"], setup["config"], out=out, runner=ScriptedRunner())
+    results["timing"]["not_measured_s"] = float("nan")
+    results["settings"]["limit"] = float("inf")
+    write_results(out, results)
+    assert [strict(line) for line in (out / SAMPLES_FILE).read_text(encoding="utf-8").split("\n") if line]
+    strict((out / RUN_FILE).read_text(encoding="utf-8"))
+    written = strict((out / RESULTS_FILE).read_text(encoding="utf-8"))
+    assert "not_measured_s" not in written["timing"] and "limit" not in written["settings"]
+    assert "Infinity" not in (out / "results.md").read_text(encoding="utf-8")

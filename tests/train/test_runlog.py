@@ -151,11 +151,37 @@ def test_a_terminal_keeps_the_default_refresh(monkeypatch):
     assert "TQDM_MININTERVAL" not in os.environ
 
 
-def test_records_are_json_lines(tmp_path):
+def strict_json(text: str):
+    """json.loads that refuses NaN, Infinity and -Infinity, as strict parsers (JavaScript, jq) do."""
+
+    def refuse(constant: str):
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_records_are_strict_json_lines_without_what_was_not_measured(tmp_path):
+    import numpy as np
+    import torch
+
     log = RunLog(tmp_path, TrainConfig())
-    log.log({"kind": "rl", "step": 0, "x": float("nan")})
+    log.log(
+        {
+            "kind": "rl",
+            "step": 0,
+            "x": float("nan"),
+            "y": 0.5,
+            "inf": float("-inf"),
+            "tensor": torch.tensor(float("nan")),
+            "numpy": np.float32("inf"),
+            "nested": {"a": float("nan"), "b": 1},
+            "text": "a\u2028b",
+        }
+    )
     log.close()
-    assert json.loads((tmp_path / "metrics.jsonl").read_text().replace("NaN", "null"))["x"] is None
+    [line] = (tmp_path / "metrics.jsonl").read_text(encoding="utf-8").split("\n")[:-1]
+    assert strict_json(line) == {"kind": "rl", "step": 0, "y": 0.5, "nested": {"b": 1}, "text": "a\u2028b"}
+    assert set(tensorboard_scalars(tmp_path)) == {"rl/y", "rl/nested/b"}
 
 
 def test_a_resume_keeps_every_record_before_its_checkpoint_and_names_a_torn_one(tmp_path, caplog):
