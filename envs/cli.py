@@ -10,6 +10,10 @@ from rich.table import Table
 
 app = typer.Typer(help="Gymnasium environments: list, check.", no_args_is_help=True)
 console = Console()
+IMPORT_HELP = (
+    "a module that registers your environments (repeatable); the current folder is searched first, as uvicorn "
+    "finds its app"
+)
 
 
 @app.command("list")
@@ -32,9 +36,7 @@ def check(
         "docker", help="sandbox for tool environments: docker, or local (needs STARE_ALLOW_LOCAL_SANDBOX=1)"
     ),
     seed: int = typer.Option(0, help="seed for the determinism checks"),
-    imports: list[str] = typer.Option(
-        [], "--import", help="a module that registers your environments (repeatable)"
-    ),
+    imports: list[str] = typer.Option([], "--import", help=IMPORT_HELP),
     env_kwargs: str = typer.Option("{}", "--env-kwargs", help="JSON keyword arguments for the environment"),
 ) -> None:
     """Run check_env on an environment (made with its defaults, or --env-kwargs) and report the result."""
@@ -104,6 +106,7 @@ def export(
         "heldout", help="heldout or train, for environments that take a split (ArithmeticTIR-v0)"
     ),
     env_kwargs: str = typer.Option("{}", "--env-kwargs", help="JSON keyword arguments for the environment"),
+    imports: list[str] = typer.Option([], "--import", help=IMPORT_HELP),
 ) -> None:
     """Write an environment's seeded tasks as a benchmark file (`stare-agents eval --benchmark FILE`).
 
@@ -113,10 +116,13 @@ def export(
 
     import gymnasium as gym
 
-    import stare_agents.envs  # noqa: F401  (registers the ids)
-    from stare_agents.envs.registration import split_kwargs
+    from stare_agents.envs.registration import resolve_env_id, split_kwargs
     from stare_agents.envs.tasks import unique_tasks
 
+    try:
+        env_id = resolve_env_id(env_id, imports)  # registers the stare_agents/* ids, imports yours
+    except ValueError as error:
+        raise typer.BadParameter(str(error), param_hint="ENV_ID") from error
     if count < 1:
         raise typer.BadParameter(f"count must be >= 1, got {count}")
     if split not in ("heldout", "train"):

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
+import sys
 from collections.abc import Iterable, Mapping
 
 import gymnasium as gym
@@ -63,15 +65,33 @@ def split_kwargs(env_id: str, kwargs: dict, split: str) -> dict:
 
 
 def import_modules(modules: Iterable[str]) -> None:
-    """Import each module (they register your own environments); an import that fails is a ValueError naming it."""
+    """Import each module (they register your own environments), the current folder searched first (see
+    `search_current_folder`); an import that fails is a ValueError naming it."""
+    modules = list(modules)
+    if modules:
+        search_current_folder()
     for module in modules:
         try:
             importlib.import_module(module)
         except ImportError as error:
             raise ValueError(
-                f"cannot import {module!r} ({type(error).__name__}: {error}): give a module on the Python path "
-                "that registers your environments (gymnasium.register(...) at import)"
+                f"cannot import {module!r} ({type(error).__name__}: {error}) from the current folder "
+                f"({os.getcwd()}) or the Python path: give a module that registers your environments "
+                "(gymnasium.register(...) at import)"
             ) from None
+
+
+def search_current_folder() -> None:
+    """Put the current folder first on the module search path, as `python -m`, uvicorn and celery do for the
+    module they are given: a console script (`stare-agents`) does not, so `--import my_envs` would not find the
+    my_envs.py beside you. The folder also goes first on PYTHONPATH, so that the processes started after this
+    one (Ray workers, environment processes) find the module too."""
+    folder = os.getcwd()
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if folder not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([folder, *paths])
 
 
 def resolve_env_id(env_id: str, imports: Iterable[str] = ()) -> str:

@@ -60,7 +60,10 @@ def train(
         None, help="Also train this algorithm (e.g. grpo-ds) from the same SFT model and plot both."
     ),
     imports: list[str] = typer.Option(
-        [], "--import", help="A module that registers your environments (repeatable; added to env.imports)."
+        [],
+        "--import",
+        help="A module that registers your environments (repeatable; added to env.imports). The current folder "
+        "is searched first, as uvicorn finds its app; so is env.imports's.",
     ),
     show_config: bool = typer.Option(
         False,
@@ -191,7 +194,10 @@ def rollout(
         "{}", "--env-kwargs", help="JSON object of keyword arguments for the env."
     ),
     imports: list[str] = typer.Option(
-        [], "--import", help="A module that registers your environments (repeatable), also in every worker."
+        [],
+        "--import",
+        help="A module that registers your environments (repeatable), also in every worker. The current folder "
+        "is searched first, as uvicorn finds its app.",
     ),
 ) -> None:
     """Run episodes of an environment with a model and write their trajectories (token-in-token-out).

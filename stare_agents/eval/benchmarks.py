@@ -247,7 +247,8 @@ class Protocol:
 
         import stare_agents.envs  # noqa: F401  (registers the ids)
 
-        return int(load_env_creator(gym.spec(self.env_id).entry_point).default_max_turns)
+        creator = load_env_creator(gym.spec(self.env_id).entry_point)
+        return int(getattr(creator, "default_max_turns", 1))  # a TextEnv (yours, say): max_turns=1 by default
 
     def to_dict(self) -> dict[str, Any]:
         return {

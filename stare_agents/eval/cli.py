@@ -32,7 +32,11 @@ def eval_command(
         "Repeat the option or separate with commas.",
     ),
     out: Path = typer.Option(..., "--out", help="Output folder; run again with the same folder to resume."),
-    protocol: str = typer.Option("tir", help="tir (MathTIR-v0 defaults), cot (single turn) or simpletir."),
+    protocol: str = typer.Option(
+        "tir",
+        help="tir (MathTIR-v0 defaults), cot (single turn), simpletir, arith, or one an --import module adds to "
+        "stare_agents.eval.benchmarks.PROTOCOLS (for your own environment).",
+    ),
     k: int | None = typer.Option(
         None, "--k", help="Samples per problem (the k of avg@k). Default: the preset's, else 1."
     ),
@@ -80,6 +84,12 @@ def eval_command(
     ),
     chunk_size: int = typer.Option(64, "--chunk-size", help="Samples per chunk written to samples.jsonl."),
     bootstrap: int = typer.Option(1000, help="Bootstrap resamples for the confidence intervals (0: none)."),
+    imports: list[str] = typer.Option(
+        [],
+        "--import",
+        help="A module that registers your environments and protocols (repeatable), also in every worker. The "
+        "current folder is searched first, as uvicorn finds its app.",
+    ),
 ) -> None:
     """Evaluate a model on math benchmarks: avg@k, pass@k with bootstrap intervals, behaviour analysis.
 
@@ -113,6 +123,7 @@ def eval_command(
             seed=seed,
             chunk_size=chunk_size,
             bootstrap=bootstrap,
+            imports=imports,
         )
         results = evaluate(model, _split(benchmark), config, out=out)
     except USER_ERRORS as error:

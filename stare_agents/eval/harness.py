@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from stare_agents.envs import Task
+from stare_agents.envs.registration import import_modules
 from stare_agents.eval.benchmarks import (
     Benchmark,
     Protocol,
@@ -86,6 +87,8 @@ class EvalConfig:
     max_concurrency: episodes in flight per worker. max_model_len: the engine's context window (None:
         1024 prompt tokens + the protocol's response budget, within the model's max_position_embeddings).
     seed: the run seed; each sample's seed is derived from it and the sample's identity.
+    imports: modules imported first, here and in every rollout worker (the current folder searched first):
+        they register your environments and may add protocols to `benchmarks.PROTOCOLS`.
     chunk_size: tasks per chunk; a killed run loses at most the chunk in flight.
     bootstrap / confidence: bootstrap resamples and level of the intervals.
     """
@@ -113,6 +116,7 @@ class EvalConfig:
     chunk_size: int = 64
     bootstrap: int = 1000
     confidence: float = 0.95
+    imports: list[str] = field(default_factory=list)
 
     def check(self) -> None:
         if self.samples is not None and self.samples < 1:
@@ -206,6 +210,7 @@ class RolloutRunner:
             seed=config.seed,
             max_model_len=config.max_model_len or default_max_model_len(model_dir, protocol),
             sandbox="none" if protocol.single_turn else config.sandbox,
+            imports=list(config.imports),
         )
         self.group = RolloutWorkerGroup(self.spec, max(1, config.workers), use_ray=config.workers > 0)
         self.owns_group = True
@@ -530,6 +535,7 @@ def evaluate(
     """
     config = config or EvalConfig()
     config.check()
+    import_modules(config.imports)  # your environments and protocols, before the protocol is looked up
     protocol = config.resolve_protocol()
     loaded = [
         b
