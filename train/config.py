@@ -521,10 +521,10 @@ class LoggingSection:
     wandb_project: str | None = None  # W&B when set (needs `pip install wandb` and a login)
     progress: bool = True
     rollouts: float = 1.0  # share of each RL step's groups saved to rollouts/ (1: all, 0: none)
-    # also log learner/entropy_all: the learner's exact entropy over every trajectory that ran, not only the
-    # trained ones (one more no-grad forward pass over the untrained trajectories per step). Off: the sampler's
-    # mean surprisal over all trajectories (rollout/sampler_entropy, free) estimates the same quantity.
-    entropy_all: bool = False
+    # log learner/entropy_all: the learner's exact entropy over every trajectory that ran, not only the
+    # trained ones (one more no-grad forward pass over the untrained trajectories per step). Off: the figure is
+    # absent (rollout/sampler_entropy, the sampled tokens' mean surprisal, is always logged beside it)
+    entropy_all: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.rollouts, bool) or not 0.0 <= self.rollouts <= 1.0:

@@ -1237,7 +1237,8 @@ def benchmark_figures(records: list[dict[str, Any]]) -> dict[str, Any]:
 def entropy_figures(records: list[dict[str, Any]], target: float | None) -> dict[str, Any]:
     """Entropy over an RL run: first/final/second-half means of the learner's entropy on the trained (kept)
     batch (what the gate sees), on every trajectory that ran, and the sampler's mean surprisal; with a target,
-    the share of second-half steps whose all-trajectory entropy is within +-30% of it."""
+    the share of second-half steps whose entropy is within +-30% of it, for each of the three (None where the
+    run did not measure it: no figure stands in for another)."""
 
     def finite(key: str, rows: list[dict[str, Any]]) -> list[float]:
         return [float(r[key]) for r in rows if isinstance(r.get(key), int | float) and math.isfinite(r[key])]
@@ -1259,12 +1260,13 @@ def entropy_figures(records: list[dict[str, Any]], target: float | None) -> dict
     gate = finite("stare/gate_on", records)
     out["gate_on_fraction"] = mean(gate)
     out["gate_on_fraction_second_half"] = mean(finite("stare/gate_on", second))
-    if target is not None:  # the trained batch's (the gate's input), and all trajectories' (exact or sampler)
-        for name, keys in (
-            ("learner", ("learner/entropy",)),
-            ("all", ("learner/entropy_all", "rollout/sampler_entropy")),
+    if target is not None:  # each entropy on its own: a figure that was not measured stays None
+        for name, key in (
+            ("learner", "learner/entropy"),
+            ("all", "learner/entropy_all"),
+            ("sampler", "rollout/sampler_entropy"),
         ):
-            late = next((v for v in (finite(key, second) for key in keys) if v), [])
+            late = finite(key, second)
             out[f"{name}_second_half_within_30pct"] = (
                 sum(abs(v - target) <= 0.3 * target for v in late) / len(late) if late else None
             )

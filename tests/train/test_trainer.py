@@ -97,20 +97,31 @@ def test_tiny_run_writes_every_output(tmp_path):
 
 
 def test_every_json_file_of_a_run_parses_strictly(tmp_path):
-    """What was not measured is absent, never NaN (learner/entropy_all: logging.entropy_all is off; the share
+    """What was not measured is absent, never NaN (learner/entropy_all with logging.entropy_all off; the share
     of L+ tokens with Phi < 0 when L+ is empty): a strict parser (no NaN, no Infinity) reads every line."""
 
     def refuse(constant: str):
         raise ValueError(f"{constant} is not JSON")
 
-    folder = tmp_path / "run"
-    train(tiny(folder, "rl.steps=2"))
-    lines = (folder / "metrics.jsonl").read_text(encoding="utf-8").split("\n")
-    assert lines[-1] == ""
-    records = [json.loads(line, parse_constant=refuse) for line in lines[:-1]]
-    rl = [r for r in records if r["kind"] == "rl"]
+    def strict_rl_records(folder):
+        lines = (folder / "metrics.jsonl").read_text(encoding="utf-8").split("\n")
+        assert lines[-1] == ""
+        records = [json.loads(line, parse_constant=refuse) for line in lines[:-1]]
+        summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"), parse_constant=refuse)
+        return [r for r in records if r["kind"] == "rl"], summary
+
+    train(tiny(tmp_path / "off", "rl.steps=2", "logging.entropy_all=false"))
+    rl, summary = strict_rl_records(tmp_path / "off")
     assert len(rl) == 2 and all("learner/entropy_all" not in r and "learner/entropy" in r for r in rl)
-    json.loads((folder / "summary.json").read_text(encoding="utf-8"), parse_constant=refuse)
+    # no stand-in: without the all-trajectory entropy its figures are None, the sampler's are its own
+    assert summary["entropy"]["all_final"] is None and summary["entropy"]["sampler_final"] is not None
+
+    train(tiny(tmp_path / "on", "rl.steps=2"))  # logging.entropy_all is on by default
+    rl, summary = strict_rl_records(tmp_path / "on")
+    # the tiny run trains on every trajectory (no dynamic sampling): the entropy over all of them is the
+    # trained batch's, token for token
+    assert all(r["learner/entropy_all"] == pytest.approx(r["learner/entropy"], rel=1e-6) for r in rl)
+    assert summary["entropy"]["all_final"] == pytest.approx(rl[-1]["learner/entropy_all"])
 
 
 def test_a_run_killed_with_sigkill_resumes_to_the_same_state_and_metrics(tmp_path):
