@@ -206,6 +206,8 @@ def main() -> None:
             [p.grad.flatten() for p in model.parameters() if p.grad is not None]
         ).clone()
     reference = grads.get("fp32")
+    if reference is not None and float(reference.norm()) == 0:
+        print("gradient: no group of the", name, "batch has reward variance (all advantages 0): not compared")
     if reference is not None and float(reference.norm()) > 0:
         figures["gradient_vs_fp32"] = {
             learner: {
