@@ -184,6 +184,35 @@ def test_vllm_multiprocess_engine_syncs_weights_through_a_file(vllm_engine, tiny
     )  # the shared-memory copy is gone
 
 
+def test_vllm_fp32_head_in_a_bf16_engine(vllm_engine, tiny_model):
+    """model.fp32_lm_head: a bf16 engine computes its LM head and sampling log-probs in fp32 (vLLM's
+    head_dtype). In its own engine process, as the multiprocess test above (an in-process engine beside the
+    session's failed its steps)."""
+    from stare_agents.rollout.vllm_engine import VLLMEngine
+
+    with pytest.raises(ValueError, match="disagree"):  # refused before any engine starts
+        VLLMEngine(str(tiny_model), fp32_head=True, engine_kwargs={"hf_overrides": {"head_dtype": "bfloat16"}})
+    engine = make_engine(
+        "vllm",
+        str(tiny_model),
+        dtype="bfloat16",
+        max_model_len=512,
+        kv_cache_gib=1,
+        multiprocess=True,
+        fp32_head=True,
+    )
+    try:
+        config = engine.llm.llm_engine.model_config
+        assert config.dtype == torch.bfloat16 and config.head_dtype == torch.float32
+        prompt = chat_prompt(engine.tokenizer, "What is 6 times 7?")
+        sampled = asyncio.run(engine.generate(prompt, SamplingParams(temperature=0.7, max_tokens=12)))
+        expected = reference_logprobs(tiny_model, prompt + sampled.token_ids, len(prompt), temperature=0.7)
+        # a bf16 body: close to the fp32 model's log-probs, not equal
+        assert torch.allclose(torch.tensor(sampled.logprobs), expected, atol=0.2)
+    finally:
+        engine.close()
+
+
 def test_a_killed_engine_core_fails_pending_and_later_requests_at_once(vllm_engine, tiny_model):
     """SIGKILL the engine core process (vLLM's default layout on GPUs) while a request is in flight: the
     request fails with EngineDead, every later request fails at once, `alive` says so, and an episode on
