@@ -68,8 +68,8 @@ NOT_FROM_CONFIG = {
     ),
     "python": "the local sandbox starts this process's own interpreter; a config cannot choose what the host runs",
     "isolate_network": (
-        "the local sandbox's code gets a network namespace of its own wherever the host can make one; a config "
-        "cannot turn that off"
+        "the local sandbox's code always gets a network namespace of its own (loopback only), or the sandbox "
+        "does not start; nothing turns that off"
     ),
 }
 
@@ -100,18 +100,18 @@ def check_config_kwargs(backend: str, kwargs: Mapping[str, Any], where: str = "s
 
 def check_backend(backend: str, **kwargs: Any) -> None:
     """Fail before anything expensive starts when `backend` cannot be used as asked: a SandboxError that says
-    what is missing (Docker's engine, image or runtime; the local backend's acknowledgement or Landlock), a
-    ValueError for an unknown name. kwargs: those make_sandbox would get (image, runtime, allow_host_execution)."""
+    what is missing (Docker's engine, image or runtime; the local backend's acknowledgement, Landlock, its
+    namespaces, or a Docker socket its code could open), a ValueError for an unknown name. The local backend
+    starts one interpreter and runs one call in it, so whatever keeps it from running shows here. kwargs: those
+    make_sandbox would get (image, runtime, allow_host_execution)."""
     if backend not in BACKENDS:
         raise ValueError(f"sandbox backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "local":
-        from stare_agents.sandbox.runner import landlock_abi
-
-        LocalSandbox(1, allow_host_execution=bool(kwargs.get("allow_host_execution", False)))  # acknowledged?
-        if landlock_abi() < 1:
-            raise SandboxError(
-                "the local sandbox needs Landlock (Linux >= 5.13) here: use the Docker sandbox"
-            )
+        acknowledged = bool(kwargs.get("allow_host_execution", False))
+        with LocalSandbox(1, allow_host_execution=acknowledged, preimport=()) as sandbox:
+            result = sandbox.run("print(6 * 7)", timeout_s=30)
+        if result.stdout != "42\n":
+            raise SandboxError(f"the local sandbox started but cannot run code here: {result.output()[-500:]}")
     elif backend in ("docker", "auto"):
         make_sandbox(backend, pool_size=1, **{k: v for k, v in kwargs.items() if k in ("image", "runtime")})
 

@@ -1,8 +1,10 @@
 """LocalSandbox: the same interpreter and API without Docker, for development. NOT a security boundary.
 
 It runs only when asked for by name and acknowledged (`allow_host_execution=True` or STARE_ALLOW_LOCAL_SANDBOX=1),
-never as root (as root, its interpreters run as `nobody`), with a scrubbed environment, in a scratch folder of
-its own, and may write only there (Landlock; where the kernel has none, it refuses to start).
+never as root (as root, its interpreters run as `nobody`), with a scrubbed environment, in namespaces of its own
+(no network, only its own processes, every mount read-only but its scratch folder, /run and the home folder
+covered; see runner.isolate), and may write only in its scratch folder (Landlock). Where the kernel has no
+Landlock or cannot make the namespaces, or where its code could still reach a Docker socket, it refuses to start.
 NoSandbox is the "none" backend: nothing runs, every tool call is a tool error.
 """
 
@@ -14,6 +16,7 @@ import logging
 import os
 import select
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -30,7 +33,7 @@ from stare_agents.sandbox.pool import (
     Runner,
     SandboxError,
 )
-from stare_agents.sandbox.runner import DEFAULT_TIMEOUT_S, landlock_abi
+from stare_agents.sandbox.runner import ALWAYS_HIDDEN, DEFAULT_TIMEOUT_S, landlock_abi
 
 logger = logging.getLogger("stare_agents.sandbox")
 
@@ -133,40 +136,78 @@ class PipeChannel(Channel):
             self.process.wait(timeout=5)
 
 
-@functools.lru_cache(maxsize=1)
-def network_isolation_prefix() -> tuple[str, ...] | None:
-    """The `unshare` command that gives a process an empty network namespace here, or None if none works."""
-    unshare = shutil.which("unshare")
-    if unshare is None or not sys.platform.startswith("linux"):
-        return None
-    candidates = [(unshare, "--net")] if os.geteuid() == 0 else []  # as root, the runner then drops to nobody
-    candidates.append((unshare, "--user", "--map-root-user", "--net"))
-    for prefix in candidates:
-        try:
-            probe = subprocess.run([*prefix, "true"], capture_output=True, timeout=10)
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        if probe.returncode == 0:
-            return prefix
-    return None
+DOCKER_SOCKETS = ("/var/run/docker.sock", "/run/docker.sock")
+
+
+def _home() -> str:
+    """This user's home folder, covered in the runner's mount namespace ("" where there is none)."""
+    home = os.path.expanduser("~")
+    return home if home.startswith("/") and home != "/" and os.path.isdir(home) else ""
+
+
+def docker_socket_paths() -> list[str]:
+    """Where a Docker engine's socket may be: the usual places, rootless Docker's and Docker Desktop's, and the
+    one DOCKER_HOST names."""
+    paths = [*DOCKER_SOCKETS, f"/run/user/{os.getuid()}/docker.sock"]
+    home = _home()
+    if home:
+        paths += [
+            os.path.join(home, ".docker", "run", "docker.sock"),
+            os.path.join(home, ".docker", "desktop", "docker.sock"),
+        ]
+    host = os.environ.get("DOCKER_HOST", "")
+    if host.startswith("unix://"):
+        paths.append(host.removeprefix("unix://"))
+    return list(dict.fromkeys(paths))
+
+
+def _can_connect(path: str, uid: int | None) -> bool:
+    """Whether a process of `uid` (None: this process, with its groups) may connect to the socket `path`."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return False
+    if not stat.S_ISSOCK(info.st_mode):
+        return False
+    if uid is None:
+        return os.access(path, os.W_OK)
+    return bool(info.st_mode & (0o200 if info.st_uid == uid else 0o002))  # `nobody`, with no groups
+
+
+def docker_sockets_in_reach(hidden: list[str]) -> tuple[list[str], list[str]]:
+    """The Docker sockets the local sandbox's code user could open: (those inside a folder in `hidden`, which
+    the runner's mount namespace covers, those elsewhere, which would give the code the Docker engine)."""
+    uid = unprivileged_ids()[0] if os.geteuid() == 0 else None
+    covered, exposed = [], []
+    for path in docker_socket_paths():
+        if _can_connect(path, uid):
+            real = os.path.realpath(path)
+            inside = any(real == f or real.startswith(f + "/") for f in map(os.path.realpath, hidden))
+            (covered if inside else exposed).append(path)
+    return covered, exposed
 
 
 class LocalSandbox(PooledSandbox):
-    """Runs code in local subprocesses with rlimits and, where `unshare` allows, no network.
+    """Runs code in local subprocesses with rlimits, in namespaces of their own.
 
-    Same API and result type as DockerSandbox. It bounds time, memory (RLIMIT_AS) and output and keeps
-    sessions in separate processes; the code gets a scrubbed environment, a scratch folder of its own and may
-    write nowhere else (Landlock), and as root it runs as `nobody`. It can still read whatever that user can:
-    never point it at untrusted code on a machine you care about. It says so once, loudly.
+    Same API and result type as DockerSandbox, and the same promises for what the code can reach: no network
+    (a network namespace with loopback only), none of the host's processes (a PID namespace per runner: it
+    cannot see or signal the trainer, its environment processes or another session), no file outside its
+    scratch folder changed in any way (every mount read-only, Landlock for content), no Docker or other
+    daemon socket (/run covered), no other session's scratch folder and not the user's home (covered). The
+    code gets a scrubbed environment; as root it runs as `nobody`, otherwise as this user, mapped to itself.
+    It bounds time, memory (RLIMIT_AS) and output. It can still read whatever that user can elsewhere: never
+    point it at untrusted code on a machine you care about. It says so once, loudly.
 
     It refuses to be created unless acknowledged: `allow_host_execution=True` from Python, or
     STARE_ALLOW_LOCAL_SANDBOX=1 in the environment (how the CLI, training runs and Ray workers ask for it; a
-    config file cannot).
+    config file cannot). It refuses to start where Landlock or the namespaces are missing, or where a Docker
+    socket its code could open lies outside the folders it covers.
     """
 
     runner_kind = "local interpreter"
-    # what a run's config may set (rollout.sandbox_kwargs): sizes and timeouts. Never the acknowledgement, the
-    # executable the host starts (`python`) or the network namespace (`isolate_network`)
+    # what a run's config may set (rollout.sandbox_kwargs): sizes and timeouts. Never the acknowledgement or
+    # the executable the host starts (`python`)
     config_kwargs: frozenset[str] = frozenset(
         {"default_timeout_s", "max_output_bytes", "lease_timeout_s", "memory_mb"}
     )
@@ -178,7 +219,6 @@ class LocalSandbox(PooledSandbox):
         default_timeout_s: float = DEFAULT_TIMEOUT_S,
         max_output_bytes: int = 32 * 1024,
         memory_mb: int = 4096,
-        isolate_network: bool = True,
         python: str = sys.executable,
         lease_timeout_s: float | None = DEFAULT_LEASE_TIMEOUT_S,
         preimport: tuple[str, ...] = PREIMPORT,
@@ -197,34 +237,52 @@ class LocalSandbox(PooledSandbox):
             lease_timeout_s=lease_timeout_s,
         )
         self.memory_mb = memory_mb
-        self.isolate_network = isolate_network
         self.python = python
-        self.network_prefix: tuple[str, ...] | None = None
         self.preimport = tuple(preimport)
+        self.hidden = [folder for folder in (_home(),) if folder]  # covered in the runner's mount namespace
+        self._covered_sockets: list[str] = []  # Docker sockets this user may open, out of the code's sight
 
     def _before_start(self) -> None:
-        global _warned
         if landlock_abi() < 1:
             raise SandboxError(
                 "the local sandbox needs Landlock (Linux >= 5.13) to keep model-written code from writing "
                 "outside its scratch folder, and this kernel has none: use the Docker sandbox"
             )
-        self.network_prefix = network_isolation_prefix() if self.isolate_network else None
-        if not _warned:
-            _warned = True
-            network = (
-                "no network (own network namespace)"
-                if self.network_prefix
-                else "FULL NETWORK ACCESS (unshare is not available here)"
+        covered, exposed = docker_sockets_in_reach([*ALWAYS_HIDDEN, *self.hidden])
+        if exposed:
+            raise SandboxError(
+                f"the local sandbox's code could open the Docker socket {exposed[0]} (this user may connect to "
+                "it, and it lies outside the folders the sandbox covers), and with it start a container that "
+                "mounts anything on this host: use the Docker sandbox, or run as a user who cannot open it"
             )
-            logger.warning(
-                "LocalSandbox is NOT a security boundary: model-written code runs on this host as uid %s and "
-                "can read what that user can (writes only in its scratch folder); limits: %d MB address "
-                "space, time limits, %s. Use DockerSandbox (`stare-agents sandbox doctor`) for untrusted code.",
-                unprivileged_ids()[0] if os.geteuid() == 0 else os.getuid(),
-                self.memory_mb,
-                network,
-            )
+        self._covered_sockets = covered
+
+    def _log_once(self, info: dict) -> None:
+        global _warned
+        if _warned:
+            return
+        _warned = True
+        isolation = info["isolation"]
+        scopes = " and ".join(isolation["landlock_scopes"]) or "none (this kernel has no Landlock scopes)"
+        sockets = (
+            f"; the Docker socket {', '.join(self._covered_sockets)} is reachable by this user but not by the "
+            "code (/run and /var/run are empty in its mount namespace)"
+            if self._covered_sockets
+            else ""
+        )
+        logger.warning(
+            "LocalSandbox is NOT a security boundary: model-written code runs on this host as uid %s, in "
+            "namespaces of its own (%s: no network, only its own processes), with every mount read-only but "
+            "its scratch folder and %s covered, writes confined by Landlock (scopes: %s), %d MB of address "
+            "space and time limits%s. It can still read what that user can elsewhere. Use DockerSandbox "
+            "(`stare-agents sandbox doctor`) for untrusted code.",
+            info.get("uid"),
+            ", ".join(isolation["namespaces"]),
+            ", ".join(isolation["covered"]),
+            scopes,
+            self.memory_mb,
+            sockets,
+        )
 
     def _start_runner(self) -> Runner:
         workdir = tempfile.mkdtemp(prefix="stare-sandbox-")
@@ -234,7 +292,6 @@ class LocalSandbox(PooledSandbox):
             os.chown(workdir, uid, gid)
             drop = ["--drop-to", f"{uid}:{gid}"]
         command = [
-            *(self.network_prefix or ()),
             self.python,
             "-I",
             str(RUNNER_PATH),
@@ -254,6 +311,7 @@ class LocalSandbox(PooledSandbox):
             ",".join(self.preimport),
             "--remove-workdir",
             *drop,
+            *(f"--hide={folder}" for folder in self.hidden),
         ]
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir}
         process = subprocess.Popen(  # a scrubbed environment: no tokens, keys or paths of the host's
@@ -273,8 +331,13 @@ class LocalSandbox(PooledSandbox):
 
         runner = Runner(PipeChannel(process), f"local-{process.pid}", on_close=cleanup)
         try:  # answer the first frame before counting as warm
-            runner.start(time.monotonic() + START_WAIT_S)
+            info = runner.start(time.monotonic() + START_WAIT_S)
+            if info.get("status") != "ok":
+                raise SandboxError(f"the local sandbox cannot start here: {str(info.get('error'))[:2000]}")
+            if not isinstance(info.get("isolation"), dict):
+                raise SandboxError("the local runner did not report its namespaces; it is not used")
         except Exception:
             runner.close()
             raise
+        self._log_once(info)
         return runner

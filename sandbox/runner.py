@@ -254,6 +254,8 @@ def install_syscall_filter(block_ipc: bool, block_mqueue: bool) -> list[str]:
 # The local backend has no container, so the supervisor confines writes with Landlock (Linux >= 5.13,
 # unprivileged): it and everything it starts may create, change or remove files only under its scratch
 # folder (and write to /dev/null-like devices). The project, the venv and the run folder stay as they were.
+# Where the kernel has them (Landlock ABI >= 6, Linux >= 6.12) two scopes come with it: the code can signal
+# no process outside its domain and connect to no abstract unix socket made outside it.
 
 LANDLOCK_SYSCALLS = {"create_ruleset": 444, "add_rule": 445, "restrict_self": 446}  # the same on every arch
 LANDLOCK_CREATE_RULESET_VERSION = 1
@@ -272,6 +274,8 @@ LANDLOCK_WRITE_ACCESS = {  # bit: (name, first ABI that knows it)
     1 << 13: ("refer", 2),
     1 << 14: ("truncate", 3),
 }
+LANDLOCK_SCOPES = {1 << 0: "abstract_unix_socket", 1 << 1: "signal"}  # both since ABI 6
+LANDLOCK_SCOPES_SINCE = 6
 WRITABLE_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/tty")
 CONFINE_ENV = "STARE_SANDBOX_CONFINE_WRITES"
 
@@ -286,14 +290,18 @@ def landlock_abi() -> int:
 
 
 def confine_writes(writable_dir: str) -> None:
-    """Allow this process and its descendants to write only beneath `writable_dir` (and to a few devices);
-    OSError where Landlock is missing or refuses."""
+    """Allow this process and its descendants to write only beneath `writable_dir` (and to a few devices)
+    and, where the kernel has the scopes, to signal or reach by abstract unix socket only processes of their
+    own domain; OSError where Landlock is missing or refuses."""
     abi = landlock_abi()
     libc = _libc()
     if abi < 1 or libc is None:
         raise OSError("Landlock is not available here (Linux >= 5.13 with CONFIG_SECURITY_LANDLOCK needed)")
     handled = sum(bit for bit, (_, since) in LANDLOCK_WRITE_ACCESS.items() if since <= abi)
-    attr = struct.pack("=Q", handled)
+    if abi >= LANDLOCK_SCOPES_SINCE:  # handled_access_fs, handled_access_net (none), scoped
+        attr = struct.pack("=QQQ", handled, 0, sum(LANDLOCK_SCOPES))
+    else:
+        attr = struct.pack("=Q", handled)
     ruleset = libc.syscall(LANDLOCK_SYSCALLS["create_ruleset"], attr, len(attr), 0)
     if ruleset < 0:
         raise OSError(ctypes.get_errno(), "landlock_create_ruleset failed")
@@ -320,68 +328,214 @@ def confine_writes(writable_dir: str) -> None:
         os.close(ruleset)
 
 
+# ----------------------------------------------------------------------- local mode: namespaces of its own
+#
+# The local backend has no container, so before anything of the code exists the runner makes the parts of one
+# that decide what the code can reach (`isolate`):
+#   - namespaces of its own: user (non-root only: this user mapped to itself, so the runner is never uid 0 in
+#     it), mount, PID, network (loopback only) and IPC, all in one unshare() call; without them nothing runs;
+#   - the PID namespace: the supervisor is its PID 1 and /proc shows only its processes, so the code can
+#     neither see nor signal the trainer, its environment processes or another session's interpreter (and the
+#     kernel ends every process of the code when the supervisor ends);
+#   - every mount read-only and nosuid, the scratch folder alone writable: the code cannot chmod, utime or
+#     chown a file of the project, the venv or anywhere else (Landlock confines content writes, not those);
+#   - folders covered by an empty read-only tmpfs with only the interpreter's own paths bound back: /run and
+#     /var/run (the Docker socket and every other daemon's), the user's home (tokens, keys, caches) and the
+#     scratch folder's parent (other sessions' scratch folders), and, for a runner started by root, every
+#     folder others cannot search on the way to the interpreter (a pyenv under /root).
+# Root then becomes `nobody`; a non-root runner re-executes itself, which drops the capabilities it held in
+# its user namespace. The process the host started stays in the host's mount namespace: it waits for PID 1
+# and removes the scratch folder after it (inside, that folder is a mount point and cannot be removed).
+# Later user namespaces the code makes cannot undo any of it: the mounts it inherits are locked together
+# (the covering tmpfs cannot be unmounted, the read-only flag not cleared).
+
 CLONE_NEWNS = 0x00020000
-MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x1000, 0x4000, 1 << 18
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x8, 0x1000, 0x4000, 1 << 18
+MOUNT_SETATTR = 442  # the same on every arch
+AT_FDCWD, AT_RECURSIVE = -100, 0x8000
+MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID = 0x1, 0x2
+ALWAYS_HIDDEN = ("/run", "/var/run")  # daemons' sockets: Docker's, containerd's, D-Bus, rootless Docker's
 
 
-def _reachable_by_others(path: str) -> bool:
-    """Whether a user with no relation to `path`'s owners can reach it (every ancestor searchable by others)."""
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"{what}: {os.strerror(errno)}")
+
+
+def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    libc = _libc()
+    encoded = [None if value is None else value.encode() for value in (source, target, fstype, data)]
+    _check(
+        libc.mount(encoded[0], encoded[1], encoded[2], ctypes.c_ulong(flags), encoded[3]), f"mount {target}"
+    )
+
+
+def _set_mount_attr(path: str, *, add: int = 0, clear: int = 0, recursive: bool = False) -> None:
+    """mount_setattr(2): add or clear MOUNT_ATTR_* flags of the mount at `path` (and the mounts below it)."""
+    attr = ctypes.create_string_buffer(struct.pack("=QQQQ", add, clear, 0, 0))
+    flags = AT_RECURSIVE if recursive else 0
+    result = _libc().syscall(
+        ctypes.c_long(MOUNT_SETATTR),
+        ctypes.c_long(AT_FDCWD),
+        path.encode(),
+        ctypes.c_long(flags),
+        attr,
+        ctypes.c_long(len(attr.raw)),
+    )
+    _check(result, f"mount_setattr {path}")
+
+
+def _within(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def _first_unreachable(path: str) -> str | None:
+    """The outermost folder on the way to `path` that others cannot search (o+x missing), or None."""
     current = "/"
     for part in Path(path).parts[1:]:
         if not os.stat(current).st_mode & 0o001:
-            return False
+            return current
         current = os.path.join(current, part)
-    return True
+    return None
 
 
-def drop_root(uid: int, gid: int, needed: list[str]) -> None:
-    """Become `uid`/`gid` with no supplementary groups. Where a path in `needed` (the interpreter's and the
-    venv's folders, this file) lies under a folder others cannot search (a pyenv under /root), a private mount namespace
-    covers that folder with an empty tmpfs and binds back only the needed subfolders, so the rest of it (a
-    home folder's tokens and caches) stays out of sight."""
+def folders_to_cover(workdir: str, hide: list[str], needed: list[str], other_user: bool) -> list[str]:
+    """The folders `isolate` covers, outermost first, none inside another: ALWAYS_HIDDEN, `hide`, the scratch
+    folder's parent and (for another user) the unreachable folders on the way to `needed`. Never "/"."""
+    wanted = [*ALWAYS_HIDDEN, *hide, os.path.dirname(workdir)]
+    if other_user:
+        wanted += [folder for folder in map(_first_unreachable, needed) if folder]
+    real = sorted(
+        {os.path.realpath(folder) for folder in wanted if os.path.isdir(folder)}, key=lambda f: f.count("/")
+    )
+    covered: list[str] = []
+    for folder in real:
+        if folder != "/" and not any(_within(folder, outer) for outer in covered):
+            covered.append(folder)
+    return covered
+
+
+def _bind_back(path: str, fd: int) -> None:
+    """Bind the file or folder open as `fd` (O_PATH, taken before its folder was covered) at `path` again."""
+    parent = os.path.dirname(path)
+    os.makedirs(parent, mode=0o755, exist_ok=True)
+    if os.path.isdir(f"/proc/self/fd/{fd}"):
+        os.makedirs(path, mode=0o755, exist_ok=True)
+    elif not os.path.exists(path):
+        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o644))
+    _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
+
+
+def enter_namespaces() -> int:
+    """unshare() the namespaces and fork; returns the child's pid in the parent, 0 in the child (PID 1 of the
+    new PID namespace, killed when the parent dies). Only the child enters the new mount namespace, so that
+    the parent can remove the scratch folder, a mount point there, after it. OSError where the kernel refuses."""
     libc = _libc()
-    if libc is None:
-        raise OSError("no libc: cannot leave root")
-    if any(not _reachable_by_others(path) for path in needed):
-        if libc.unshare(CLONE_NEWNS) != 0:
-            raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS) failed")
-        if libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
-            raise OSError(ctypes.get_errno(), "making / private failed")
-        for _ in range(8):  # one hidden folder per round, outermost first
-            hidden = None
-            for path in needed:
-                current = "/"
-                for part in Path(path).parts[1:]:
-                    if not os.stat(current).st_mode & 0o001:
-                        hidden = (current, os.path.join(current, part))
-                        break
-                    current = os.path.join(current, part)
-                if hidden:
-                    break
-            if hidden is None:
-                break
-            folder, _ = hidden
-            children = sorted(
-                {Path(p).relative_to(folder).parts[0] for p in needed if p.startswith(folder + "/")}
-            )
-            fds = {name: os.open(os.path.join(folder, name), os.O_PATH | os.O_CLOEXEC) for name in children}
-            options = b"mode=0755,size=64k"
-            if libc.mount(b"tmpfs", folder.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options) != 0:
-                raise OSError(ctypes.get_errno(), f"covering {folder} failed")
-            for name, fd in fds.items():
-                target = os.path.join(folder, name)
-                if os.path.isdir(f"/proc/self/fd/{fd}"):
-                    os.mkdir(target)
-                else:  # a file bound back onto an empty file
-                    os.close(os.open(target, os.O_CREAT | os.O_WRONLY, 0o644))
-                if libc.mount(f"/proc/self/fd/{fd}".encode(), target.encode(), None, MS_BIND | MS_REC, None):
-                    raise OSError(ctypes.get_errno(), f"binding {target} back failed")
-                os.close(fd)
+    if libc is None or not sys.platform.startswith("linux"):
+        raise OSError("namespaces need Linux")
+    uid, gid = os.getuid(), os.getgid()
+    flags = CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC
+    if os.geteuid() != 0:
+        flags |= CLONE_NEWUSER
+    _check(libc.unshare(ctypes.c_int(flags)), "unshare")
+    if flags & CLONE_NEWUSER:  # this user mapped to itself: never uid 0 inside
+        for name, text in (
+            ("setgroups", "deny"),
+            ("uid_map", f"{uid} {uid} 1"),
+            ("gid_map", f"{gid} {gid} 1"),
+        ):
+            with open(f"/proc/self/{name}", "w") as f:
+                f.write(text)
+    child = os.fork()
+    if child == 0:
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        _check(libc.unshare(ctypes.c_int(CLONE_NEWNS)), "unshare(CLONE_NEWNS)")
+    return child
+
+
+def wait_outside(child: int, workdir: str | None) -> None:
+    """The parent's part: hand the host's pipes to the child alone, wait for it, remove the scratch folder
+    (`workdir`, if given) and exit as it did."""
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)
+    os.dup2(devnull, 1)
+    while True:
+        try:
+            _, status = os.waitpid(child, 0)
+            break
+        except InterruptedError:
+            continue
+    if workdir:
+        shutil.rmtree(workdir, ignore_errors=True)
+    code = os.waitstatus_to_exitcode(status)
+    os._exit(code if code >= 0 else 128 - code)
+
+
+def isolate(workdir: str, hide: list[str], needed: list[str], other_user: bool) -> list[str]:
+    """In the new mount namespace (as its owner): the mounts described above; returns the covered folders."""
+    workdir = os.path.realpath(workdir)
+    needed = [os.path.realpath(path) for path in needed]
+    covered = folders_to_cover(workdir, hide, needed, other_user)
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)  # first: nothing below may reach the host's mount table
+    _set_mount_attr("/", add=MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID, recursive=True)
+    # the interpreter's paths under a covered folder (outermost only), then always the scratch folder, which
+    # must be a mount of its own to be made writable again
+    keep = sorted({p for p in needed if any(_within(p, f) for f in covered)}, key=lambda p: p.count("/"))
+    keep = [path for i, path in enumerate(keep) if not any(_within(path, outer) for outer in keep[:i])]
+    fds = [(path, os.open(path, os.O_PATH | os.O_CLOEXEC)) for path in [*keep, workdir]]
+    try:
+        for folder in covered:
+            _mount("tmpfs", folder, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=64k")
+        for path, fd in fds:
+            _bind_back(path, fd)
+    finally:
+        for _, fd in fds:
+            os.close(fd)
+    _set_mount_attr(workdir, clear=MOUNT_ATTR_RDONLY)  # bound back from the read-only tree: writable again
+    for folder in covered:
+        _set_mount_attr(folder, add=MOUNT_ATTR_RDONLY)
+    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)  # this PID namespace's processes only
+    os.chdir(workdir)
+    return covered
+
+
+def become(uid: int, gid: int) -> None:
+    """Leave root for `uid`/`gid` with no supplementary groups (and with them every capability)."""
     os.setgroups([])
     os.setgid(gid)
     os.setuid(uid)
     if os.geteuid() == 0 or os.getegid() != gid:
         raise OSError("still root after setuid")
+
+
+def isolation_problems(workdir: str, covered: list[str]) -> list[str]:
+    """What of `isolate`'s promises does not hold in this process (checked by the supervisor before it
+    answers the host's hello)."""
+    import socket
+
+    problems = []
+    if os.getpid() != 1:
+        problems.append(f"not PID 1 of a PID namespace of its own (pid {os.getpid()})")
+    interfaces = sorted(name for _, name in socket.if_nameindex())
+    if interfaces != ["lo"]:
+        problems.append(f"network interfaces {interfaces} (only lo expected)")
+    if not os.statvfs("/").f_flag & os.ST_RDONLY:
+        problems.append("/ is writable")
+    if os.statvfs(workdir).f_flag & os.ST_RDONLY:
+        problems.append(f"the scratch folder {workdir} is read-only")
+    for folder in covered:
+        if not os.statvfs(folder).f_flag & os.ST_RDONLY:
+            problems.append(f"{folder} is not covered")
+        elif folder in ALWAYS_HIDDEN and os.listdir(folder):
+            problems.append(f"{folder} is not empty")
+    if os.geteuid() == 0:
+        problems.append("running as root")
+    return problems
 
 
 def _confine_from_env() -> None:
@@ -935,6 +1089,10 @@ class Supervisor:
         self.key: ChannelKey | None = None  # from the host's first frame
         self.deferred: list[dict] = []  # host requests that arrived during a call
         self.denied: list[str] = []  # what the syscall filter denies (set by main)
+        self.isolation: dict | None = None  # local mode: the namespaces and mounts around it (set by main)
+        # every process here but this one's session is the code's: a container, or (local mode) the PID
+        # namespace this process is PID 1 of
+        self.contained = mode == "docker" or os.getpid() == 1
         # Signals from the code: PID 1 of a container only receives those it handles, and Python handles
         # SIGINT (KeyboardInterrupt). A no-op handler (not SIG_IGN, which children would inherit) makes
         # every one of these harmless here.
@@ -1207,15 +1365,15 @@ class Supervisor:
         def is_stray(pid: int, fields: list[str]) -> bool:
             if pid == keep_pid or int(fields[3]) == own_session:
                 return False
-            # locally, only the code's own processes: its process group, or orphans re-parented here
-            return self.mode == "docker" or int(fields[2]) == group or int(fields[1]) == me
+            # uncontained, only the code's own processes: its process group, or orphans re-parented here
+            return self.contained or int(fields[2]) == group or int(fields[1]) == me
 
         return self._pids(is_stray)
 
     def _only_known_processes(self, keep_worker: bool) -> bool:
         """In a container: whether /proc lists no process but this one, the template, its spare and (if
         kept) the worker. Cheaper than reading every process's stat file (gVisor: 3 ms per call)."""
-        if self.mode != "docker":
+        if not self.contained:
             return False
         if self.spare_requested and self.spare is None and self.template_sock is not None:
             with contextlib.suppress(OSError, ValueError):  # the spare forked meanwhile: learn its pid
@@ -1280,7 +1438,7 @@ class Supervisor:
         container is clean, else what is left (the host then replaces the container)."""
         until = time.monotonic() + RESET_BUDGET_S
         self.stop_worker()
-        if self.mode == "docker":
+        if self.contained:  # an IPC namespace of its own
             remove_sysv_ipc()
         wiped = True
         for root in self.scratch_roots():
@@ -1302,7 +1460,7 @@ class Supervisor:
         pids = [] if self._only_known_processes(keep_worker=False) else self._stray_pids(keep_worker=False)
         if pids:
             problems.append(f"processes of the code are alive: {pids[:10]}")
-        if self.mode == "docker":
+        if self.contained:
             for kind in SYSV_KINDS:
                 ids = sysv_ids(kind)
                 if ids:
@@ -1530,6 +1688,7 @@ class Supervisor:
             "uid": os.getuid(),
             "python": sys.version.split()[0],
             "denied": self.denied,
+            **({"isolation": self.isolation} if self.isolation is not None else {}),
         }
 
     def _send(self, header: dict, out: bytes = b"", err: bytes = b"") -> None:
@@ -1771,7 +1930,17 @@ def main(argv: list[str]) -> None:
     parser.add_argument(
         "--drop-to", default="", help="uid:gid to become before anything runs (local, as root)"
     )
+    parser.add_argument(
+        "--hide",
+        action="append",
+        default=[],
+        help="a folder to cover in the runner's mount namespace (local)",
+    )
+    parser.add_argument("--isolated", default=None, help=argparse.SUPPRESS)  # set by the runner itself
     args = parser.parse_args(argv)
+    covered: list[str] = []
+    if args.mode == "local":  # no container around us: make the parts of one that matter first
+        covered = _isolate_local(args, argv)
     try:  # first of all, so that every process in the container has it
         denied = install_syscall_filter(
             block_ipc=args.mode == "docker" and sysv_ids("shm") is None,
@@ -1781,17 +1950,12 @@ def main(argv: list[str]) -> None:
         if args.mode == "docker":
             raise SystemExit(f"sandbox runner: cannot install the syscall filter: {exc}") from exc
         denied = []  # LocalSandbox is no security boundary; where seccomp is missing it runs without
-    if args.mode == "local":  # no container around us: writes stay in the scratch folder, or nothing runs
-        if args.drop_to and os.geteuid() == 0:
-            uid, gid = (int(part) for part in args.drop_to.split(":"))
-            try:
-                drop_root(uid, gid, [sys.base_prefix, sys.prefix, os.path.abspath(__file__)])
-            except OSError as exc:
-                raise SystemExit(f"sandbox runner: cannot leave root: {exc}") from exc
-        if os.geteuid() == 0:
-            raise SystemExit("sandbox runner: refusing to run model-written code as root (local mode)")
-        if landlock_abi() < 1:  # the template and the workers confine themselves (_confine_from_env)
-            raise SystemExit("sandbox runner: Landlock is not available here, so writes cannot be confined")
+    if args.mode == "local":  # the template and the workers confine their writes (_confine_from_env)
+        problems = isolation_problems(args.workdir, covered)
+        if landlock_abi() < 1:
+            problems.append("Landlock is not available here, so writes cannot be confined")
+        if problems:
+            refuse_to_start("; ".join(problems))
     supervisor = Supervisor(
         args.mode,
         args.python,
@@ -1804,7 +1968,60 @@ def main(argv: list[str]) -> None:
         args.remove_workdir,
     )
     supervisor.denied = denied
+    if args.mode == "local":
+        abi = landlock_abi()
+        supervisor.isolation = {
+            "namespaces": ["mount", "pid", "network", "ipc", *(["user"] if args.drop_to == "" else [])],
+            "read_only": "/",
+            "covered": covered,
+            "landlock_scopes": [*LANDLOCK_SCOPES.values()] if abi >= LANDLOCK_SCOPES_SINCE else [],
+        }
     supervisor.serve()
+
+
+def _isolate_local(args, argv: list[str]) -> list[str]:
+    """The runner's namespaces and mounts (see `isolate`), made before anything of the code exists; returns
+    the folders covered. The first run of this file unshares, forks and sets up the mounts, then the child
+    (PID 1 of the new namespaces, no longer root) runs this file again with --isolated."""
+    if args.isolated is not None:
+        return json.loads(args.isolated)
+    drop = None
+    if os.geteuid() == 0:
+        if not args.drop_to:
+            refuse_to_start("started as root without --drop-to: refusing to run model-written code as root")
+        uid, gid = (int(part) for part in args.drop_to.split(":"))
+        drop = (uid, gid)
+    try:
+        child = enter_namespaces()
+    except OSError as exc:
+        refuse_to_start(
+            f"cannot make the namespaces the local sandbox needs (user, mount, PID, network, IPC) here: {exc}; "
+            "without them it would run with this host's network and processes in reach, so it does not run"
+        )
+    if child:
+        wait_outside(child, args.workdir if args.remove_workdir else None)
+    needed = [sys.base_prefix, sys.prefix, os.path.abspath(__file__), os.path.realpath(sys.executable)]
+    try:
+        covered = isolate(args.workdir, args.hide, needed, other_user=drop is not None)
+        if drop is not None:
+            become(*drop)
+    except OSError as exc:
+        refuse_to_start(f"cannot set up the local sandbox's mount namespace here: {exc}")
+    script = os.path.abspath(__file__)
+    os.execv(sys.executable, [sys.executable, "-I", script, *argv, "--isolated", json.dumps(covered)])
+
+
+def refuse_to_start(reason: str) -> None:
+    """Answer the host's hello with `reason` (signed: no code has run yet, so the key is still secret) and
+    exit: the host raises it as a SandboxError instead of a runner that merely went away."""
+    os.write(2, f"sandbox runner: {reason}\n".encode())
+    with contextlib.suppress(Exception):
+        hello = _HostInput(0).wait(None)
+        key = hello.get("key")
+        if hello.get("op") == "hello" and isinstance(key, str) and len(key) == 64:
+            frame = encode_frame({"status": "error", "error": reason[:2000], "stdout": 0, "stderr": 0})
+            _write_all(1, ChannelKey(bytes.fromhex(key)).seal(ChannelKey.SUPERVISOR, frame))
+    os._exit(1)
 
 
 if __name__ == "__main__":
