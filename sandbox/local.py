@@ -248,7 +248,7 @@ class LocalSandbox(PooledSandbox):
                 "the local sandbox needs Landlock (Linux >= 5.13) to keep model-written code from writing "
                 "outside its scratch folder, and this kernel has none: use the Docker sandbox"
             )
-        covered, exposed = docker_sockets_in_reach([*ALWAYS_HIDDEN, *self.hidden])
+        covered, exposed = docker_sockets_in_reach([*ALWAYS_HIDDEN, *self.hidden, tempfile.gettempdir()])
         if exposed:
             raise SandboxError(
                 f"the local sandbox's code could open the Docker socket {exposed[0]} (this user may connect to "
