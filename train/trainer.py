@@ -1056,10 +1056,15 @@ class Trainer:
         for t in sampled.usable:  # every sampling round's
             for category, count in reflection_counts("".join(turn.text for turn in t.turns)).items():
                 reflections[category] = reflections.get(category, 0) + count
+        kept_entropy = metrics.get("learner/entropy", float("nan"))
         if kept and c.logging.entropy_all and algorithm.loss.aggregation == "token-mean":  # kept + others
             kept_tokens = sum(t.num_action_tokens for t in kept)
             total, count = entropy_all
-            entropy_all = (total + metrics["learner/entropy"] * kept_tokens, count + kept_tokens)
+            entropy_all = (
+                (total + kept_entropy * kept_tokens, count + kept_tokens)
+                if math.isfinite(kept_entropy)
+                else (float("nan"), 0.0)  # the kept batch's entropy was not measured: neither is all of it
+            )
         record: dict[str, Any] = {"kind": "rl", "step": step, "algorithm": algorithm.name, **metrics}
         record.update(
             {
