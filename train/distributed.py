@@ -14,11 +14,17 @@ update as one learner on the whole batch (to float summation order). gloo on CPU
 `fsdp=True` shards the model with FSDP2 (`fully_shard`: each decoder layer, then the whole policy) for
 models that do not fit one GPU. Tested here: gloo, with and without FSDP (on CPU). Not run: NCCL and FSDP
 on GPUs (no GPU on this project's machines).
+
+On a local Ray (`init_local_ray`: node IP 127.0.0.1, every rank on this machine) the ranks meet through a
+file in a private folder (nothing listens for the rendezvous), gloo's and NCCL's own sockets are bound to the
+loopback interface whatever the hostname resolves to, and the folder is removed when the group closes.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import shutil
 import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -30,6 +36,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from stare_agents.algo import AlgorithmConfig
+from stare_agents.rollout.local_ray import LOOPBACK
 from stare_agents.rollout.weight_sync import GroupAddress, WeightsPlan
 from stare_agents.train.learner import Collective, Learner, LearnerConfig, TokenRecord
 from stare_agents.train.policy import MicroBatch, PolicyModel, load_causal_lm, split_step
@@ -37,6 +44,7 @@ from stare_agents.train.sft import SFTConfig, SFTTrainer
 from stare_agents.trajectory import Batch, Trajectory
 
 BACKENDS = ("auto", "gloo", "nccl")
+RENDEZVOUS_PREFIX = "stare-rendezvous-"
 GRADIENT_BUCKET_ELEMENTS = 1 << 24  # gradients are summed in flat buckets of at most this many floats
 
 
@@ -141,6 +149,51 @@ def _masked_copy(mb: MicroBatch) -> MicroBatch:
     return MicroBatch(batch, mb.advantages, [], filler=True)
 
 
+def rendezvous_address(host: str) -> str:
+    """Where the ranks of a process group meet, made by rank 0 on its node `host`. On a local Ray (node IP
+    127.0.0.1, so every rank is on this machine) a store file in a fresh private folder (0700): nothing
+    listens for it (torch's TCPStore binds to all interfaces whatever the host). On a cluster, a free TCP
+    port on the node."""
+    if host == LOOPBACK:
+        import tempfile
+
+        return "file://" + str(Path(tempfile.mkdtemp(prefix=RENDEZVOUS_PREFIX)) / "store")
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        port = probe.getsockname()[1]
+    return f"tcp://{host}:{port}"
+
+
+def loopback_interface() -> str:
+    """The name of this machine's loopback interface ("lo" on Linux, "lo0" on macOS and the BSDs)."""
+    names = {name for _, name in socket.if_nameindex()}
+    for name in ("lo", "lo0"):
+        if name in names:
+            return name
+    raise RuntimeError(
+        f"no loopback interface among {sorted(names)}: cannot keep the learners' sockets local"
+    )
+
+
+def join_process_group(address: str, backend: str, rank: int, world_size: int) -> None:
+    """`dist.init_process_group` for one rank. Where every rank is on this machine (a `file://` rendezvous),
+    gloo's and NCCL's own sockets are bound to the loopback interface first: left alone, gloo binds to the
+    address the hostname resolves to (a LAN address on many cluster and cloud nodes), unauthenticated."""
+    if address.startswith("file://"):
+        interface = loopback_interface()
+        os.environ["GLOO_SOCKET_IFNAME"] = interface  # read when the gloo group makes its device
+        os.environ["NCCL_SOCKET_IFNAME"] = interface  # NCCL's bootstrap and, between processes, its sockets
+    dist.init_process_group(backend, init_method=address, rank=rank, world_size=world_size)
+
+
+def remove_rendezvous(address: str) -> None:
+    """Remove the folder of a `file://` rendezvous (`rendezvous_address`'s) once every rank has left."""
+    if address.startswith("file://"):
+        folder = Path(address.removeprefix("file://")).parent
+        if folder.name.startswith(RENDEZVOUS_PREFIX):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
 class LearnerWorker:
     """One data-parallel rank: a `Learner` whose `Collective` is the process group (a Ray actor's body)."""
 
@@ -150,21 +203,14 @@ class LearnerWorker:
         self.learner: Learner | None = None
 
     def address(self) -> str:
-        """The process group's rendezvous (rank 0's). On a local Ray (node IP 127.0.0.1, so every worker is
-        on this machine) a store file in a fresh private folder: nothing listens (torch's TCPStore binds to
-        all interfaces whatever the host); gloo's own sockets then bind to loopback. On a cluster, a free TCP
-        port on this worker's node."""
+        """The process group's rendezvous, made on rank 0's node (see `rendezvous_address`)."""
         import ray
 
-        host = ray.util.get_node_ip_address()
-        if host == "127.0.0.1":
-            import tempfile
+        return rendezvous_address(ray.util.get_node_ip_address())
 
-            return "file://" + str(Path(tempfile.mkdtemp(prefix="stare-rendezvous-")) / "store")
-        with socket.socket() as probe:
-            probe.bind((host, 0))
-            port = probe.getsockname()[1]
-        return f"tcp://{host}:{port}"
+    def remove_rendezvous(self, address: str) -> None:
+        """After every rank has left the group: the rendezvous folder goes (it is on this, rank 0's, node)."""
+        remove_rendezvous(address)
 
     def setup(
         self,
@@ -184,7 +230,7 @@ class LearnerWorker:
 
     def _join(self, address: str, backend: str, model_dir: str, device: str) -> nn.Module:
         """Join the process group and load the model, every replica from rank 0's weights."""
-        dist.init_process_group(backend, init_method=address, rank=self.rank, world_size=self.world_size)
+        join_process_group(address, backend, self.rank, self.world_size)
         if backend == "nccl":
             torch.cuda.set_device(0)  # Ray gives each worker its own GPU as device 0
         model = load_causal_lm(model_dir, device)
@@ -310,12 +356,15 @@ def _start_workers(d: DistributedConfig) -> tuple[list[Any], Any]:
     return workers, group
 
 
-def _close_workers(workers: list[Any], group: Any) -> None:
+def _close_workers(workers: list[Any], group: Any, address: str) -> None:
+    """Every rank leaves the process group, then rank 0 removes the rendezvous; the actors end."""
     import ray
 
     from stare_agents.rollout.placement import release
 
     ray.get([w.close.remote() for w in workers])
+    if workers:
+        ray.get(workers[0].remove_rendezvous.remote(address))
     for w in workers:
         ray.kill(w)
     release(group)
@@ -371,7 +420,7 @@ class LearnerGroup:
         self.record_tokens = False
         self.last_token_data: dict[int, TokenRecord] = {}
         self.gate_on: bool | None = None
-        address = ray.get(self.workers[0].address.remote())
+        address = self._address = ray.get(self.workers[0].address.remote())
         ray.get(
             [
                 w.setup.remote(address, d.resolved_backend, str(model_dir), algorithm, self.config, d.fsdp)
@@ -453,7 +502,7 @@ class LearnerGroup:
         return ray.get([w.model_state_dict.remote() for w in self.workers])[0]
 
     def close(self) -> None:
-        _close_workers(self.workers, self._placement)
+        _close_workers(self.workers, self._placement, self._address)
         self.workers, self._placement = [], None
 
 
@@ -477,7 +526,7 @@ class SFTGroup:
             raise RuntimeError("SFTGroup runs its workers as Ray actors: call ray.init(...) first")
         d = self.distributed = distributed or DistributedConfig()
         self.workers, self._placement = _start_workers(d)
-        address = ray.get(self.workers[0].address.remote())
+        address = self._address = ray.get(self.workers[0].address.remote())
         ray.get(
             [
                 w.setup_sft.remote(address, d.resolved_backend, str(model_dir), config, pad_token_id, d.fsdp)
@@ -506,5 +555,5 @@ class SFTGroup:
         return ray.get([w.sft_model_state_dict.remote() for w in self.workers])[0]
 
     def close(self) -> None:
-        _close_workers(self.workers, self._placement)
+        _close_workers(self.workers, self._placement, self._address)
         self.workers, self._placement = [], None

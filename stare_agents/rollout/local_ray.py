@@ -14,6 +14,11 @@ Ray 2.60 also turns token authentication on for a new local instance and writes 
 `~/.ray/auth_token` readable by everyone (0644): any local user could then authenticate to the run's Ray.
 `private_auth_token` makes that file first, 0600, and makes an existing one 0600, so Ray uses it as it is.
 
+Ray keeps its sockets, logs and session files under `/tmp/ray`, shared by every user of the machine, unless
+told otherwise, and makes whatever temp folder it is given world-writable (0777): `init_local_ray` gives each
+new instance `ray/` inside a fresh folder of its own, mode 0700 (`private_temp_dir`), which no other user can
+enter. It stays after the run, as Ray's own does, for its logs.
+
 A multi-node run connects to a cluster started with `ray start` instead (`ray.init(address=...)`, see the
 README's cluster section): this function is only for the local instance.
 """
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -47,9 +53,18 @@ def private_auth_token() -> Path | None:
     return path
 
 
+def private_temp_dir() -> str:
+    """A folder for one Ray instance's sockets, logs and session files: `ray/` in a fresh folder that is this
+    user's only (0700; Ray makes `ray/` itself 0777), under $RAY_TMPDIR where that is set, else the temporary
+    folder."""
+    private = tempfile.mkdtemp(prefix="stare-ray-", dir=os.environ.get("RAY_TMPDIR") or None)
+    return os.path.join(private, "ray")
+
+
 def init_local_ray(**kwargs: Any) -> Any:
-    """`ray.init(**kwargs)` for a new single-node instance whose servers listen on 127.0.0.1 only; the
-    dashboard stays off unless asked for (it too binds to loopback by default)."""
+    """`ray.init(**kwargs)` for a new single-node instance whose servers listen on 127.0.0.1 only, in a
+    temporary folder of its own (0700) unless `_temp_dir` is given; the dashboard stays off unless asked for
+    (it too binds to loopback by default)."""
     if "address" in kwargs:
         raise ValueError(
             "init_local_ray starts a new local instance; connect to a cluster with ray.init(address=...)"
@@ -61,7 +76,9 @@ def init_local_ray(**kwargs: Any) -> Any:
 
     ray_constants.ENABLE_RAY_CLUSTER = False  # read at import; this process may have imported ray already
     kwargs.setdefault("include_dashboard", False)
+    if "_temp_dir" not in kwargs:
+        kwargs["_temp_dir"] = private_temp_dir()
     return ray.init(**kwargs)
 
 
-__all__ = ["LOOPBACK", "SINGLE_MACHINE_ENV", "init_local_ray", "private_auth_token"]
+__all__ = ["LOOPBACK", "SINGLE_MACHINE_ENV", "init_local_ray", "private_auth_token", "private_temp_dir"]

@@ -21,6 +21,7 @@ def mode(path: Path) -> int:
 @pytest.fixture
 def home(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))  # the private Ray folders init_local_ray makes go here
     for name in AUTH_ENV:
         monkeypatch.delenv(name, raising=False)
     import ray
