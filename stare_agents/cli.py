@@ -102,6 +102,13 @@ def train(
     except (ValueError, FileNotFoundError) as error:
         typer.secho(f"{error}\nrecipes: {recipe_names()}", fg="red", err=True)
         raise typer.Exit(2) from error
+    from stare_agents.sandbox import SandboxError, check_backend
+
+    try:  # no usable sandbox: say so before the run folder is written or any model loads
+        check_backend(train_config.rollout.sandbox, **train_config.rollout.sandbox_kwargs)
+    except SandboxError as error:
+        typer.secho(str(error), fg="red", err=True)
+        raise typer.Exit(2) from error
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     for noisy in ("vllm", "ray", "httpx", "filelock"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -234,6 +241,13 @@ def rollout(
             f"{sorted((accepted_kwargs(env) or set()) - {'sandbox', 'tools'})}",
             param_hint="--env-kwargs",
         )
+    from stare_agents.sandbox import SandboxError, check_backend
+
+    try:  # no usable sandbox: say so before any model is prepared or Ray started
+        check_backend(sandbox)
+    except (SandboxError, ValueError) as error:
+        typer.secho(str(error), fg="red", err=True)
+        raise typer.Exit(2) from error
     model_dir = str(prepare_model(model))
     config = RolloutConfig(
         temperature=temperature,

@@ -1427,5 +1427,9 @@ def _plotted(ax: Any) -> list[float]:
 
 
 def train(config: TrainConfig, *, resume: bool = False, compare: str | None = None) -> dict[str, Any]:
-    """Run (or resume) a training run; returns its summary (also in summary.json)."""
+    """Run (or resume) a training run; returns its summary (also in summary.json). A sandbox that cannot be
+    used stops it before the run folder is written."""
+    from stare_agents.sandbox import check_backend
+
+    check_backend(config.rollout.sandbox, **config.rollout.sandbox_kwargs)
     return Trainer(config, resume=resume).run(compare=compare)
