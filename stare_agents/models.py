@@ -248,10 +248,12 @@ _HASH_CACHE = "weight-sha256.json"
 
 def file_sha256(path: str | Path) -> str:
     """sha256 of a whole file, streamed; cached in `$STARE_CACHE_DIR/weight-sha256.json` by resolved path,
-    size and mtime (ns), so a changed file is hashed again and an unchanged one only once."""
+    size, mtime and ctime (ns) and inode, so a changed file is hashed again and an unchanged one only once.
+    The ctime counts because a file rewritten in place can be given its old mtime back (`os.utime`, `touch
+    -d`, `cp -p`), but not its old ctime."""
     path = Path(path).resolve()
     stat = path.stat()
-    key = f"{path}|{stat.st_size}|{stat.st_mtime_ns}|{stat.st_ino}"
+    key = f"{path}|{stat.st_size}|{stat.st_mtime_ns}|{stat.st_ctime_ns}|{stat.st_ino}"
     cache_file = cache_dir() / _HASH_CACHE
     try:
         cache = json.loads(cache_file.read_text(encoding="utf-8"))
@@ -263,7 +265,8 @@ def file_sha256(path: str | Path) -> str:
     if isinstance(cached, str) and len(cached) == 64:
         return cached
     digest = _sha256(path)
-    if path.stat().st_mtime_ns != stat.st_mtime_ns:  # written while hashed: do not cache a torn view
+    after = path.stat()
+    if (after.st_mtime_ns, after.st_ctime_ns) != (stat.st_mtime_ns, stat.st_ctime_ns):  # written while hashed
         return digest
     cache = {k: v for k, v in cache.items() if not k.startswith(f"{path}|")}
     cache[key] = digest
