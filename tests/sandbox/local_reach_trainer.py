@@ -5,8 +5,8 @@
 It starts a LocalSandbox with two interpreters from a project folder of its own (a copy of
 envs/_grader_worker.py in it), gives session B a variable and a scratch file, and has session A's code try
 what a hostile model's code would: connect to the Docker socket, chmod and utime the project's file, signal
-this process and B's interpreter (by its pid on the host), read B's scratch file, and find this process in
-/proc (its command line carries `marker`). Then B must still hold its variable and the file must be as it
+this process and B's interpreter (by its pid on the host), read B's scratch file and a token in this
+process's home folder ($HOME), and find this process in /proc (its command line carries `marker`). Then B must still hold its variable and the file must be as it
 was. Prints one JSON object: what the code reported, and what the trainer saw.
 """
 
@@ -17,7 +17,7 @@ import os
 import sys
 
 ATTACK = r"""
-import json, os, signal, socket
+import errno, json, os, signal, socket
 report = {"uid": os.getuid()}
 for path in DOCKER_SOCKETS:
     sock = socket.socket(socket.AF_UNIX)
@@ -37,17 +37,18 @@ for name, attempt in (
         attempt()
         report[name] = "done"
     except OSError as exc:
-        report[name] = type(exc).__name__
+        report[name] = errno.errorcode.get(exc.errno, type(exc).__name__)
 for name, pid, sig in (("signal trainer", TRAINER, 0), ("kill other session", OTHER, signal.SIGKILL)):
     try:
         os.kill(pid, sig)
         report[name] = "done"
     except OSError as exc:
         report[name] = type(exc).__name__
-try:
-    report["read other scratch"] = open(OTHER_FILE).read()
-except OSError as exc:
-    report["read other scratch"] = type(exc).__name__
+for name, path in (("read other scratch", OTHER_FILE), ("read home", HOME_FILE)):
+    try:
+        report[name] = open(path).read()
+    except OSError as exc:
+        report[name] = type(exc).__name__
 seen = []
 for entry in os.listdir("/proc"):
     if entry.isdigit():
@@ -93,6 +94,9 @@ def main(options: dict) -> dict:
     os.chdir(project)
     target = os.path.join(project, "envs", "_grader_worker.py")
     before = os.stat(target)
+    home_file = os.path.expanduser("~/.stare-test-token")  # a token in the trainer's home folder
+    with open(home_file, "w") as handle:
+        handle.write("home-secret")
     with (
         LocalSandbox(2, allow_host_execution=True, preimport=()) as sandbox,
         sandbox.session() as other,
@@ -110,6 +114,7 @@ def main(options: dict) -> dict:
             "OTHER": other_pid,
             "OTHER_FILE": os.path.join(folder, "secret.txt"),
             "MARKER": options["marker"],
+            "HOME_FILE": home_file,
         }
         code = "".join(f"{name} = {value!r}\n" for name, value in values.items()) + ATTACK
         result = attacker.run(code)

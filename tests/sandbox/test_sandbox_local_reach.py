@@ -10,6 +10,7 @@ signal and abstract-socket scopes hold where the kernel has them.
 
 from __future__ import annotations
 
+import contextlib
 import grp
 import json
 import os
@@ -20,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -58,19 +60,38 @@ def assert_out_of_reach(report: dict, code_uid: int) -> None:
     assert isinstance(code, dict), code  # the attack ran to its end
     assert code["uid"] == code_uid and code_uid != 0
     assert [key for key, value in code.items() if key.startswith("docker ") and value == "reached"] == []
-    assert (code["chmod"], code["utime"], code["write"]) != ("done",) * 3
     assert "done" not in (code["chmod"], code["utime"], code["write"]), code
     assert code["signal trainer"] != "done" and code["kill other session"] != "done", code
-    assert code["read other scratch"] != "b-secret", code
+    assert code["read other scratch"] != "b-secret" and code["read home"] != "home-secret", code
     assert code["trainer in /proc"] == [], code
     assert report["other session"] == "41" and report["other interpreter alive"], report
     assert report["file unchanged"], report
 
 
-def test_hostile_code_reaches_nothing_of_the_host_as_this_user(tmp_path):
+@contextlib.contextmanager
+def outside_tmp(uid: int) -> Iterator[tuple[Path, Path]]:
+    """(a project folder, a home folder) of `uid`, outside the temporary folder (which the runner covers
+    anyway): what keeps the code from them is then the read-only mounts and the covering of $HOME."""
+    parent = "/var/tmp" if os.path.isdir("/var/tmp") else None
+    base = Path(tempfile.mkdtemp(prefix="stare-reach-", dir=parent))
+    try:
+        base.chmod(0o755)
+        project = project_copy(base)
+        home = base / "home"
+        home.mkdir()
+        for path in [base, *base.rglob("*")]:
+            os.chown(path, uid, uid)
+        yield project, home
+    finally:
+        shutil.rmtree(base)
+
+
+def test_hostile_code_reaches_nothing_of_the_host_as_this_user():
     marker = f"stare-reach-{uuid.uuid4().hex}"
-    options = {"project": str(project_copy(tmp_path)), "marker": marker}
-    report = trainer_report([sys.executable, str(TRAINER), json.dumps(options)])
+    with outside_tmp(os.getuid()) as (project, home):
+        options = {"project": str(project), "marker": marker}
+        command = [sys.executable, str(TRAINER), json.dumps(options)]
+        report = trainer_report(command, {**os.environ, "HOME": str(home)})
     expected = local_module.unprivileged_ids()[0] if os.geteuid() == 0 else os.getuid()
     assert_out_of_reach(report, expected)
 
@@ -128,14 +149,9 @@ def test_hostile_code_reaches_nothing_of_the_host_as_a_user_in_the_docker_group(
     require(shutil.which("unshare") is not None, "unshare (util-linux)")
     uid = unused_uid()
     gid = docker_gid()
-    base = Path(tempfile.mkdtemp(prefix="stare-reach-"))  # pytest's folder is root's alone
-    try:
-        project = project_copy(base)
-        home = base / "home"
-        home.mkdir()
-        for path in [base, *base.rglob("*")]:
-            os.chown(path, uid, uid)
-        marker = f"stare-reach-{uuid.uuid4().hex}"
+    marker = f"stare-reach-{uuid.uuid4().hex}"
+    command = ["unshare", "--mount", "--propagation", "private", sys.executable, "-c", AS_USER]
+    with outside_tmp(uid) as (project, home):
         options = {
             "needed": [sys.base_prefix, sys.prefix, str(REPO)],
             "uid": uid,
@@ -143,12 +159,10 @@ def test_hostile_code_reaches_nothing_of_the_host_as_a_user_in_the_docker_group(
             "argv": [str(TRAINER), json.dumps({"project": str(project), "marker": marker})],
         }
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "LANG": "C.UTF-8"}
-        command = ["unshare", "--mount", "--propagation", "private", sys.executable, "-c", AS_USER]
         report = trainer_report([*command, json.dumps(options)], env)
-    finally:
-        shutil.rmtree(base)
     assert report["trainer uid"] == uid
     assert_out_of_reach(report, uid)
+    assert (report["code"]["chmod"], report["code"]["utime"]) == ("EROFS", "EROFS")  # its own file, read-only
 
 
 def test_a_docker_socket_outside_the_covered_folders_refuses_the_start(monkeypatch):
