@@ -126,6 +126,10 @@ class EnvSection:
 class RolloutSection:
     engine: EngineName = "vllm"
     use_ray: bool = True  # False: one in-process worker (no Ray)
+    # the Ray cluster to attach to: HOST:PORT of its head; "auto": the one `ray start` runs on this node (an
+    # error if none); "local": a private local instance. None: $RAY_ADDRESS, else a `ray start` cluster on this
+    # node, else a private local instance listening on 127.0.0.1 (see stare_agents.rollout.local_ray.init_ray)
+    ray_address: str | None = None
     workers: int = 1
     temperature: float = 1.0
     top_p: float = 1.0
@@ -379,7 +383,14 @@ class RLSection:
                 f"need rl.steps >= 0 and rl.prompts_per_step, rl.samples_per_prompt, rl.sampling_rounds >= 1; got "
                 f"{self.steps}, {self.prompts_per_step}, {self.samples_per_prompt}, {self.sampling_rounds}"
             )
-        self.algorithm_config()  # the combination is checked where it loads
+        algorithm = self.algorithm_config()  # the combination is checked where it loads
+        gate_input = algorithm.stare.gate_input if algorithm.stare is not None else "trained"
+        if gate_input != "trained" and (self.learner_workers > 1 or algorithm.loss.aggregation != "token-mean"):
+            raise ValueError(
+                f"rl.stare.gate_input={gate_input!r} (the entropy over every sampled trajectory, a token mean) needs "
+                f"one learner worker and rl.loss.aggregation=token-mean; got rl.learner_workers="
+                f"{self.learner_workers}, rl.loss.aggregation={algorithm.loss.aggregation!r}"
+            )
 
     @classmethod
     def preset(cls, algorithm: str) -> RLSection:

@@ -119,6 +119,7 @@ LEARNER_METRICS = (
     "policy/approx_kl",  # k3 estimate of KL(old || new) over action tokens
     "policy/ratio_mean",
     "stare/gate_on",  # 1 if this step was reweighted (gate on, or open loop), else 0
+    "stare/gate_input",  # the entropy the gate read (stare.gate_input: trained batch, all sampled, or EMA)
     "stare/w",  # the w and m in force (adaptive: after this step's update); 1 for non-STARE algorithms
     "stare/m",
     "stare/target_entropy",  # the gate's target (NaN for non-STARE algorithms)
@@ -299,9 +300,13 @@ class Learner:
 
     # ---- the step -------------------------------------------------------------------------------------
 
-    def step(self, batch: Batch, advantages: Tensor) -> dict[str, float]:
+    def step(
+        self, batch: Batch, advantages: Tensor, *, others_entropy: tuple[float, float] | None = None
+    ) -> dict[str, float]:
         """One training step on a step batch (`collate(...)` of the kept trajectories) with per-sequence
-        [B] (or per-token [B, R]) advantages. Returns every name in LEARNER_METRICS."""
+        [B] (or per-token [B, R]) advantages. Returns every name in LEARNER_METRICS. `others_entropy`: (sum,
+        count) of the current policy's entropy over the action tokens of the step's sampled trajectories that
+        are not in `batch`, for a STARE gate that reads every sampled trajectory (stare.gate_input)."""
         plan = split_step(
             batch,
             advantages,
@@ -309,9 +314,11 @@ class Learner:
             micro_batch_tokens=self.config.micro_batch_tokens,
             packing=self.config.micro_batch_packing,
         )
-        return self.step_micro_batches(plan)
+        return self.step_micro_batches(plan, others_entropy=others_entropy)
 
-    def step_micro_batches(self, plan: list[list[MicroBatch]]) -> dict[str, float]:
+    def step_micro_batches(
+        self, plan: list[list[MicroBatch]], *, others_entropy: tuple[float, float] | None = None
+    ) -> dict[str, float]:
         """The step on this worker's micro-batches, grouped by optimiser update (see `split_step`). With
         several workers each holds some micro-batches of every update, and all call this together."""
         start = time.perf_counter()
@@ -344,7 +351,13 @@ class Learner:
         # 2. the gate, once per step, on the pre-update entropy; Entrocraft's switch on the same entropy
         reweighting = False
         if self.stare is not None:  # a step without action tokens has no entropy: the gate keeps its state
-            reweighting = self.stare.update(entropy) if totals["entropy_count"] else self.stare.reweighting
+            sampled = None
+            if others_entropy is not None:  # token-mean over every sampled trajectory: this batch + the others
+                total, count = others_entropy
+                count += totals["token_entropy_count"]
+                sampled = (total + totals["token_entropy_sum"]) / count if count else float("nan")
+            gate_input = self.stare.gate_entropy(entropy, sampled)
+            reweighting = self.stare.update(gate_input) if totals["entropy_count"] else self.stare.reweighting
         advantages = [self._switched_advantages(mb.advantages, entropy) for mb in micro_batches]
         step_selection = (
             self._step_selection(micro_batches, pre, advantages) if self.scope == "batch" else None
@@ -400,7 +413,7 @@ class Learner:
         loss normaliser and the row count of each update and the rollout/learner mismatch."""
         aggregation = self.algorithm.loss.aggregation
         names = ["entropy_sum", "entropy_count", "tokens", "action_tokens", "micro_batches"]
-        names += ["abs_diff", "kl", "outside"]
+        names += ["abs_diff", "kl", "outside", "token_entropy_sum", "token_entropy_count"]
         local = dict.fromkeys(names, 0.0)
         max_abs = 0.0
         for mb, stats in zip(micro_batches, pre, strict=True):
@@ -413,6 +426,8 @@ class Learner:
             else:  # token-mean (a per-sequence sum of entropies is no entropy level: token-mean too)
                 local["entropy_sum"] += float(stats.entropy[mask].sum())
                 local["entropy_count"] += float(mask.sum())
+            local["token_entropy_sum"] += float(stats.entropy[mask].sum())
+            local["token_entropy_count"] += float(mask.sum())
             if not mb.filler:
                 local["tokens"] += float(mb.batch.attention_mask.sum())
                 local["micro_batches"] += 1
@@ -565,6 +580,7 @@ class Learner:
             "policy/approx_kl": per_action(s.approx_kl),
             "policy/ratio_mean": per_action(s.ratio_mean),
             "stare/gate_on": float(reweighting),
+            "stare/gate_input": self.stare.last_input if self.stare is not None else math.nan,
             "stare/w": self.stare.w if self.stare is not None else 1.0,
             "stare/m": self.stare.m if self.stare is not None else 1.0,
             "stare/target_entropy": self.stare.config.target_entropy if self.stare is not None else math.nan,

@@ -412,7 +412,9 @@ class Trainer:
             fp32_head=c.model.fp32_lm_head,
         )
         started = time.perf_counter()
-        workers = RolloutWorkerGroup(spec, c.rollout.workers, use_ray=c.rollout.use_ray)
+        workers = RolloutWorkerGroup(
+            spec, c.rollout.workers, use_ray=c.rollout.use_ray, ray_address=c.rollout.ray_address
+        )
         self._timed("start_workers", time.perf_counter() - started)
         for worker in workers.ping():
             logger.info(
@@ -739,18 +741,13 @@ class Trainer:
         return Learner.from_pretrained(model_dir, algorithm, learner_config)
 
     def _distributed_config(self) -> Any:
-        """The learner group's settings; starts a local Ray (loopback only) when none is running, e.g. with
-        rollout.use_ray=false."""
-        import os
-
-        import ray
-
-        from stare_agents.rollout.local_ray import init_local_ray
+        """The learner group's settings; attaches to the Ray cluster (rollout.ray_address) or starts a local Ray
+        (loopback only) when this process has none yet, e.g. with rollout.use_ray=false."""
+        from stare_agents.rollout.local_ray import init_ray
         from stare_agents.train.distributed import DistributedConfig
 
-        if not ray.is_initialized():
-            init_local_ray(num_cpus=max(2, os.cpu_count() or 2), log_to_driver=True)
         c = self.config
+        init_ray(c.rollout.ray_address)
         return DistributedConfig(
             num_workers=c.rl.learner_workers,
             num_gpus_per_worker=c.rl.learner_gpus_per_worker,
@@ -907,7 +904,9 @@ class Trainer:
         With token-mean aggregation the kept ones are left out here (the learner's pre-update pass measures
         them). (nan, 0) unless `logging.entropy_all`, and for a learner without `token_stats` (the
         data-parallel group)."""
-        if not self.config.logging.entropy_all or not hasattr(learner, "token_stats"):
+        stare = algorithm.stare
+        gate_needs_it = stare is not None and stare.gate_input != "trained"
+        if not (self.config.logging.entropy_all or gate_needs_it) or not hasattr(learner, "token_stats"):
             return float("nan"), 0.0
         token_mean = algorithm.loss.aggregation == "token-mean"
         kept_ids = {id(t) for t in kept} if token_mean else set()
@@ -944,7 +943,12 @@ class Trainer:
         with timer("update"):
             entropy_all = self._entropy_of_all(learner, sampled.trajectories, sampled.kept, algorithm)
             if sampled.kept:  # padding is masked out of attention and loss: any pad id works
-                metrics = learner.step(collate(sampled.kept, pad_token_id=0), sampled.advantages)
+                batch = collate(sampled.kept, pad_token_id=0)
+                if algorithm.stare is not None and algorithm.stare.gate_input != "trained":
+                    # the gate reads every sampled trajectory: the learner adds the kept ones to these
+                    metrics = learner.step(batch, sampled.advantages, others_entropy=entropy_all)
+                else:
+                    metrics = learner.step(batch, sampled.advantages)
             else:  # every group had equal rewards (or failed): nothing to learn from this step
                 metrics = dict.fromkeys(LEARNER_METRICS, float("nan"))
         warning = mismatch_warning(
@@ -1057,7 +1061,9 @@ class Trainer:
             for category, count in reflection_counts("".join(turn.text for turn in t.turns)).items():
                 reflections[category] = reflections.get(category, 0) + count
         kept_entropy = metrics.get("learner/entropy", float("nan"))
-        if kept and c.logging.entropy_all and algorithm.loss.aggregation == "token-mean":  # kept + others
+        gate_reads_all = algorithm.stare is not None and algorithm.stare.gate_input != "trained"
+        wanted = c.logging.entropy_all or gate_reads_all
+        if kept and wanted and algorithm.loss.aggregation == "token-mean":  # kept + others
             kept_tokens = sum(t.num_action_tokens for t in kept)
             total, count = entropy_all
             entropy_all = (

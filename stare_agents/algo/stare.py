@@ -17,6 +17,10 @@ from torch import Tensor
 
 Variant = Literal["O1", "C2"]
 STARE_VARIANTS = ("O1", "C2")
+# what the gate reads: the trained (kept) batch's entropy (the official code), the entropy over every sampled
+# trajectory of the step, or an exponential moving average of the latter
+GateInput = Literal["trained", "all", "ema"]
+GATE_INPUTS = ("trained", "all", "ema")
 STARE_SCOPES = ("micro-batch", "batch")
 
 
@@ -42,12 +46,18 @@ class StareConfig:
     m_min: float = 0.5
     # where L+/L- are taken: each optimiser micro-batch (the official code) or the whole step batch
     scope: str = "micro-batch"
+    gate_input: GateInput = "trained"
+    ema_decay: float = 0.8  # gate_input "ema": H_ema = decay * H_ema + (1 - decay) * H_all
 
     def __post_init__(self) -> None:
         if self.variant not in STARE_VARIANTS:
             raise ValueError(f"stare.variant must be one of {STARE_VARIANTS}, got {self.variant!r}")
         if self.scope not in STARE_SCOPES:
             raise ValueError(f"stare.scope must be one of {STARE_SCOPES}, got {self.scope!r}")
+        if self.gate_input not in GATE_INPUTS:
+            raise ValueError(f"stare.gate_input must be one of {GATE_INPUTS}, got {self.gate_input!r}")
+        if not 0 <= self.ema_decay < 1:
+            raise ValueError(f"stare.ema_decay must be in [0, 1), got {self.ema_decay}")
         if not 0 < self.top_ratio <= 1:
             raise ValueError(f"stare.top_ratio must be in (0, 1], got {self.top_ratio}")
         if not (self.w > 0 and self.m > 0 and self.w_max >= 1.0 and 0 < self.m_min <= 1.0):
@@ -226,6 +236,27 @@ class Stare:
         )
         # this step's decision: the gate's initial state; open loop reweights from the first step
         self.reweighting = c.initial_on or not c.gated
+        self.ema: float | None = None  # gate_input "ema": the moving average so far
+        self.last_input: float = math.nan  # what the gate read last
+
+    def gate_entropy(self, trained: float, sampled: float | None = None) -> float:
+        """What the gate reads this step (`config.gate_input`): the trained batch's entropy, or that of every
+        sampled trajectory (`sampled`), or its moving average. Call once per step, before `update`."""
+        if self.config.gate_input == "trained":
+            value = trained
+        elif sampled is None:
+            raise ValueError(
+                f"stare.gate_input={self.config.gate_input!r} needs the entropy over every sampled trajectory "
+                "of the step; none was given"
+            )
+        elif self.config.gate_input == "all" or not math.isfinite(sampled):
+            value = sampled
+        else:
+            decay = self.config.ema_decay
+            self.ema = sampled if self.ema is None else decay * self.ema + (1 - decay) * sampled
+            value = self.ema
+        self.last_input = value
+        return value
 
     @property
     def w(self) -> float:
@@ -253,8 +284,9 @@ class Stare:
         return self.weights_from_selection(*self.selection(surprisal, advantages, action_mask))
 
     def state_dict(self) -> dict:
-        return {"gate": self.gate.state_dict(), "reweighting": self.reweighting}
+        return {"gate": self.gate.state_dict(), "reweighting": self.reweighting, "ema": self.ema}
 
     def load_state_dict(self, state: dict) -> None:
         self.gate.load_state_dict(state["gate"])
         self.reweighting = bool(state["reweighting"])
+        self.ema = state.get("ema")  # checkpoints written before gate_input existed have none

@@ -235,3 +235,24 @@ def test_initial_gate_state_decides_only_until_the_first_measured_entropy():
     with pytest.warns(RuntimeWarning, match="keeps its state"):
         assert on.update(float("nan")) is True and off.update(float("nan")) is False  # unknown: kept
     assert on.update(0.5) is False and off.update(0.2) is True  # the first measured entropy decides
+
+
+def test_the_gate_reads_the_trained_batch_every_sampled_trajectory_or_their_moving_average():
+    trained, sampled = 0.4, 0.2
+    assert Stare(StareConfig(gate_input="trained")).gate_entropy(trained, sampled) == 0.4
+    assert Stare(StareConfig(gate_input="all")).gate_entropy(trained, sampled) == 0.2
+    ema = Stare(StareConfig(gate_input="ema", ema_decay=0.5))
+    assert [ema.gate_entropy(trained, h) for h in (0.4, 0.2, 0.0)] == pytest.approx([0.4, 0.3, 0.15])
+    assert ema.last_input == pytest.approx(0.15)
+    restored = Stare(StareConfig(gate_input="ema", ema_decay=0.5))
+    restored.load_state_dict(ema.state_dict())
+    assert restored.gate_entropy(trained, 0.15) == pytest.approx(0.15)  # 0.5 * 0.15 + 0.5 * 0.15
+    old = ema.state_dict()
+    del old["ema"]  # a checkpoint from before gate_input: no moving average yet
+    Stare(StareConfig(gate_input="ema")).load_state_dict(old)
+    with pytest.raises(ValueError, match="every sampled trajectory"):
+        Stare(StareConfig(gate_input="all")).gate_entropy(trained, None)
+    with pytest.raises(ValueError, match="gate_input"):
+        StareConfig(gate_input="kept")
+    with pytest.raises(ValueError, match="ema_decay"):
+        StareConfig(ema_decay=1.0)

@@ -383,3 +383,30 @@ def test_masked_importance_sampling_drops_the_forged_tokens_from_the_loss():
     # at ratio 1 the loss is -sum(A w) / N with w = 0 on the forged tokens and 1 elsewhere
     adv = advantages[:, None].expand_as(mask)[mask]
     assert metrics["learner/loss"] == pytest.approx(float(-(adv * (~forged)).sum() / mask.sum()), rel=1e-5)
+
+
+def test_the_gate_input_changes_what_the_gate_reads_and_nothing_else():
+    """stare.gate_input="all": the gate reads the token mean over the trained batch and the other sampled
+    trajectories; with no others it reads what "trained" reads and the step is the same, bit for bit."""
+    _, batch, advantages = step_inputs(9)
+    mask = batch.action_mask > 0
+    probe = make_learner().token_stats(batch)
+    kept_sum, kept_count = float(probe.entropy[mask].sum()), float(mask.sum())
+    kept = kept_sum / kept_count
+    def algorithm(gate_input: str) -> AlgorithmConfig:
+        return AlgorithmConfig(stare=StareConfig(target_entropy=kept * 0.9, gate_input=gate_input))
+
+    trained = make_learner(algorithm("trained"))
+    reads_all = make_learner(algorithm("all"))
+    a = trained.step(batch, advantages)
+    b = reads_all.step(batch, advantages, others_entropy=(0.0, 0.0))
+    assert a["stare/gate_input"] == pytest.approx(kept, rel=1e-6) and a["stare/gate_on"] == 0.0
+    assert b["stare/gate_input"] == pytest.approx(kept, rel=1e-6) and b["stare/gate_on"] == 0.0
+    for (name, x), y in zip(trained.model.state_dict().items(), reads_all.model.state_dict().values(), strict=True):
+        assert torch.equal(x, y), name
+    # others with a low entropy pull the all-sampled mean under the target: the gate opens
+    others = (0.0 * 100, 100.0)  # 100 tokens of entropy 0
+    c = make_learner(algorithm("all")).step(batch, advantages, others_entropy=others)
+    assert c["stare/gate_input"] == pytest.approx(kept_sum / (kept_count + 100), rel=1e-6)
+    assert c["stare/gate_on"] == 1.0
+    assert c["learner/entropy"] == pytest.approx(a["learner/entropy"])  # the trained batch's entropy is unchanged

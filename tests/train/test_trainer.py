@@ -327,3 +327,14 @@ def test_environment_processes_train_as_environments_on_threads_do(tmp_path):
     a, b = read_records(threads / "metrics.jsonl", "rl"), read_records(processes / "metrics.jsonl", "rl")
     assert len(a) == 2 and [comparable(r) for r in a] == [comparable(r) for r in b]
     assert all(r["rollout/failed"] == 0 for r in b)
+
+
+def test_a_gate_reading_every_sampled_trajectory_reads_the_logged_all_trajectory_entropy(tmp_path):
+    """rl.stare.gate_input=all: what the gate read each step is learner/entropy_all, the entropy over every
+    trajectory that ran (the tiny recipe trains on all of them, so it is also the trained batch's)."""
+    folder = tmp_path / "run"
+    train(tiny(folder, "rl.steps=2", "rl.stare.gate_input=all", "logging.entropy_all=false"))
+    rl = read_records(folder / "metrics.jsonl", "rl")
+    assert len(rl) == 2
+    for record in rl:  # computed for the gate even with the logging switch off
+        assert record["stare/gate_input"] == pytest.approx(record["learner/entropy_all"], rel=1e-6)
