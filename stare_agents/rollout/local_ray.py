@@ -19,20 +19,28 @@ told otherwise, and makes whatever temp folder it is given world-writable (0777)
 new instance `ray/` inside a fresh folder of its own, mode 0700 (`private_temp_dir`), which no other user can
 enter. It stays after the run, as Ray's own does, for its logs.
 
-A multi-node run connects to a cluster started with `ray start` instead (`ray.init(address=...)`, see the
-README's cluster section): this function is only for the local instance.
+A multi-node run attaches to a cluster started with `ray start` instead (see the README's cluster section):
+`init_ray` is what the trainer calls, and it starts the local instance only when there is no cluster to attach
+to (`cluster_address`: `rollout.ray_address`, else RAY_ADDRESS, else the cluster `ray start` runs on this node).
+Attaching gives Ray no resources: a cluster's nodes declared theirs when `ray start` started them, and Ray
+refuses `num_cpus`/`num_gpus` from a driver that connects.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
+import socket
 import tempfile
 from pathlib import Path
 from typing import Any
 
 SINGLE_MACHINE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 LOOPBACK = "127.0.0.1"
+LOCAL = "local"  # rollout.ray_address / RAY_ADDRESS: a private local instance even where a cluster runs
+AUTO = "auto"  # rollout.ray_address: the cluster `ray start` runs on this node, or an error
+logger = logging.getLogger("stare_agents.rollout")
 
 
 def private_auth_token() -> Path | None:
@@ -81,4 +89,94 @@ def init_local_ray(**kwargs: Any) -> Any:
     return ray.init(**kwargs)
 
 
-__all__ = ["LOOPBACK", "SINGLE_MACHINE_ENV", "init_local_ray", "private_auth_token", "private_temp_dir"]
+def started_cluster_file() -> Path:
+    """Where `ray start --head` records its cluster's address on this node (Ray's default temp folder:
+    $RAY_TMPDIR/ray, else $TMPDIR/ray, else /tmp/ray); `ray stop` removes it."""
+    from ray._common.utils import get_ray_address_file
+
+    return Path(get_ray_address_file(None))
+
+
+def _answers(address: str, timeout_s: float = 2.0) -> bool:
+    """Whether something accepts a TCP connection at host:port (a GCS that is up)."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
+def cluster_address(address: str | None = None) -> tuple[str | None, str]:
+    """The Ray cluster a run attaches to, and where that came from: `address` (rollout.ray_address) when set;
+    else $RAY_ADDRESS; else the cluster `ray start` runs on this node (the address file it writes, when its
+    GCS answers). (None, why) means: start a private local instance. "local" in either setting asks for the
+    local instance; "auto" asks for this node's `ray start` cluster and is an error when there is none."""
+    source = "rollout.ray_address"
+    if not address:
+        address, source = os.environ.get("RAY_ADDRESS") or None, "RAY_ADDRESS"
+    if address == LOCAL:
+        return None, f"{source}={LOCAL}"
+    if address and address != AUTO:
+        return address, source
+    file = started_cluster_file()
+    found = file.read_text().strip() if file.is_file() else ""
+    if found and _answers(found):
+        return found, f"`ray start` on this node ({file})"
+    if address == AUTO:
+        why = f"its address file {file} names {found}, which does not answer" if found else f"no {file}"
+        raise ConnectionError(
+            f"{source}={AUTO}: no Ray cluster started with `ray start` runs on this node ({why}); start one, "
+            f"give its address (rollout.ray_address=HOST:PORT or RAY_ADDRESS), or use {LOCAL}"
+        )
+    if found:
+        logger.warning(
+            "%s names the Ray cluster %s, which does not answer (stopped without `ray stop`?): starting a "
+            "private local Ray instead; give rollout.ray_address=HOST:PORT to attach to a cluster",
+            file,
+            found,
+        )
+    return None, "no cluster to attach to"
+
+
+def init_ray(
+    address: str | None = None, *, num_cpus: int | None = None, log_to_driver: bool = True
+) -> str | None:
+    """Ray for a run, unless this process has it already: attach to the cluster `cluster_address` finds (without
+    num_cpus/num_gpus, which a connecting driver may not give), else start the private local instance with
+    `num_cpus` (default: this machine's CPUs, at least 2). Returns the address attached to, or None."""
+    import ray
+
+    if ray.is_initialized():
+        return None
+    target, source = cluster_address(address)
+    if target is None:
+        init_local_ray(num_cpus=num_cpus or max(2, os.cpu_count() or 2), log_to_driver=log_to_driver)
+        return None
+    found_here = source.startswith("`ray start`")  # not asked for by name: say so where it shows
+    log = logger.warning if found_here else logger.info
+    log("attaching to the Ray cluster at %s (from %s)", target, source)
+    try:
+        ray.init(address=target, log_to_driver=log_to_driver)
+    except Exception as error:
+        raise ConnectionError(
+            f"cannot attach to the Ray cluster at {target} (from {source}): {type(error).__name__}: {error}. "
+            "A cluster started with token authentication needs RAY_AUTH_MODE=token and its token "
+            "(~/.ray/auth_token, RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN) here too; rollout.ray_address=local "
+            "starts a private local Ray instead"
+        ) from error
+    return target
+
+
+__all__ = [
+    "AUTO",
+    "LOCAL",
+    "LOOPBACK",
+    "SINGLE_MACHINE_ENV",
+    "cluster_address",
+    "init_local_ray",
+    "init_ray",
+    "private_auth_token",
+    "private_temp_dir",
+    "started_cluster_file",
+]

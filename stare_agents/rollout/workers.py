@@ -5,8 +5,8 @@
     group.update_weights(learner.state_dict())                   # every worker, one batched call
     group.close()
 
-With Ray (the default) every worker is an actor: one per GPU on a cluster (`ray.init(address=...)` first, or
-`ray_address=`), one on a small CPU machine. Tasks are split into one contiguous shard per worker. A worker
+With Ray (the default) every worker is an actor: one per GPU on a cluster (`ray_address=`, RAY_ADDRESS or a
+`ray start` cluster on this node: see `local_ray.init_ray`), one on a small CPU machine. Tasks are split into one contiguous shard per worker. A worker
 that dies (its process is killed, the machine goes away) is replaced and its shard re-run, up to
 `max_restarts` times per call. A worker whose engine died (its episodes end as `engine_error` at once) is
 replaced after its shard returns, so the next call has a working engine; a worker that does not return
@@ -344,13 +344,9 @@ class RolloutWorkerGroup:
             return
         import ray
 
-        if not ray.is_initialized():
-            if ray_address:
-                ray.init(address=ray_address, include_dashboard=False, log_to_driver=True)
-            else:
-                from stare_agents.rollout.local_ray import init_local_ray  # listens on 127.0.0.1 only
+        from stare_agents.rollout.local_ray import init_ray
 
-                init_local_ray(num_cpus=max(2, os.cpu_count() or 2), log_to_driver=True)
+        init_ray(ray_address)  # a cluster to attach to, else a private local instance on 127.0.0.1
         self._local = None
         self._actor_class = ray.remote(RolloutWorker)
         from stare_agents.rollout.placement import reserve

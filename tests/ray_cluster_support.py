@@ -1,0 +1,106 @@
+"""A Ray cluster started with `ray start`, as a cluster user starts one, and stopped again without touching any
+other Ray on the machine.
+
+`ray stop` ends every Ray process of the machine (it matches them by name), other runs' included; `stop_cluster`
+ends only the processes whose command line names this cluster's temp folder (its GCS, raylet, agents and
+monitors), with their children (the workers), by process id.
+
+Every node is on loopback (`RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`: Ray otherwise advertises the machine's network
+address) and token authentication is on, with a token file of the test's own (RAY_AUTH_TOKEN_PATH): the same
+environment (`cluster_env`) lets a driver attach.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+RAY = str(Path(sys.executable).with_name("ray"))
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
+
+
+def short_folder() -> Path:
+    """A fresh folder under /tmp: Ray's socket paths under its temp folder must fit in 107 bytes."""
+    return Path(tempfile.mkdtemp(prefix="srt-", dir="/tmp"))
+
+
+def cluster_env(folder: Path) -> dict[str, str]:
+    """The environment of the cluster's nodes and of a driver attaching to it: token authentication with a
+    token file in `folder` (made here, 0600), every node on loopback, no RAY_ADDRESS from outside."""
+    token = folder / "auth_token"
+    if not token.exists():
+        token.write_text(secrets.token_hex(32))
+        token.chmod(0o600)
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN")}
+    env.update(
+        RAY_AUTH_MODE="token",
+        RAY_AUTH_TOKEN_PATH=str(token),
+        RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
+        RAY_USAGE_STATS_ENABLED="0",
+    )
+    return env
+
+
+def start_head(folder: Path, *, num_cpus: int = 2, timeout_s: float = 180.0) -> str:
+    """`ray start --head` on 127.0.0.1 with its temp folder `folder`/ray; returns the cluster's address (the one
+    `ray start` writes to `folder`/ray/ray_current_cluster)."""
+    temp_dir = folder / "ray"
+    command = [
+        RAY,
+        "start",
+        "--head",
+        "--node-ip-address=127.0.0.1",
+        f"--port={free_port()}",
+        f"--num-cpus={num_cpus}",
+        "--num-gpus=0",
+        f"--temp-dir={temp_dir}",
+        "--include-dashboard=false",
+        "--disable-usage-stats",
+    ]
+    done = subprocess.run(command, env=cluster_env(folder), capture_output=True, text=True, timeout=timeout_s)
+    if done.returncode != 0:
+        stop_cluster(folder)
+        raise RuntimeError(f"ray start --head failed ({done.returncode}): {done.stderr[-3000:]}")
+    return (temp_dir / "ray_current_cluster").read_text().strip()
+
+
+def stop_cluster(folder: Path, grace_s: float = 15.0) -> list[int]:
+    """End this cluster's processes only: those whose command line names `folder`, and their descendants (never
+    this process or its ancestors). Returns their ids."""
+    import psutil
+
+    spared = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
+    mine: dict[int, psutil.Process] = {}
+    for process in psutil.process_iter(["cmdline"]):
+        try:
+            if process.pid not in spared and any(str(folder) in a for a in process.info["cmdline"] or ()):
+                mine[process.pid] = process
+                mine.update((c.pid, c) for c in process.children(recursive=True))
+        except psutil.Error:
+            continue
+    for process in mine.values():
+        with contextlib.suppress(psutil.Error):
+            process.terminate()
+    _, alive = psutil.wait_procs(list(mine.values()), timeout=grace_s)
+    for process in alive:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+    psutil.wait_procs(alive, timeout=grace_s)
+    return sorted(mine)
+
+
+def remove(folder: Path) -> None:
+    stop_cluster(folder)
+    shutil.rmtree(folder, ignore_errors=True)
