@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import math
 import time
 
 
@@ -50,11 +49,83 @@ def mismatch_row(learner_lp, rollout_lp, mask) -> dict:
     return row
 
 
+def learner_gradients(model, batch, advantages, learners: list[str], temperature: float) -> dict:
+    """The GRPO surrogate's gradient (ratio 1) on `batch` for each learner precision, flattened."""
+    import torch
+
+    from stare_agents.train.policy import PolicyModel, split_step
+
+    grads = {}
+    total = float((batch.action_mask > 0).sum())
+    for learner in learners:
+        precision, _, head = learner.partition("+")
+        policy = PolicyModel(
+            model, precision=precision, temperature=temperature, fp32_head=head == "fp32head"
+        )
+        model.zero_grad(set_to_none=True)
+        for mb in (
+            mb for u in split_step(batch, advantages, mini_batches=1, micro_batch_tokens=4096) for mb in u
+        ):
+            stats = policy(mb.batch)  # micro-batches: the whole batch's activations would not fit in memory
+            mask = mb.batch.action_mask > 0
+            adv = mb.advantages[:, None].expand_as(stats.logprob)
+            (-(stats.logprob * adv)[mask].sum() / total).backward()
+        grads[learner] = torch.cat(
+            [p.grad.flatten() for p in model.parameters() if p.grad is not None]
+        ).clone()
+    return grads
+
+
+def compare_gradients(grads: dict) -> dict:
+    import torch
+
+    reference = grads["fp32"].double()
+    return {
+        learner: {
+            "cosine": float(torch.nn.functional.cosine_similarity(g.double(), reference, dim=0)),
+            "relative_error": float((g.double() - reference).norm() / reference.norm()),
+        }
+        for learner, g in grads.items()
+    }
+
+
+def gradients(args) -> None:
+    """--gradient-run: the learners' gradients on a run's first trained batch."""
+    import torch
+
+    from stare_agents.rollout_log import read_rollouts
+    from stare_agents.train.policy import load_causal_lm
+    from stare_agents.trajectory import collate
+
+    saved = [
+        r for r in read_rollouts(args.gradient_run, 0) if r.status == "trained" and r.advantage is not None
+    ]
+    batch = collate([r.trajectory for r in saved], pad_token_id=0)
+    advantages = torch.tensor([float(r.advantage) for r in saved])
+    learners = args.learners.split(",")
+    if "fp32" not in learners:
+        learners = ["fp32", *learners]
+    model = load_causal_lm(f"{args.gradient_run}/sft_model")
+    figures = {
+        "run": args.gradient_run,
+        "trajectories": len(saved),
+        "action_tokens": int((batch.action_mask > 0).sum()),
+        "gradient_vs_fp32": compare_gradients(
+            learner_gradients(model, batch, advantages, learners, args.temperature)
+        ),
+    }
+    text = json.dumps(figures, indent=2, allow_nan=False)
+    print(text)
+    if args.json:
+        with open(args.json, "w") as handle:
+            handle.write(text)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--model", required=True, help="a model folder (the default job's sft_model)")
+    parser.add_argument("--model", help="a model folder (the default job's sft_model)")
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--samples", type=int, default=4)
     parser.add_argument(
@@ -77,6 +148,11 @@ def main() -> None:
         "weights as the trainer sends them (float32, tied head once), then samples; the learners score with "
         "them, and an fp32 learner also with --model's, which shows whether the engine kept stale weights",
     )
+    parser.add_argument(
+        "--gradient-run",
+        help="a run folder: compare the learners' GRPO gradients on its first trained batch (rollouts of step 0, "
+        "its advantages, its sft_model) instead of sampling; no engine is started",
+    )
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
@@ -87,7 +163,7 @@ def main() -> None:
     from stare_agents.envs.registration import split_kwargs
     from stare_agents.rollout import RolloutConfig, RolloutTask, collect, make_engine
     from stare_agents.sandbox import make_sandbox
-    from stare_agents.train.policy import PolicyModel, load_causal_lm, split_step
+    from stare_agents.train.policy import PolicyModel, load_causal_lm
     from stare_agents.trajectory import collate
 
     env_id = "stare_agents/ArithmeticTIR-v0"
@@ -185,43 +261,18 @@ def main() -> None:
     name = next((n for n in batches if n.startswith("bfloat16")), next(iter(batches)))
     batch, groups = batches[name]
     advantages = compute_advantages(batch.rewards, groups, AlgorithmConfig.preset("grpo")).advantages
-    grads = {}
-    for learner in args.learners.split(","):
-        precision, _, head = learner.partition("+")
-        policy = PolicyModel(
-            model, precision=precision, temperature=args.temperature, fp32_head=head == "fp32head"
-        )
-        model.zero_grad(set_to_none=True)
-        total = float((batch.action_mask > 0).sum())
-        for mb in (
-            mb
-            for update in split_step(batch, advantages, mini_batches=1, micro_batch_tokens=4096)
-            for mb in update
-        ):
-            stats = policy(mb.batch)  # micro-batches: the whole batch's activations would not fit in memory
-            mask = mb.batch.action_mask > 0
-            adv = mb.advantages[:, None].expand_as(stats.logprob)
-            (-(stats.logprob * adv)[mask].sum() / total).backward()
-        grads[learner] = torch.cat(
-            [p.grad.flatten() for p in model.parameters() if p.grad is not None]
-        ).clone()
-    reference = grads.get("fp32")
-    if reference is not None and float(reference.norm()) == 0:
+    learners = args.learners.split(",")
+    if "fp32" not in learners:
+        learners = ["fp32", *learners]
+    if float(advantages.abs().sum()) == 0:
         print("gradient: no group of the", name, "batch has reward variance (all advantages 0): not compared")
-    if reference is not None and float(reference.norm()) > 0:
-        figures["gradient_vs_fp32"] = {
-            learner: {
-                "cosine": float(torch.nn.functional.cosine_similarity(g.double(), reference.double(), dim=0)),
-                "relative_error": float((g - reference).norm() / reference.norm()),
-            }
-            for learner, g in grads.items()
-        }
+    else:
+        grads = learner_gradients(model, batch, advantages, learners, args.temperature)
+        figures["gradient_vs_fp32"] = compare_gradients(grads)
         figures["gradient_batch"] = name
         print("gradient vs fp32 on the", name, "batch:", figures["gradient_vs_fp32"], flush=True)
 
-    text = json.dumps(
-        figures, indent=2, allow_nan=False, default=lambda v: None if not math.isfinite(v) else v
-    )
+    text = json.dumps(figures, indent=2, allow_nan=False)
     print(text)
     if args.json:
         with open(args.json, "w") as handle:
