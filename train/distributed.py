@@ -288,6 +288,12 @@ class LearnerWorker:
 
         return ray.util.get_node_ip_address()
 
+    def sync_address(self, world_size: int, *, engines_on_gpu: bool, timeout_s: float) -> GroupAddress:
+        """Rank 0: a new sync group opened on this node, its store's port bound here (see `Learner.sync_address`)."""
+        return self.learner.sync_address(
+            world_size, engines_on_gpu=engines_on_gpu, timeout_s=timeout_s, host=self.sync_host()
+        )
+
     def sync_join(self, address: GroupAddress) -> None:
         if self.rank == 0:
             self.learner.sync_join(address)
@@ -448,10 +454,17 @@ class LearnerGroup:
         return metrics
 
     # ---- the sender's end of a weight-sync group (see LearnerWorker) ----
-    def sync_host(self) -> str:
+    def sync_address(
+        self, world_size: int, *, engines_on_gpu: bool, timeout_s: float = 300.0
+    ) -> GroupAddress:
+        """A new sync group, opened by rank 0 on its own node (the driver binds nothing)."""
         import ray
 
-        return ray.get(self.workers[0].sync_host.remote())
+        return ray.get(
+            self.workers[0].sync_address.remote(
+                world_size, engines_on_gpu=engines_on_gpu, timeout_s=timeout_s
+            )
+        )
 
     def sync_join(self, address: GroupAddress) -> None:
         import ray

@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -40,7 +42,7 @@ from stare_agents.algo import (
     sensitivity_from_statistics,
 )
 from stare_agents.algo.importance import ImportanceConfig, importance_weights, mismatch_sums
-from stare_agents.rollout.weight_sync import GroupAddress, SyncGroup, WeightsPlan, send_weights
+from stare_agents.rollout.weight_sync import GroupAddress, SyncGroup, WeightsPlan, open_group, send_weights
 from stare_agents.train.policy import (
     PACKINGS,
     PRECISIONS,
@@ -272,6 +274,7 @@ class Learner:
         self.record_tokens = False
         self.last_token_data: dict[int, TokenRecord] = {}
         self._sync_groups: dict[int, SyncGroup] = {}  # weight-sync groups this learner sends to, by port
+        self._sync_stores: dict[int, Any] = {}  # the stores of groups opened here and not yet joined
 
     @classmethod
     def from_pretrained(
@@ -614,12 +617,28 @@ class Learner:
     # ---- weight sync: the sender's end of stare_agents.rollout.weight_sync ------------------------------
 
     def sync_host(self) -> str:
-        """Where this learner's sync groups meet (an in-process learner: this machine, loopback only)."""
+        """Where this learner's sync groups meet: its node's Ray address when this process runs Ray (a cluster:
+        the node's network address; the local instance: 127.0.0.1), else loopback."""
+        ray = sys.modules.get("ray")
+        if ray is not None and ray.is_initialized():
+            return ray.util.get_node_ip_address()
         return "127.0.0.1"
+
+    def sync_address(
+        self, world_size: int, *, engines_on_gpu: bool, timeout_s: float = 300.0, host: str | None = None
+    ) -> GroupAddress:
+        """Open a new sync group here, on this learner's node (`open_group` binds its store's port in this
+        process), and return its address for the engines: NCCL when this learner and the engines are on GPUs,
+        else gloo. `host`: this node's address when the caller knows it better (`sync_host` otherwise)."""
+        backend = "nccl" if engines_on_gpu and self.device.type == "cuda" else "gloo"
+        address, store = open_group(host or self.sync_host(), world_size, backend, timeout_s)
+        self._sync_stores[address.port] = store
+        return address
 
     def sync_join(self, address: GroupAddress) -> None:
         """Join a sync group as its sender (rank 0); returns once every engine joined."""
-        self._sync_groups[address.port] = SyncGroup(address, 0)
+        store = self._sync_stores.pop(address.port, None)
+        self._sync_groups[address.port] = SyncGroup(address, 0, store=store)
 
     def sync_plan(self, *, version: int, dtype: torch.dtype, bucket_mb: float = 256.0) -> WeightsPlan:
         return WeightsPlan.of(
@@ -650,6 +669,7 @@ class Learner:
             yield tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
     def sync_leave(self, port: int) -> None:
+        self._sync_stores.pop(port, None)  # a group opened and never joined
         group = self._sync_groups.pop(port, None)
         if group is not None:
             group.close()

@@ -2,7 +2,8 @@
 
 The learner's rank 0 (the sender) and every rollout engine form a process group of their own (gloo on CPUs,
 NCCL on GPUs: the same code, only the backend and the device differ), rendezvousing through a TCP store on the
-sender's node. A sync is: the sender announces a `WeightsPlan` (names, shapes, dtype, buckets, version),
+sender's node. The sender opens each group itself (`open_group`, in its own process): it binds the store's
+port on its node and reports the address, so the driver, which may run on another node, never binds anything. A sync is: the sender announces a `WeightsPlan` (names, shapes, dtype, buckets, version),
 every engine starts receiving, and the sender broadcasts the weights bucket by bucket (one flat buffer of
 about `bucket_mb` each), so neither side ever holds a second full copy of the model; each engine feeds the
 received tensors to its own loader as they arrive (vLLM: `reload_weights` with an iterator, inside the engine's
@@ -19,6 +20,7 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import math
+import os
 import shutil
 import socket
 import tempfile
@@ -37,22 +39,40 @@ WeightSync = Literal["auto", "driver", "collective"]
 
 
 def free_address(host: str = "127.0.0.1") -> tuple[str, int]:
-    """A free TCP port on `host` for the group's store (the sender's node)."""
+    """A free TCP port on `host` (an address of this machine)."""
     with socket.socket() as probe:
         probe.bind((host, 0))
         return host, probe.getsockname()[1]
 
 
-def group_address(
+def is_loopback(host: str) -> bool:
+    return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
+
+
+def open_group(
     host: str, world_size: int, backend: str = "gloo", timeout_s: float = 300.0
-) -> GroupAddress:
-    """Where a new group meets: on loopback through a store file in a fresh private folder (the port is then
-    only the group's name), elsewhere through a TCP store on a free port of `host`."""
-    host, port = free_address(host)
-    store_path = None
-    if ipaddress.ip_address(socket.gethostbyname(host)).is_loopback:
+) -> tuple[GroupAddress, Any]:
+    """A new group, opened by its sender (rank 0) in its own process on its node `host`: (its address, the store
+    the sender keeps for `SyncGroup(address, 0, store=...)`). On loopback the store is a file in a fresh private
+    folder (nothing listens; the port is only the group's name); elsewhere a TCP store already listening on a
+    port the kernel picked (port 0), so nothing can take it between choosing and binding."""
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if is_loopback(host):
         store_path = str(Path(tempfile.mkdtemp(prefix="stare-sync-")) / "store")
-    return GroupAddress(host, port, world_size, backend, timeout_s, store_path)
+        store = dist.FileStore(store_path, world_size)
+        store.set_timeout(timeout)
+        address = GroupAddress(host, free_address(host)[1], world_size, backend, timeout_s, store_path)
+        return address, store
+    store = dist.TCPStore(host, 0, world_size, is_master=True, timeout=timeout, wait_for_workers=False)
+    return GroupAddress(host, store.port, world_size, backend, timeout_s), store
+
+
+def address_towards(host: str) -> str:
+    """This machine's address on the route to `host` (the source address the kernel picks for it; no packet is
+    sent): where a group member on another node than the sender binds its gloo socket."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((socket.gethostbyname(host), 9))
+        return probe.getsockname()[0]
 
 
 @dataclass(frozen=True)
@@ -77,15 +97,18 @@ class GroupAddress:
 
 
 class SyncGroup:
-    """One member of a sync group: a process group made from its own TCP store, outside torch.distributed's
-    default group (a learner rank keeps its data-parallel group; an engine process has none)."""
+    """One member of a sync group: a process group made from its own store, outside torch.distributed's
+    default group (a learner rank keeps its data-parallel group; an engine process has none). The sender
+    (rank 0) passes the store `open_group` made; the others connect to it."""
 
-    def __init__(self, address: GroupAddress, rank: int) -> None:
+    def __init__(self, address: GroupAddress, rank: int, *, store: Any = None) -> None:
         if not 0 <= rank < address.world_size:
             raise ValueError(f"rank {rank} is not in a group of {address.world_size}")
         self.address, self.rank = address, rank
         timeout = datetime.timedelta(seconds=address.timeout_s)
-        if address.store_path is not None:
+        if store is not None:
+            self.store = store
+        elif address.store_path is not None:
             self.store = dist.FileStore(address.store_path, address.world_size)
             self.store.set_timeout(timeout)
         else:
@@ -95,7 +118,7 @@ class SyncGroup:
         if address.backend == "gloo":
             options = dist.ProcessGroupGloo._Options()
             options._timeout = timeout
-            options._devices = [dist.ProcessGroupGloo.create_device(hostname=address.host)]
+            options._devices = [gloo_device(address, rank)]
             self.group = dist.ProcessGroupGloo(self.store, rank, address.world_size, options)
             self.device = torch.device("cpu")
         else:
@@ -113,6 +136,18 @@ class SyncGroup:
         self.store = None
         if self.rank == 0 and self.address.store_path is not None:  # the sender made the folder
             shutil.rmtree(Path(self.address.store_path).parent, ignore_errors=True)
+
+
+def gloo_device(address: GroupAddress, rank: int) -> Any:
+    """The gloo device a member binds: the interface GLOO_SOCKET_IFNAME names when set; else the sender's
+    address for the sender and for a group on loopback, and for a member on another node its own address on
+    the route to the sender (binding the sender's address there fails)."""
+    interface = os.environ.get("GLOO_SOCKET_IFNAME", "").split(",")[0]
+    if interface:
+        return dist.ProcessGroupGloo.create_device(interface=interface)
+    if rank == 0 or address.store_path is not None or is_loopback(address.host):
+        return dist.ProcessGroupGloo.create_device(hostname=address.host)
+    return dist.ProcessGroupGloo.create_device(hostname=address_towards(address.host))
 
 
 @dataclass(frozen=True)

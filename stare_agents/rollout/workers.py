@@ -543,7 +543,7 @@ class RolloutWorkerGroup:
     ) -> int:
         """Push the learner's weights to every worker over the sync group (formed on first use, and again
         when a worker was replaced); returns the new weight version. `sender` is the learner (a `Learner`
-        or a `LearnerGroup`: see `WeightSender` in weight_sync). A worker replaced while this mode is on
+        or a `LearnerGroup`: `sync_address`, `sync_join`, `sync_plan`, `sync_send`, `sync_leave`). A worker replaced while this mode is on
         catches up from the sender at once (a group of two), before it re-runs any episode."""
         started = time.perf_counter()
         version = self.weight_version + 1 if version is None else int(version)
@@ -582,10 +582,10 @@ class RolloutWorkerGroup:
         return lambda timeout: ray.get(ref, timeout=timeout)
 
     def _form_group(self, members: list[Any]) -> Any:
-        from stare_agents.rollout.weight_sync import group_address
-
-        backend = "nccl" if self.spec.num_gpus > 0 and torch.cuda.is_available() else "gloo"
-        address = group_address(self._sender.sync_host(), 1 + len(members), backend, self._sync_timeout_s)
+        # the sender opens the group on its own node and binds its port there: this process may be elsewhere
+        address = self._sender.sync_address(
+            1 + len(members), engines_on_gpu=self.spec.num_gpus > 0, timeout_s=self._sync_timeout_s
+        )
         joins = [self._call(m, "join_sync_group", asdict(address), rank) for rank, m in enumerate(members, 1)]
         self._sender.sync_join(address)  # returns once every member joined
         for wait in joins:

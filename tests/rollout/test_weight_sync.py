@@ -22,7 +22,7 @@ from stare_agents.rollout.weight_sync import (
     SyncGroup,
     WeightsPlan,
     free_address,
-    group_address,
+    open_group,
     receive_weights,
     send_weights,
 )
@@ -50,8 +50,9 @@ def test_plans_are_checked_and_travel_as_dicts():
 
 
 def _pair(timeout_s: float = 30.0, *, store: str = "file") -> tuple[SyncGroup, SyncGroup]:
+    opened = None
     if store == "file":  # what a single-machine run uses
-        address = group_address("127.0.0.1", 2, "gloo", timeout_s)
+        address, opened = open_group("127.0.0.1", 2, "gloo", timeout_s)
         assert address.store_path is not None
     else:  # a TCP store, as across machines
         host, port = free_address()
@@ -59,7 +60,7 @@ def _pair(timeout_s: float = 30.0, *, store: str = "file") -> tuple[SyncGroup, S
     groups: dict[int, SyncGroup] = {}
     joiner = threading.Thread(target=lambda: groups.setdefault(1, SyncGroup(address, 1)))
     joiner.start()
-    groups[0] = SyncGroup(address, 0)
+    groups[0] = SyncGroup(address, 0, store=opened)
     joiner.join()
     return groups[0], groups[1]
 
