@@ -27,6 +27,7 @@ import dataclasses
 import datetime
 import logging
 import math
+import os
 import types
 import typing
 from dataclasses import dataclass, field
@@ -581,6 +582,7 @@ class TrainConfig:
                 f"{self.rollout.temperature}: the learner must score the distribution the rollout sampled "
                 "from; set rollout.temperature only"
             )
+        absolute_paths(self)
 
     def algorithm(self) -> AlgorithmConfig:
         """The RL algorithm: preset `rl.algorithm` with the algorithm keys under `rl` as set."""
@@ -593,6 +595,32 @@ class TrainConfig:
         """The resolved config as YAML: what `--show-config` prints and a run folder's config.yaml holds;
         `load_config(path=...)` reads it back to an equal config."""
         return yaml.safe_dump(_plain_data(self.to_dict()), sort_keys=False)
+
+
+def absolute_paths(config: TrainConfig) -> None:
+    """The config's paths made absolute, against the working folder it is loaded in: Ray workers (on other
+    nodes, or started in another folder) read and write them too. The run folder (`out_dir`, and with it the SFT
+    model, the checkpoints and their `learner_shards/`) and `eval.data_dir`; and where they name a path that
+    exists here, `sft.data`, `model.name` and the environment's datasets (`env.kwargs.dataset`,
+    `env.kwargs.*_dataset`; anything else there is a Hugging Face id)."""
+    from stare_agents.models import MODEL_NAMES
+
+    def absolute(path: str) -> str:
+        return os.path.abspath(os.path.expanduser(path))
+
+    def existing(path: Any) -> bool:
+        return isinstance(path, str) and bool(path) and Path(path).expanduser().exists()
+
+    config.out_dir = absolute(config.out_dir)
+    if config.sft.data != "solver" and existing(config.sft.data):
+        config.sft.data = absolute(config.sft.data)
+    if config.eval.data_dir is not None:
+        config.eval.data_dir = absolute(config.eval.data_dir)
+    if config.model.name not in MODEL_NAMES and existing(config.model.name):
+        config.model.name = absolute(config.model.name)
+    for key, value in config.env.kwargs.items():
+        if (key == "dataset" or key.endswith("_dataset")) and existing(value):
+            config.env.kwargs[key] = absolute(value)
 
 
 # -- loading ----------------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import typing
+from pathlib import Path
 
 import gymnasium as gym
 import pytest
@@ -77,7 +78,7 @@ def test_a_hostile_value_is_refused_naming_the_key_the_value_and_what_is_allowed
 
 def test_yaml_scalars_for_string_fields_stay_strings(tmp_path):
     config = load_config(recipe="tiny", overrides=["sft.data=off", "name=2024-01-01", "out_dir=007"])
-    assert (config.sft.data, config.name, config.out_dir) == ("off", "2024-01-01", "007")
+    assert (config.sft.data, config.name, config.out_dir) == ("off", "2024-01-01", str(Path.cwd() / "007"))
     assert load_config(recipe="tiny", overrides=["model.name=yes"]).model.name == "yes"
     path = tmp_path / "c.yaml"
     path.write_text("name: 2024-01-01\nsft: {data: no}\nenv: {kwargs: {digits: 4, when: 2024-01-01}}\n")
