@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import torch
 import yaml
 
 from stare_agents.algo import AlgorithmConfig
@@ -583,6 +584,13 @@ class TrainConfig:
                 "from; set rollout.temperature only"
             )
         absolute_paths(self)
+        problem = gpu_sharing_problem(self, driver_has_gpu=torch.cuda.is_available())
+        if problem:
+            raise ValueError(problem)
+        if self.algorithm().loss.normalization == "micro-batch" and self.rl.learner.micro_batch_packing == (
+            "longest-first"
+        ):
+            logger.warning(MICRO_BATCH_SKEW)
 
     def algorithm(self) -> AlgorithmConfig:
         """The RL algorithm: preset `rl.algorithm` with the algorithm keys under `rl` as set."""
@@ -595,6 +603,62 @@ class TrainConfig:
         """The resolved config as YAML: what `--show-config` prints and a run folder's config.yaml holds;
         `load_config(path=...)` reads it back to an equal config."""
         return yaml.safe_dump(_plain_data(self.to_dict()), sort_keys=False)
+
+
+# the audit of issue 29 measured it on a batch of short and long responses
+MICRO_BATCH_SKEW = (
+    "rl.loss.normalization=micro-batch with rl.learner.micro_batch_packing=longest-first: longest-first puts "
+    "the long responses in one micro-batch and the short ones in another, and micro-batch normalisation gives "
+    "each micro-batch's token mean its share of the rows, so the shorter half of the responses gets 0.50 of the "
+    "loss where their tokens are 0.26 of it (the official code's dynamic batching mixes them); set "
+    "rl.learner.micro_batch_packing=balanced (as the paper recipes do) or rl.loss.normalization=global"
+)
+
+
+def resolved_weight_sync(config: TrainConfig, *, driver_has_gpu: bool) -> str:
+    """rollout.weight_sync with "auto" resolved: the collective with a data-parallel learner group, or with one
+    learner (in the trainer's process) on a GPU whose engines are not on GPUs; the driver path otherwise: one
+    learner on a CPU (measured faster there: BENCHMARKS.md, Weight sync), and one learner on the trainer's GPU
+    with engines on GPUs (Ray does not count the trainer's GPU and may give it to an engine: two ranks of one
+    NCCL group on one GPU)."""
+    r, rl = config.rollout, config.rl
+    if r.weight_sync != "auto":
+        return r.weight_sync
+    if rl.learner_workers > 1:
+        return "collective"
+    return "collective" if driver_has_gpu and r.num_gpus_per_worker == 0 else "driver"
+
+
+def gpu_sharing_problem(config: TrainConfig, *, driver_has_gpu: bool) -> str | None:
+    """Why two ranks of one NCCL group could be given one GPU (NCCL stops with "Duplicate GPU detected"), or
+    None: learner workers on shares of a GPU; or an NCCL weight sync (the sender and the engines on GPUs) with
+    engines on shares of a GPU, or with the learner in the trainer's process on its machine's GPU, which Ray
+    does not count and may hand to an engine."""
+    r, rl = config.rollout, config.rl
+    fix = "give each worker whole GPUs (1), or set rollout.weight_sync=driver (weights through Ray's object store)"
+    if rl.learner_workers > 1 and 0 < rl.learner_gpus_per_worker < 1:
+        return (
+            f"rl.learner_gpus_per_worker={rl.learner_gpus_per_worker} with rl.learner_workers={rl.learner_workers}: "
+            "Ray may put two ranks of the learners' NCCL group on one GPU; allowed: whole GPUs (1) per learner "
+            "worker, or rl.learner_workers=1"
+        )
+    sender_on_gpu = rl.learner_gpus_per_worker > 0 if rl.learner_workers > 1 else driver_has_gpu
+    nccl_sync = resolved_weight_sync(config, driver_has_gpu=driver_has_gpu) == "collective"
+    if not (nccl_sync and sender_on_gpu and r.num_gpus_per_worker > 0):
+        return None
+    if r.num_gpus_per_worker < 1:
+        return (
+            f"rollout.num_gpus_per_worker={r.num_gpus_per_worker} with the weight sync over NCCL "
+            f"(rollout.weight_sync={r.weight_sync}): Ray may put two engines of the sync group on one GPU; {fix}"
+        )
+    if rl.learner_workers == 1:
+        return (
+            f"rollout.weight_sync={r.weight_sync} with one learner, in the trainer's process on this machine's GPU, "
+            "and engines on GPUs (rollout.num_gpus_per_worker > 0): Ray does not count the trainer's GPU and may "
+            "give it to an engine, two ranks of the NCCL sync group on one GPU; set rollout.weight_sync=driver "
+            "(or auto), or run the learner as Ray workers (rl.learner_workers >= 2, rl.learner_gpus_per_worker=1)"
+        )
+    return None
 
 
 def absolute_paths(config: TrainConfig) -> None:

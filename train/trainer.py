@@ -53,7 +53,7 @@ from stare_agents.train.checkpoint import (
     save_checkpoint,
 )
 from stare_agents.train.checkpoint import checkpoint_path as checkpoint_file
-from stare_agents.train.config import TrainConfig, check_run, save_config
+from stare_agents.train.config import TrainConfig, check_run, resolved_weight_sync, save_config
 from stare_agents.train.learner import LEARNER_METRICS, Learner
 from stare_agents.trajectory import Trajectory, collate, learning_trajectories
 
@@ -889,13 +889,8 @@ class Trainer:
         return seconds
 
     def weight_sync_mode(self) -> str:
-        """rollout.weight_sync resolved: "auto" is the collective with GPUs or a data-parallel learner group
-        (no full state through the driver), the driver path for one learner on a CPU (measured faster there:
-        BENCHMARKS.md, Weight sync)."""
-        c = self.config
-        if c.rollout.weight_sync != "auto":
-            return c.rollout.weight_sync
-        return "collective" if c.rl.learner_workers > 1 or torch.cuda.is_available() else "driver"
+        """rollout.weight_sync resolved (see `resolved_weight_sync`)."""
+        return resolved_weight_sync(self.config, driver_has_gpu=torch.cuda.is_available())
 
     def _entropy_of_all(
         self, learner: Any, trajectories: list[Trajectory], kept: list[Trajectory], algorithm: AlgorithmConfig

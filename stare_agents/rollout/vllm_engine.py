@@ -304,8 +304,9 @@ class VLLMEngine:
         self.llm.collective_rpc("stare_refresh_tied_head")
 
     def join_sync_group(self, address: Mapping[str, Any], rank: int, timeout_s: float = 600.0) -> None:
-        """Join a weight-sync group as `rank` (see `stare_agents.rollout.weight_sync`); returns once every
-        member joined. Runs between two engine steps, in the engine's worker process."""
+        """Join a weight-sync group from `rank` on: each of the engine's workers (one per tensor/pipeline-
+        parallel rank) as `rank` + its own rank (see `weight_sync.sync_ranks`); returns once every member joined.
+        Runs between two engine steps, in the engine's worker processes."""
         self._command(
             lambda: self.llm.collective_rpc("stare_sync_join", args=(dict(address), int(rank)))
         ).result(timeout=timeout_s)

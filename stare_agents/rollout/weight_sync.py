@@ -67,6 +67,20 @@ def open_group(
     return GroupAddress(host, store.port, world_size, backend, timeout_s), store
 
 
+def sync_ranks(sizes: Iterable[int]) -> tuple[int, list[int]]:
+    """(world size, each member's first rank) of a group whose sender is rank 0 and whose members receive in
+    `sizes[i]` processes each (a vLLM engine: one per tensor/pipeline-parallel worker, every one a rank of its
+    own, as NCCL needs one per GPU; the HF engine: one). Member i's processes are ranks first[i] ... first[i] +
+    sizes[i] - 1."""
+    firsts, next_rank = [], 1
+    for size in sizes:
+        if size < 1:
+            raise ValueError(f"a group member receives in at least one process, got {size}")
+        firsts.append(next_rank)
+        next_rank += size
+    return next_rank, firsts
+
+
 def address_towards(host: str) -> str:
     """This machine's address on the route to `host` (the source address the kernel picks for it; no packet is
     sent): where a group member on another node than the sender binds its gloo socket."""
@@ -291,12 +305,15 @@ class SyncReceiver:
 
 class VLLMSyncExtension:
     """Mixed into vLLM's worker class (`worker_extension_cls`): the engine process's end of a sync group.
-    Called with `llm.collective_rpc("stare_sync_join" | "stare_sync_receive" | "stare_sync_leave", ...)`."""
+    Called with `llm.collective_rpc("stare_sync_join" | "stare_sync_receive" | "stare_sync_leave", ...)` on every
+    worker of the engine (one per tensor/pipeline-parallel rank)."""
 
-    def stare_sync_join(self, address: dict[str, Any], rank: int) -> None:
+    def stare_sync_join(self, address: dict[str, Any], first_rank: int) -> None:
+        """Join as rank `first_rank` + this worker's rank in the engine (`sync_ranks`): each tensor-parallel
+        worker receives the whole model on a GPU of its own, so each is a rank of the group."""
         if getattr(self, "_stare_receiver", None) is None:
             self._stare_receiver = SyncReceiver()
-        self._stare_receiver.join(address, rank)
+        self._stare_receiver.join(address, first_rank + int(getattr(self, "rank", 0)))
 
     def stare_sync_receive(self, plan: dict[str, Any]) -> int:
         receiver = getattr(self, "_stare_receiver", None)

@@ -192,9 +192,10 @@ class RolloutWorker:
         version = self.engine.update_weights(state_dict, version)
         return version, time.perf_counter() - started
 
-    def join_sync_group(self, address: dict[str, Any], rank: int) -> None:
-        """Join the learner's weight-sync group (see `stare_agents.rollout.weight_sync`)."""
-        self.engine.join_sync_group(address, rank, timeout_s=float(address.get("timeout_s", 600.0)))
+    def join_sync_group(self, address: dict[str, Any], first_rank: int) -> None:
+        """Join the learner's weight-sync group from rank `first_rank` on, one rank per process the engine
+        receives in (see `stare_agents.rollout.weight_sync.sync_ranks`)."""
+        self.engine.join_sync_group(address, first_rank, timeout_s=float(address.get("timeout_s", 600.0)))
 
     def receive_weights(self, plan: dict[str, Any]) -> tuple[int, float]:
         started = time.perf_counter()
@@ -266,6 +267,15 @@ class PackedWeights:
             out[name] = flat[offset : offset + count].view(shape)
             offset += count
         return out
+
+
+def receiving_processes(spec: WorkerSpec) -> int:
+    """How many processes of one worker's engine receive a weight sync, each a rank of the group: every
+    tensor- and pipeline-parallel worker of a vLLM engine, the one process of the HF engine."""
+    if spec.engine != "vllm":
+        return 1
+    kwargs = spec.engine_kwargs
+    return int(kwargs.get("tensor_parallel_size", 1)) * int(kwargs.get("pipeline_parallel_size", 1))
 
 
 def _timed_out(task: RolloutTask, weight_version: int) -> Trajectory:
@@ -582,11 +592,17 @@ class RolloutWorkerGroup:
         return lambda timeout: ray.get(ref, timeout=timeout)
 
     def _form_group(self, members: list[Any]) -> Any:
+        from stare_agents.rollout.weight_sync import sync_ranks
+
+        world_size, firsts = sync_ranks([receiving_processes(self.spec)] * len(members))
         # the sender opens the group on its own node and binds its port there: this process may be elsewhere
         address = self._sender.sync_address(
-            1 + len(members), engines_on_gpu=self.spec.num_gpus > 0, timeout_s=self._sync_timeout_s
+            world_size, engines_on_gpu=self.spec.num_gpus > 0, timeout_s=self._sync_timeout_s
         )
-        joins = [self._call(m, "join_sync_group", asdict(address), rank) for rank, m in enumerate(members, 1)]
+        joins = [
+            self._call(m, "join_sync_group", asdict(address), first)
+            for m, first in zip(members, firsts, strict=True)
+        ]
         self._sender.sync_join(address)  # returns once every member joined
         for wait in joins:
             wait(self._sync_timeout_s)
