@@ -356,9 +356,12 @@ class RLSection:
     fsdp: bool = False  # shard the learner's model over its GPU workers (models that do not fit one GPU)
     learner_placement: Placement = "none"  # a Ray placement group for the learner workers ("PACK": one node)
     drop_void_turns: bool = False  # SimpleTIR: trajectories with a void turn are left out of the loss
-    # dynamic sampling (DAPO): draw up to this many batches of prompts per step until prompts_per_step groups
-    # have reward variance; 1: filter only (a step may train on fewer groups)
+    # dynamic sampling (DAPO): draw up to this many rounds of prompts per step until prompts_per_step groups
+    # have reward variance; 1: filter only (a step may train on fewer groups, and says so)
     sampling_rounds: int = 1
+    # prompts drawn per sampling round, as a multiple of prompts_per_step (the official code's gen_batch_size:
+    # 3 x the train batch); the groups past prompts_per_step are left out, the data position moves past them
+    sampling_batch_factor: int = 1
     # a step stops the run when more than this share of its episodes failed for the infrastructure (engine,
     # sandbox, environment); below it, failed episodes leave the loss and are counted (rollout/failed)
     max_failed_fraction: float = 0.5
@@ -380,10 +383,12 @@ class RLSection:
             or self.prompts_per_step < 1
             or self.samples_per_prompt < 1
             or self.sampling_rounds < 1
+            or self.sampling_batch_factor < 1
         ):
             raise ValueError(
-                f"need rl.steps >= 0 and rl.prompts_per_step, rl.samples_per_prompt, rl.sampling_rounds >= 1; got "
-                f"{self.steps}, {self.prompts_per_step}, {self.samples_per_prompt}, {self.sampling_rounds}"
+                "need rl.steps >= 0 and rl.prompts_per_step, rl.samples_per_prompt, rl.sampling_rounds, "
+                f"rl.sampling_batch_factor >= 1; got {self.steps}, {self.prompts_per_step}, "
+                f"{self.samples_per_prompt}, {self.sampling_rounds}, {self.sampling_batch_factor}"
             )
         algorithm = self.algorithm_config()  # the combination is checked where it loads
         gate_input = algorithm.stare.gate_input if algorithm.stare is not None else "trained"

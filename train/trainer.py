@@ -712,9 +712,10 @@ class Trainer:
         self._save_progress()
 
     # ---- RL ----
-    def training_tasks(self, position: int) -> list[RolloutTask]:
-        """`rl.prompts_per_step` prompts x samples from the data position: training prompt i of the run is
-        the task `reset(seed=env.train_seed + i)` draws. Without refills, step s starts at s * prompts_per_step."""
+    def training_tasks(self, position: int, prompts: int | None = None) -> list[RolloutTask]:
+        """`prompts` (default `rl.prompts_per_step`) prompts x samples from the data position: training prompt i
+        of the run is the task `reset(seed=env.train_seed + i)` draws. Without refills, step s starts at
+        s * prompts_per_step."""
         c = self.config
         first = c.env.train_seed + position
         return [
@@ -725,7 +726,7 @@ class Trainer:
                 group_id=f"{first + i}",
                 sample_index=j,
             )
-            for i in range(c.rl.prompts_per_step)
+            for i in range(c.rl.prompts_per_step if prompts is None else prompts)
             for j in range(c.rl.samples_per_prompt)
         ]
 
@@ -986,19 +987,22 @@ class Trainer:
         self, step: int, algorithm: AlgorithmConfig, rollout_config: RolloutConfig, timer: StageTimer
     ) -> SampledStep:
         """Roll out rl.prompts_per_step prompts x samples and compute advantages; with dynamic sampling, draw
-        more prompts (up to rl.sampling_rounds batches) until that many groups have reward variance (DAPO), and
-        train on the first that many. Infrastructure failures leave the loss (a group keeps its other members);
-        more than rl.max_failed_fraction of them stop the run."""
+        rounds of rl.sampling_batch_factor x rl.prompts_per_step prompts (up to rl.sampling_rounds of them) until
+        that many groups have reward variance (DAPO), and train on the first that many; a step left with fewer
+        says so. Infrastructure failures leave the loss (a group keeps its other members); more than
+        rl.max_failed_fraction of them stop the run."""
         c = self.config
         assert self.workers is not None
         out = SampledStep()
         kept_advantages: list[torch.Tensor] = []
+        per_round = c.rl.prompts_per_step * (c.rl.sampling_batch_factor if algorithm.dynamic_sampling else 1)
         while (
             out.rounds < c.rl.sampling_rounds and len({t.group_id for t in out.kept}) < c.rl.prompts_per_step
         ):
             with timer("rollout"):
-                batch = self.workers.collect(self.training_tasks(self.data_position), rollout_config)
-            self.data_position += c.rl.prompts_per_step
+                tasks = self.training_tasks(self.data_position, per_round)
+                batch = self.workers.collect(tasks, rollout_config)
+            self.data_position += per_round
             out.rounds += 1
             with timer("advantages"):
                 out.trajectories += batch
@@ -1029,6 +1033,16 @@ class Trainer:
         if len(groups) < len({t.group_id for t in out.kept}):  # a refill overshot: train on the first groups
             chosen = [i for i, t in enumerate(out.kept) if t.group_id in groups]
             out.kept, out.advantages = [out.kept[i] for i in chosen], out.advantages[chosen]
+        if algorithm.dynamic_sampling and len(groups) < c.rl.prompts_per_step:
+            logger.warning(
+                "RL step %d trains %d of rl.prompts_per_step=%d groups: %d sampling round(s) of %d prompts left "
+                "the rest without reward variance; raise rl.sampling_rounds or rl.sampling_batch_factor",
+                step,
+                len(groups),
+                c.rl.prompts_per_step,
+                out.rounds,
+                per_round,
+            )
         return out
 
     def _step_record(

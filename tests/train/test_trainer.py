@@ -338,3 +338,37 @@ def test_a_gate_reading_every_sampled_trajectory_reads_the_logged_all_trajectory
     assert len(rl) == 2
     for record in rl:  # computed for the gate even with the logging switch off
         assert record["stare/gate_input"] == pytest.approx(record["learner/entropy_all"], rel=1e-6)
+
+
+def test_refill_rounds_draw_a_multiple_of_the_batch_and_a_short_step_says_so(tmp_path, caplog):
+    """rl.sampling_batch_factor=3: each round draws 3 x prompts_per_step prompts, as the official code's
+    gen_batch_size does (issue 29, item 5). One sample per prompt leaves every group without variance: both
+    rounds are drawn (2 x 6 prompts) and the step that trains none of its 2 groups says so, with the count."""
+    import logging
+
+    import coin_env  # noqa: F401
+
+    refill = ["rl.dynamic_sampling=true", "rl.sampling_rounds=2", "rl.sampling_batch_factor=3", "rl.steps=1"]
+    with caplog.at_level(logging.WARNING, logger="stare_agents.train"):
+        train(tiny(tmp_path / "none", *COIN, *refill, "rl.samples_per_prompt=1", "eval.num_tasks=2"))
+    figures = ("data/sampling_rounds", "data/position", "data/kept_trajectories")
+    (record,) = read_records(tmp_path / "none" / "metrics.jsonl", "rl")
+    assert [record[k] for k in figures] == [2, 12, 0]
+    said = "RL step 0 trains 0 of rl.prompts_per_step=2 groups: 2 sampling round(s) of 6 prompts"
+    assert said in caplog.text
+    caplog.clear()
+    # four samples per prompt: a round of 6 prompts has groups with variance to spare; the first 2 are trained
+    with caplog.at_level(logging.WARNING, logger="stare_agents.train"):
+        train(tiny(tmp_path / "some", *COIN, *refill, "eval.num_tasks=2"))
+    (record,) = read_records(tmp_path / "some" / "metrics.jsonl", "rl")
+    assert [record[k] for k in figures] == [1, 6, 8]
+    assert "sampling round(s)" not in caplog.text
+    paper = (
+        "qwen2.5-7b-tir-stare-c2",
+        "qwen2.5-7b-tir-grpo-ds",
+        "simpletir-qwen2.5-7b",
+        "short-cot-qwen2.5-7b",
+    )
+    for recipe in paper:
+        rl = load_config(recipe=recipe).rl  # the official refill: 10 rounds of 3 x the batch
+        assert (rl.sampling_rounds, rl.sampling_batch_factor) == (10, 3), recipe
