@@ -36,7 +36,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from stare_agents.algo import AlgorithmConfig
-from stare_agents.rollout.local_ray import LOOPBACK
+from stare_agents.rollout.local_ray import LOOPBACK, forwarded_env
 from stare_agents.rollout.weight_sync import GroupAddress, WeightsPlan
 from stare_agents.train.learner import Collective, Learner, LearnerConfig, TokenRecord
 from stare_agents.train.policy import MicroBatch, PolicyModel, load_causal_lm, split_step
@@ -353,8 +353,11 @@ def _start_workers(d: DistributedConfig) -> tuple[list[Any], Any]:
         what="learner workers",
     )
     actor = ray.remote(num_cpus=d.num_cpus_per_worker, num_gpus=d.num_gpus_per_worker)(LearnerWorker)
+    # the driver's NCCL/gloo settings: a worker on another node has its raylet's environment, not the driver's
+    env = forwarded_env()
+    runtime_env = {"runtime_env": {"env_vars": env}} if env else {}
     workers = [
-        actor.options(scheduling_strategy=bundle(group, rank)).remote(
+        actor.options(scheduling_strategy=bundle(group, rank), **runtime_env).remote(
             rank, d.num_workers, d.threads_per_worker
         )
         for rank in range(d.num_workers)

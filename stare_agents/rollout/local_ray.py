@@ -89,6 +89,22 @@ def init_local_ray(**kwargs: Any) -> Any:
     return ray.init(**kwargs)
 
 
+# the driver's settings for NCCL's and gloo's sockets (which interface, timeouts, debug output), forwarded to every
+# worker the trainer starts: a worker on another node gets its raylet's environment, not the driver's
+FORWARDED_ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_")
+FORWARDED_ENV_NAMES = ("GLOO_SOCKET_IFNAME",)
+
+
+def forwarded_env() -> dict[str, str]:
+    """The variables of this process's environment that the trainer's Ray workers get too (their
+    `runtime_env`): NCCL_*, TORCH_NCCL_* and GLOO_SOCKET_IFNAME, e.g. NCCL_SOCKET_IFNAME=ib0."""
+    return {
+        name: value
+        for name, value in os.environ.items()
+        if name.startswith(FORWARDED_ENV_PREFIXES) or name in FORWARDED_ENV_NAMES
+    }
+
+
 def started_cluster_file() -> Path:
     """Where `ray start --head` records its cluster's address on this node (Ray's default temp folder:
     $RAY_TMPDIR/ray, else $TMPDIR/ray, else /tmp/ray); `ray stop` removes it."""
@@ -174,6 +190,7 @@ __all__ = [
     "LOOPBACK",
     "SINGLE_MACHINE_ENV",
     "cluster_address",
+    "forwarded_env",
     "init_local_ray",
     "init_ray",
     "private_auth_token",

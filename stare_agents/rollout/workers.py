@@ -371,7 +371,10 @@ class RolloutWorkerGroup:
         ray.get([actor.ping.remote() for actor in self._actors], timeout=start_timeout_s)
 
     def _start(self, index: int) -> Any:
+        from stare_agents.rollout.local_ray import forwarded_env
+
         env_vars = {
+            **forwarded_env(),  # the driver's NCCL/gloo settings (the weight-sync group's sockets)
             "TOKENIZERS_PARALLELISM": "false",
             "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"),
         }
