@@ -9,11 +9,9 @@ them back inside a rollout worker and a learner worker.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 
 import pytest
-from support import require
 
 from stare_agents.rollout.local_ray import forwarded_env
 
@@ -32,20 +30,6 @@ def test_which_variables_are_forwarded(monkeypatch) -> None:
     for name, value in {**SETTINGS, "GLOO_DEVICE_TRANSPORT": "x", "OTHER_NCCL": "y"}.items():
         monkeypatch.setenv(name, value)
     assert forwarded_env() == SETTINGS
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    require(importlib.util.find_spec("ray") is not None, "Ray", "a dependency of stare-agents")
-    import ray
-
-    from stare_agents.rollout.local_ray import init_local_ray
-
-    if ray.is_initialized():
-        ray.shutdown()
-    init_local_ray(num_cpus=2, log_to_driver=False)
-    yield ray
-    ray.shutdown()
 
 
 @pytest.mark.ray

@@ -8,11 +8,9 @@ each must be bound to a loopback address. A plain `ray.init()` fails this (its s
 
 from __future__ import annotations
 
-import importlib.util
 import ipaddress
 
 import pytest
-from support import require
 
 pytestmark = pytest.mark.ray
 
@@ -38,20 +36,6 @@ def listening_sockets() -> list[tuple[str, str, int]]:
         except psutil.Error:
             continue
     return found
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    require(importlib.util.find_spec("ray") is not None, "Ray", "a dependency of stare-agents")
-    import ray
-
-    from stare_agents.rollout.local_ray import init_local_ray
-
-    if ray.is_initialized():
-        ray.shutdown()
-    init_local_ray(num_cpus=2, log_to_driver=False)
-    yield ray
-    ray.shutdown()
 
 
 def test_is_loopback() -> None:

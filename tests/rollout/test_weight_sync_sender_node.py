@@ -9,14 +9,12 @@ there and reports the address; the driver only passes it on.
 from __future__ import annotations
 
 import errno
-import importlib.util
 import socket
 import threading
 from pathlib import Path
 
 import pytest
 import torch
-from support import require
 
 from stare_agents.algo import AlgorithmConfig
 from stare_agents.rollout import RolloutWorkerGroup, WorkerSpec
@@ -77,20 +75,6 @@ def test_the_sender_opens_the_group_and_joins_with_its_store(tiny_model: Path) -
     assert learner._sync_stores == {} and address.port in learner._sync_groups
     learner.sync_leave(address.port)
     receiver[1].close()
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    require(importlib.util.find_spec("ray") is not None, "Ray", "a dependency of stare-agents")
-    import ray
-
-    from stare_agents.rollout.local_ray import init_local_ray
-
-    if ray.is_initialized():
-        ray.shutdown()
-    init_local_ray(num_cpus=2, log_to_driver=False)
-    yield ray
-    ray.shutdown()
 
 
 @pytest.mark.ray
