@@ -207,8 +207,9 @@ def test_vllm_fp32_head_in_a_bf16_engine(vllm_engine, tiny_model):
         prompt = chat_prompt(engine.tokenizer, "What is 6 times 7?")
         sampled = asyncio.run(engine.generate(prompt, SamplingParams(temperature=0.7, max_tokens=12)))
         expected = reference_logprobs(tiny_model, prompt + sampled.token_ids, len(prompt), temperature=0.7)
-        # a bf16 body: close to the fp32 model's log-probs, not equal
-        assert torch.allclose(torch.tensor(sampled.logprobs), expected, atol=0.2)
+        # a bf16 body: close to the fp32 model's log-probs, not equal (bf16-sized differences on any CPU)
+        diff = (torch.tensor(sampled.logprobs) - expected).abs()
+        assert diff.mean() < 0.1 and diff.max() < 0.5, diff
     finally:
         engine.close()
 
