@@ -14,8 +14,6 @@ drift against W (no gate) and the W at which it changes sign, per batch.
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import time
 
 
@@ -27,17 +25,6 @@ def r_squared(xs: list[float], ys: list[float]) -> float | None:
     total = sum((y - mean) ** 2 for y in ys)
     residual = sum((y - x) ** 2 for x, y in zip(xs, ys, strict=True))
     return 1 - residual / total if total else None
-
-
-def finite(value):
-    """The figures with every non-finite number (an infinite critical W: L+ does not move the entropy) as None."""
-    if isinstance(value, dict):
-        return {k: finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [finite(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
 
 
 def main() -> None:
@@ -60,6 +47,7 @@ def main() -> None:
 
     import torch
 
+    from stare_agents.jsonl import dumps
     from stare_agents.rollout_log import read_rollouts
     from stare_agents.train.entropy_probe import QUADRANTS, EntropyProbe, PartWeights
     from stare_agents.train.policy import PolicyModel, load_causal_lm
@@ -112,7 +100,7 @@ def main() -> None:
             }
             row["quadrants_lr"] = lr_mid
             figures["weightings"][name] = row
-            print(run, name, json.dumps(finite(row)), flush=True)
+            print(run, name, dumps(row), flush=True)
 
         measure("grpo-ds", probe, PartWeights())
         measure("stare-o1", probe, PartWeights.stare("O1", args.w, args.m))
@@ -144,7 +132,7 @@ def main() -> None:
         figures["w_sweep"]["critical_w_random"] = random_probe.critical_w()
         del random_probe
         figures["seconds"] = round(time.perf_counter() - started, 1)
-        print(run, "w sweep", json.dumps(finite(figures["w_sweep"])), flush=True)
+        print(run, "w sweep", dumps(figures["w_sweep"]), flush=True)
         out["batches"][run] = figures
         del policy
 
@@ -156,7 +144,7 @@ def main() -> None:
         }
         for name, values in pairs.items()
     }
-    text = json.dumps(finite(out), indent=2, allow_nan=False)
+    text = dumps(out, indent=2)  # a critical W that is infinite (L+ moves nothing) is left out
     print(text)
     if args.json:
         with open(args.json, "w") as handle:

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import time
+
+from stare_agents.jsonl import dumps
 
 
 def mismatch_row(learner_lp, rollout_lp, mask) -> dict:
@@ -114,7 +115,7 @@ def gradients(args) -> None:
             learner_gradients(model, batch, advantages, learners, args.temperature)
         ),
     }
-    text = json.dumps(figures, indent=2, allow_nan=False)
+    text = dumps(figures, indent=2)
     print(text)
     if args.json:
         with open(args.json, "w") as handle:
@@ -272,7 +273,7 @@ def main() -> None:
         figures["gradient_batch"] = name
         print("gradient vs fp32 on the", name, "batch:", figures["gradient_vs_fp32"], flush=True)
 
-    text = json.dumps(figures, indent=2, allow_nan=False)
+    text = dumps(figures, indent=2)
     print(text)
     if args.json:
         with open(args.json, "w") as handle:

@@ -41,7 +41,7 @@ from stare_agents.envs.registration import split_kwargs
 from stare_agents.envs.tasks import Task
 from stare_agents.eval.metrics import Estimate, estimate, paired_difference
 from stare_agents.hardware import resolve_dtype, resolve_precision
-from stare_agents.jsonl import dumps_line, finite, read_lines, report_unread
+from stare_agents.jsonl import dumps, dumps_line, finite, read_lines, report_unread
 from stare_agents.records import read_records
 from stare_agents.rollout import RolloutConfig, RolloutTask, RolloutWorkerGroup, WorkerSpec
 from stare_agents.rollout.summary import check_failed_share, summarize
@@ -321,7 +321,7 @@ class Trainer:
         # wall time of this run so far, earlier (killed) attempts included up to their last save
         self.progress["wall_time_s"] = self.previous_wall_s + time.perf_counter() - self.started
         tmp = self.folder / (PROGRESS_FILE + ".tmp")
-        tmp.write_text(json.dumps(self.progress, indent=2))
+        tmp.write_text(dumps(self.progress, indent=2))
         tmp.replace(self.folder / PROGRESS_FILE)
 
     def run_log(self) -> RunLog:
@@ -1174,7 +1174,7 @@ class Trainer:
                 "entropy": other,
                 "benchmarks": benchmark_figures(read_records(self.folder / compare / "metrics.jsonl", "rl")),
             }
-        (self.folder / "summary.json").write_text(json.dumps(summary, indent=2))
+        (self.folder / "summary.json").write_text(dumps(summary, indent=2))
         plot_run(self.folder, summary, compare)
         return summary
 
@@ -1210,14 +1210,10 @@ def mismatch_figures(records: list[dict[str, Any]]) -> dict[str, Any]:
         ("importance_capped_share_mean", "importance/capped_share"),
         ("importance_masked_share_mean", "importance/masked_share"),
     ):
-        values = [float(r[key]) for r in records if _finite(r.get(key))]
+        values = finite_values(key, records)
         if values:
             out[name] = sum(values) / len(values)
-    largest = [
-        float(r["mismatch/max_abs_log_ratio"])
-        for r in records
-        if _finite(r.get("mismatch/max_abs_log_ratio"))
-    ]
+    largest = finite_values("mismatch/max_abs_log_ratio", records)
     if largest:
         out["max_abs_log_ratio_max"] = max(largest)
     measured = [r for r in records if _finite(r.get("mismatch/kl"))]
@@ -1231,6 +1227,11 @@ def mismatch_figures(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _finite(value: Any) -> bool:
     return isinstance(value, int | float) and math.isfinite(value)
+
+
+def finite_values(key: str, rows: list[dict[str, Any]]) -> list[float]:
+    """The finite values of `key` over the records that have it."""
+    return [float(r[key]) for r in rows if _finite(r.get(key))]
 
 
 def benchmark_figures(records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -1260,9 +1261,6 @@ def entropy_figures(records: list[dict[str, Any]], target: float | None) -> dict
     the share of second-half steps whose entropy is within +-30% of it, for each of the three (None where the
     run did not measure it: no figure stands in for another)."""
 
-    def finite(key: str, rows: list[dict[str, Any]]) -> list[float]:
-        return [float(r[key]) for r in rows if isinstance(r.get(key), int | float) and math.isfinite(r[key])]
-
     def mean(values: list[float]) -> float | None:
         return sum(values) / len(values) if values else None
 
@@ -1273,20 +1271,20 @@ def entropy_figures(records: list[dict[str, Any]], target: float | None) -> dict
         ("all", "learner/entropy_all"),
         ("sampler", "rollout/sampler_entropy"),
     ):
-        values = finite(key, records)
+        values = finite_values(key, records)
         out[f"{name}_first"] = values[0] if values else None
         out[f"{name}_final"] = values[-1] if values else None
-        out[f"{name}_second_half_mean"] = mean(finite(key, second))
-    gate = finite("stare/gate_on", records)
+        out[f"{name}_second_half_mean"] = mean(finite_values(key, second))
+    gate = finite_values("stare/gate_on", records)
     out["gate_on_fraction"] = mean(gate)
-    out["gate_on_fraction_second_half"] = mean(finite("stare/gate_on", second))
+    out["gate_on_fraction_second_half"] = mean(finite_values("stare/gate_on", second))
     if target is not None:  # each entropy on its own: a figure that was not measured stays None
         for name, key in (
             ("learner", "learner/entropy"),
             ("all", "learner/entropy_all"),
             ("sampler", "rollout/sampler_entropy"),
         ):
-            late = finite(key, second)
+            late = finite_values(key, second)
             out[f"{name}_second_half_within_30pct"] = (
                 sum(abs(v - target) <= 0.3 * target for v in late) / len(late) if late else None
             )
