@@ -43,7 +43,7 @@ from stare_agents.algo.config import ALGORITHMS, AlgorithmName
 from stare_agents.algo.losses import PolicyLossConfig
 from stare_agents.algo.stare import StareConfig
 from stare_agents.rollout.engine import Dtype, EngineName
-from stare_agents.rollout.placement import Placement
+from stare_agents.rollout.placement import Placement, check_custom_resources
 from stare_agents.rollout.render import Rendering
 from stare_agents.rollout.weight_sync import WeightSync
 from stare_agents.sandbox import Backend, check_config_kwargs
@@ -185,8 +185,12 @@ class RolloutSection:
     # a Ray placement group for the rollout workers (one bundle each): "SPREAD" puts engines on different
     # nodes, "PACK" together; "none": wherever Ray finds room
     placement: Placement = "none"
+    # custom Ray resources each rollout worker needs, e.g. {rollout_node: 1}: the workers go only to nodes started
+    # with `ray start --resources='{"rollout_node": 4}'` (keeps engines and learners on the nodes meant for them)
+    resources_per_worker: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        check_custom_resources(self.resources_per_worker, "rollout.resources_per_worker")
         # the learner scores softmax(logits / temperature) exactly; a top-p nucleus it cannot reproduce per token
         # (the rollout log-prob of a token inside the nucleus is renormalised, the learner's would not be)
         if not self.temperature > 0:
@@ -355,6 +359,8 @@ class RLSection:
     learner_gpus_per_worker: float = 0.0  # GPU cluster: 1
     fsdp: bool = False  # shard the learner's model over its GPU workers (models that do not fit one GPU)
     learner_placement: Placement = "none"  # a Ray placement group for the learner workers ("PACK": one node)
+    # custom Ray resources each learner worker needs (as rollout.resources_per_worker), e.g. {learner_node: 1}
+    learner_resources_per_worker: dict[str, float] = field(default_factory=dict)
     drop_void_turns: bool = False  # SimpleTIR: trajectories with a void turn are left out of the loss
     # dynamic sampling (DAPO): draw up to this many rounds of prompts per step until prompts_per_step groups
     # have reward variance; 1: filter only (a step may train on fewer groups, and says so)
@@ -371,6 +377,7 @@ class RLSection:
     pipeline: Literal["off", "one-step"] = "off"
 
     def __post_init__(self) -> None:
+        check_custom_resources(self.learner_resources_per_worker, "rl.learner_resources_per_worker")
         if self.pipeline == "one-step" and not self.learner.importance.active:
             raise ValueError(
                 "rl.pipeline=one-step trains on rollouts one weight version old: set rl.learner.importance.cap "

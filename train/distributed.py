@@ -27,7 +27,7 @@ import os
 import shutil
 import socket
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +111,8 @@ class DistributedConfig:
     num_gpus_per_worker: float = 0.0
     threads_per_worker: int = 1  # torch intra-op threads in each worker
     placement: str = "none"  # a Ray placement group for the workers ("PACK" keeps a learner's ranks together)
+    # custom Ray resources per worker, e.g. {learner_node: 1} (nodes started with `ray start --resources`)
+    resources: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -348,11 +350,13 @@ def _start_workers(d: DistributedConfig) -> tuple[list[Any], Any]:
     from stare_agents.rollout.placement import bundle, reserve
 
     group = reserve(
-        [{"CPU": d.num_cpus_per_worker, "GPU": d.num_gpus_per_worker}] * d.num_workers,
+        [{"CPU": d.num_cpus_per_worker, "GPU": d.num_gpus_per_worker, **d.resources}] * d.num_workers,
         d.placement,
         what="learner workers",
     )
-    actor = ray.remote(num_cpus=d.num_cpus_per_worker, num_gpus=d.num_gpus_per_worker)(LearnerWorker)
+    actor = ray.remote(
+        num_cpus=d.num_cpus_per_worker, num_gpus=d.num_gpus_per_worker, resources=d.resources or None
+    )(LearnerWorker)
     # the driver's NCCL/gloo settings: a worker on another node has its raylet's environment, not the driver's
     env = forwarded_env()
     runtime_env = {"runtime_env": {"env_vars": env}} if env else {}

@@ -409,6 +409,7 @@ class Trainer:
             imports=list(c.env.imports),
             engine_kwargs=c.rollout.vllm_kwargs() if c.rollout.engine == "vllm" else {},
             placement=c.rollout.placement,
+            resources=dict(c.rollout.resources_per_worker),
             fp32_head=c.model.fp32_lm_head,
         )
         started = time.perf_counter()
@@ -754,6 +755,7 @@ class Trainer:
             num_gpus_per_worker=c.rl.learner_gpus_per_worker,
             fsdp=c.rl.fsdp,
             placement=c.rl.learner_placement,
+            resources=dict(c.rl.learner_resources_per_worker),
         )
 
     def reinforce(self, start_dir: Path, algorithm: AlgorithmConfig, folder: Path, key: str) -> None:

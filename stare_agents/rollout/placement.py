@@ -12,6 +12,24 @@ from typing import Any, Literal
 
 Placement = Literal["none", "PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
 PLACEMENTS: tuple[str, ...] = ("none", "PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+RAY_OWN_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
+
+
+def check_custom_resources(resources: dict[str, float], key: str) -> None:
+    """Custom Ray resources a worker asks for (`ray start --resources` names them on the nodes): names other than
+    Ray's own (CPU, GPU, memory: their keys are elsewhere), amounts > 0."""
+    if not isinstance(resources, dict):
+        raise ValueError(
+            f"{key}={resources!r}: allowed: a mapping of resource name to amount, e.g. {{node_a: 1}}"
+        )
+    for name, amount in resources.items():
+        if not isinstance(name, str) or name in RAY_OWN_RESOURCES:
+            raise ValueError(
+                f"{key}: {name!r} is not a custom resource; CPUs and GPUs have their own keys "
+                f"(allowed: names other than {', '.join(RAY_OWN_RESOURCES)})"
+            )
+        if isinstance(amount, bool) or not isinstance(amount, int | float) or not 0 < amount < float("inf"):
+            raise ValueError(f"{key}.{name}={amount!r}: allowed: an amount > 0")
 
 
 def reserve(bundles: list[dict[str, float]], strategy: str, *, what: str, timeout_s: float = 600.0) -> Any:

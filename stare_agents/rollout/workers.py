@@ -71,6 +71,8 @@ class WorkerSpec:
     env_processes: int = 0  # environments in N processes of their own (0: threads of the worker's process)
     env_cpus: list[int] = field(default_factory=list)  # CPUs for them and their sandbox (engine: the rest)
     placement: str = "none"  # a Ray placement group for the workers: "PACK", "SPREAD", ... (see placement.py)
+    # custom Ray resources per worker, e.g. {rollout_node: 1} (nodes started with `ray start --resources`)
+    resources: dict[str, float] = field(default_factory=dict)
     fp32_head: bool = False
 
 
@@ -362,7 +364,7 @@ class RolloutWorkerGroup:
         from stare_agents.rollout.placement import reserve
 
         self._placement = reserve(
-            [{"CPU": spec.num_cpus, "GPU": spec.num_gpus}] * num_workers,
+            [{"CPU": spec.num_cpus, "GPU": spec.num_gpus, **spec.resources}] * num_workers,
             spec.placement,
             what="rollout workers",
             timeout_s=start_timeout_s,
@@ -390,6 +392,7 @@ class RolloutWorkerGroup:
         actor = self._actor_class.options(
             num_cpus=self.spec.num_cpus,
             num_gpus=self.spec.num_gpus,
+            resources=self.spec.resources or None,
             max_concurrency=4,  # progress() and ping() answer while collect() runs
             runtime_env={"env_vars": env_vars},
             scheduling_strategy=bundle(
