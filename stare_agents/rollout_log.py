@@ -7,8 +7,9 @@
 One gzip'd JSON line per trajectory (`SavedRollout.to_dict`): the trajectory itself (token ids, action mask,
 rollout log-probs, turns with tool calls and outputs, reward, stop reason, weight version, group), its
 `status` in the step (`ROLLOUT_STATUSES`), the advantage it was trained with, the learner's per-token
-log-probs, STARE weights and L+/L- selection (see `stare_agents.train.learner.TokenRecord`), and the text of
-each response token so that a viewer needs no tokenizer. A step's file is written whole and renamed into
+log-probs (and entropies, when the learner records them), STARE weights and L+/L- selection (see
+`stare_agents.train.learner.TokenRecord`), and the text of each response token so that a viewer needs no
+tokenizer. A step's file is written whole and renamed into
 place: a killed run leaves no torn file, and a resumed run rewrites the steps it repeats.
 """
 
@@ -48,6 +49,8 @@ class SavedRollout:
     status: str = "trained"
     advantage: float | list[float] | None = None  # per sequence, or per response token; None unless trained
     learner_logprobs: list[float] | None = None  # per response token; None unless the learner recorded them
+    # the pre-update policy's entropy per response token (0 on observation tokens); None unless recorded
+    learner_entropy: list[float] | None = None
     stare_weights: list[float] | None = None
     selection: list[int] | None = None  # 1 L+, -1 L-, 0 neither
     gate_on: bool | None = None  # whether the step reweighted (None: unknown)
@@ -58,7 +61,7 @@ class SavedRollout:
         if self.status not in ROLLOUT_STATUSES:
             raise ValueError(f"status must be one of {ROLLOUT_STATUSES}, got {self.status!r}")
         n = len(self.trajectory.response_ids)
-        for name in ("learner_logprobs", "stare_weights", "selection", "advantage"):
+        for name in ("learner_logprobs", "learner_entropy", "stare_weights", "selection", "advantage"):
             value = getattr(self, name)
             if isinstance(value, list) and value and len(value) != n:
                 raise ValueError(
@@ -78,6 +81,7 @@ class SavedRollout:
             "advantage": self.advantage,
             "gate_on": self.gate_on,
             "learner_logprobs": self.learner_logprobs,
+            "learner_entropy": self.learner_entropy,
             "stare_weights": self.stare_weights,
             "selection": self.selection,
             "prompt_text": self.prompt_text,
@@ -217,6 +221,7 @@ def read_jsonl_rollouts(path: str | Path) -> tuple[list[SavedRollout], list[Unre
                 sample_index=int(record.get("sample_index", 0)),
                 correct=bool(record.get("correct")),
                 error=record.get("error"),
+                info={key: record[key] for key in SAMPLE_GRADING if record.get(key) is not None},
             )
             status = "failed" if record.get("failed") else "trained"
             rollouts.append(SavedRollout(step=0, trajectory=trajectory, status=status))
@@ -228,6 +233,11 @@ def read_jsonl_rollouts(path: str | Path) -> tuple[list[SavedRollout], list[Unre
             )
     unread.sort(key=lambda u: u.line or 0)
     return rollouts, unread
+
+
+# the grading fields of an eval sample that a saved rollout keeps in its trajectory's info (as an RL
+# trajectory's final step info has them)
+SAMPLE_GRADING = ("extracted", "grade_reason", "answer")
 
 
 def token_texts(tokenizer: Any, ids: Sequence[int]) -> list[str]:
@@ -276,6 +286,7 @@ class RolloutLog:
             raise ValueError(f"logging.rollouts is the share of groups saved, in [0, 1]; got {fraction}")
         self.folder = Path(folder)
         self.fraction = fraction
+        self.last_saved: list[SavedRollout] = []  # what the last `write` saved (for the completions table)
         self.tokenizer = None
         if tokenizer_dir is not None:
             from transformers import AutoTokenizer
@@ -295,6 +306,7 @@ class RolloutLog:
         """Save one step: every trajectory it collected; `kept` (in step-batch order) with `advantages` ([K]
         or [K, R] tensor or list) and, when `learner` recorded them, its per-token outputs. Trajectories not
         in `kept` are saved as failed, void_turn (when `void_dropped`: rl.drop_void_turns) or dropped."""
+        self.last_saved = []
         if self.fraction <= 0.0:
             return None
         rows = {id(t): i for i, t in enumerate(kept)}
@@ -328,6 +340,7 @@ class RolloutLog:
                     status=status,
                     advantage=advantage,
                     learner_logprobs=_rounded(record.learner_logprobs[:n]) if record else None,
+                    learner_entropy=_entropy(record, n),
                     stare_weights=_rounded(record.stare_weights[:n]) if record else None,
                     selection=list(record.selection[:n]) if record and record.selection else None,
                     gate_on=bool(gate) if gate is not None and row is not None else None,
@@ -335,6 +348,7 @@ class RolloutLog:
                     prompt_text=self._decode(t.prompt_ids),
                 )
             )
+        self.last_saved = saved
         return write_step(self.folder, step, saved)
 
     def _decode(self, ids: Sequence[int]) -> str:
@@ -353,6 +367,12 @@ def write_step(folder: str | Path, step: int, rollouts: Sequence[SavedRollout]) 
             handle.write(dumps_line(rollout.to_dict()) + "\n")
     os.replace(tmp, path)
     return path
+
+
+def _entropy(record: Any, n: int) -> list[float] | None:
+    """The learner's per-token entropies of a TokenRecord, when it has them (a field `entropy`)."""
+    values = getattr(record, "entropy", None) if record is not None else None
+    return _rounded(values[:n]) if values else None
 
 
 def _rounded(values: Sequence[float]) -> list[float]:

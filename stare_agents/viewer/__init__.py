@@ -5,15 +5,24 @@
 
 The page needs no server and no network: its script and style are inline, a Content-Security-Policy forbids
 every other source, and the data is embedded as JSON in `<script type="application/json">` blocks, one per
-RL step, escaped so that no text (a tool output holding `</script>`, say) can end a block. The script
-parses a step's block when the step is opened and draws a trajectory's tokens when it is opened, so a run
-of thousands of trajectories opens as fast as its overview. Text is only ever inserted as text.
+RL step, and one of the prompts (each distinct prompt once, however many samples and steps share it),
+escaped so that no text (a tool output holding `</script>`, say) can end a block. The script parses a step's
+block when the step is opened and draws a trajectory's tokens when it is opened, so a run of thousands of
+trajectories opens as fast as its overview. Text is only ever inserted as text, with control, bidi and
+zero-width characters shown as marked glyphs (text never renders reordered or hidden).
+
+Per token the page colours the STARE weight, the surprisal -log pi, the learner's entropy (when the rollout
+files have it: `SavedRollout.learner_entropy`) and the learner/rollout log-prob mismatch, on a log or a
+quantile scale drawn with its numbers; it shows the surprisal cut-off of the selected L+/L- tokens per step
+and per trajectory, the grading details, a link per trajectory (`#step=N&traj=I`) and a prompt's
+trajectories across steps (`#prompt=P`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 from collections.abc import Iterable
 from pathlib import Path
@@ -22,6 +31,7 @@ from typing import Any
 from stare_agents.jsonl import Unread, report_unread
 from stare_agents.rollout_log import ROLLOUTS_DIR, SavedRollout, read_rollouts, saved_steps
 
+logger = logging.getLogger("stare_agents.viewer")
 ASSETS = Path(__file__).parent / "assets"
 PAGE_NAME = "rollouts.html"
 # the figures of a metrics.jsonl "rl" record the overview shows, and their column titles
@@ -35,6 +45,9 @@ OVERVIEW = {
     "data/kept_trajectories": "trained",
     "rollout/failed": "failed",
 }
+# a trajectory's info keys that say how it was graded, shown with it (from the env's final step info)
+GRADING = ("extracted", "answer", "grade_reason", "score_details", "reward_violation")
+TARGET_BAND = 0.3  # the band drawn around the target entropy: +-30%, as training.png and summary.json have it
 
 
 def escape_json(value: Any) -> str:
@@ -56,16 +69,21 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def compact(saved: SavedRollout, index: int) -> dict[str, Any]:
-    """One trajectory as the page's script reads it (short keys: a step of thousands stays small)."""
+def compact(saved: SavedRollout, index: int, prompt: int | None = None) -> dict[str, Any]:
+    """One trajectory as the page's script reads it (short keys: a step of thousands stays small). `prompt`:
+    the index of its prompt in the page's prompt table (None: the prompt text is stored with it)."""
     t = saved.trajectory
     learner = saved.learner_logprobs
     logprobs = learner if learner is not None else t.rollout_logprobs
+    mask = t.action_mask
     advantage = saved.advantage
     if isinstance(advantage, list):  # per-token advantages: the mean over action tokens, for the list
-        actions = [a for a, bit in zip(advantage, t.action_mask, strict=True) if bit]
+        actions = [a for a, bit in zip(advantage, mask, strict=True) if bit]
         advantage = sum(actions) / len(actions) if actions else 0.0
-    return {
+    surprisal = [round(-lp, 4) if bit else 0 for lp, bit in zip(logprobs, mask, strict=True)]
+    selection = _selection(saved)
+    tokens = saved.tokens or None
+    out = {
         "i": index,
         "g": t.group_id,
         "si": t.sample_index,
@@ -77,19 +95,21 @@ def compact(saved: SavedRollout, index: int) -> dict[str, Any]:
         "a": advantage,
         "wv": t.weight_version,
         "nt": t.num_turns,
+        "n": len(t.response_ids) or sum(turn.num_tokens for turn in t.turns),
         "err": t.error,
         "gate": saved.gate_on,
-        "prompt": saved.prompt_text,
-        "tok": saved.tokens or None,
-        "m": "".join("1" if bit else "0" for bit in t.action_mask),
-        "s": [round(-lp, 3) if bit else 0 for lp, bit in zip(logprobs, t.action_mask, strict=True)],
+        "tok": tokens,
+        "m": "".join("1" if bit else "0" for bit in mask),
+        "s": surprisal,
         "ssrc": "learner" if learner is not None else "rollout",
         "w": [round(w, 4) for w in saved.stare_weights] if saved.stare_weights is not None else None,
         "sel": "".join("+-"[v < 0] if v else "0" for v in saved.selection) if saved.selection else None,
+        "cut": _cutoffs(surprisal, selection) if selection else None,
+        "grade": {key: t.info[key] for key in GRADING if t.info.get(key) is not None} or None,
         "turns": [
             {
-                "text": turn.text,
-                "obs": turn.observation,
+                # with token texts the turns' text is the tokens' (drawn from them): not stored twice
+                **({} if tokens else {"text": turn.text, "obs": turn.observation}),
                 "calls": turn.tool_calls,
                 "statuses": turn.tool_statuses,
                 "finish": turn.finish_reason,
@@ -97,24 +117,83 @@ def compact(saved: SavedRollout, index: int) -> dict[str, Any]:
             for turn in t.turns
         ],
     }
+    if saved.learner_entropy is not None:
+        out["h"] = [round(h, 4) if bit else 0 for h, bit in zip(saved.learner_entropy, mask, strict=True)]
+    if learner is not None:  # log pi_learner - log pi_rollout per action token
+        out["d"] = [
+            round(lp - rp, 5) if bit else 0
+            for lp, rp, bit in zip(learner, t.rollout_logprobs, mask, strict=True)
+        ]
+    if prompt is None:
+        out["prompt"] = saved.prompt_text
+    else:
+        out["p"] = prompt
+    return out
+
+
+def _selection(saved: SavedRollout) -> list[int] | None:
+    """1 L+, -1 L-, 0 neither per response token: as saved, else as the saved weights say (w > 1: L+)."""
+    if saved.selection:
+        return saved.selection
+    if saved.stare_weights is None or all(w == 1 for w in saved.stare_weights):
+        return None
+    return [1 if w > 1 else -1 if w < 1 else 0 for w in saved.stare_weights]
+
+
+def _cutoffs(surprisal: list[float], selection: list[int]) -> dict[str, Any]:
+    """The surprisal cut-off of a trajectory's selected tokens: the lowest surprisal among its L+ (and L-)
+    tokens, and how many there are."""
+    out: dict[str, Any] = {}
+    for sign, name in ((1, "+"), (-1, "-")):
+        chosen = [s for s, v in zip(surprisal, selection, strict=True) if v == sign]
+        if chosen:
+            out[name] = min(chosen)
+            out[name + "n"] = len(chosen)
+    return out
+
+
+def step_cutoffs(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """A step's selection thresholds from its trajectories' (`compact`): per sign, the lowest selected
+    surprisal over the step, the highest of the trajectories' own cut-offs (the two differ when L+/L- are
+    taken per micro-batch) and the number of selected tokens."""
+    out: dict[str, Any] = {}
+    for name in ("+", "-"):
+        cuts = [r["cut"][name] for r in rows if r.get("cut") and name in r["cut"]]
+        if cuts:
+            out[name] = min(cuts)
+            out[name + "max"] = max(cuts)
+            out[name + "n"] = sum(r["cut"][name + "n"] for r in rows if r.get("cut") and name in r["cut"])
+    return out
 
 
 def load_source(
-    source: str | Path, unread: list[Unread] | None = None
+    source: str | Path, unread: list[Unread] | None = None, *, steps: Iterable[int] | None = None
 ) -> tuple[str, dict[str, list[SavedRollout]], list[dict[str, Any]]]:
     """(title, step name -> saved rollouts, metrics.jsonl "rl" records) of a run folder, a step file, an
-    eval samples.jsonl or a trajectories JSONL. What cannot be read (a damaged step file, a malformed line)
-    is skipped and appended to `unread` (else logged as a warning); a step of which nothing could be read is
-    left out, and a single file of which nothing could be read is a ValueError."""
+    eval samples.jsonl or a trajectories JSONL. `steps` limits a run folder to those RL steps: only their
+    files are opened. What cannot be read (a damaged step file, a malformed line) is skipped and appended to
+    `unread` (else logged as a warning); a step of which nothing could be read is left out, and a single file
+    of which nothing could be read is a ValueError."""
     source = Path(source)
     if source.is_dir():
-        steps = saved_steps(source)
-        if not steps:
+        saved = saved_steps(source)
+        if not saved:
             raise FileNotFoundError(
                 f"{source} has no saved rollouts ({source / ROLLOUTS_DIR}/step-*.jsonl.gz); they are written "
                 "by RL runs with logging.rollouts > 0 (the default)"
             )
-        data = {str(s): read_rollouts(source, s, unread=unread) for s in steps}
+        if steps is not None:
+            wanted = sorted(set(steps))
+            missing = [s for s in wanted if s not in saved]
+            if len(missing) == len(wanted):
+                raise ValueError(
+                    f"none of the steps {wanted} has saved rollouts in {source}; steps saved: "
+                    f"{_ranges(saved)}"
+                )
+            if missing:
+                logger.warning("steps %s have no saved rollouts in %s; showing %s", missing, source, wanted)
+            saved = [s for s in wanted if s not in missing]
+        data = {str(s): read_rollouts(source, s, unread=unread) for s in saved}
         data = {name: saved for name, saved in data.items() if saved}
         return source.name or str(source), data, _rl_records(source / "metrics.jsonl", unread)
     if not source.exists():
@@ -130,6 +209,20 @@ def load_source(
     )
 
 
+def _ranges(numbers: list[int]) -> str:
+    """0-11, 14, 20-22: a list of step numbers, short."""
+    parts: list[str] = []
+    start = prev = None
+    for n in [*numbers, None]:
+        if start is not None and (n is None or n != prev + 1):
+            parts.append(str(start) if start == prev else f"{start}-{prev}")
+            start = None
+        if n is not None and start is None:
+            start = n
+        prev = n
+    return ", ".join(parts)
+
+
 def _rl_records(path: Path, unread: list[Unread] | None) -> list[dict[str, Any]]:
     from stare_agents.records import read_records
 
@@ -139,17 +232,22 @@ def _rl_records(path: Path, unread: list[Unread] | None) -> list[dict[str, Any]]
 def build_page(
     source: str | Path, *, steps: Iterable[int] | None = None, unread: list[Unread] | None = None
 ) -> str:
-    """The HTML page of `source` (see `load_source`); `steps` limits a run folder to those RL steps. What
-    could not be read is shown as notices at the top of the page, and appended to `unread` when given (else
-    logged as one warning)."""
+    """The HTML page of `source` (see `load_source`); `steps` limits a run folder to those RL steps (only
+    their files are read). What could not be read is shown as notices at the top of the page, and appended
+    to `unread` when given (else logged as one warning)."""
     notices: list[Unread] = []
-    title, data, records = load_source(source, notices)
+    title, data, records = load_source(source, notices, steps=steps)
     report_unread(notices, unread, "lines or files")
-    if steps is not None:
+    if steps is not None and not Path(source).is_dir():
         wanted = {str(s) for s in steps}
         data = {name: saved for name, saved in data.items() if name in wanted}
         if not data:
             raise ValueError(f"none of the steps {sorted(wanted)} has saved rollouts in {source}")
+    prompts = Prompts()
+    payloads = {
+        name: [compact(s, i, prompts.index(s, name)) for i, s in enumerate(saved)]
+        for name, saved in data.items()
+    }
     by_step = {str(r.get("step")): r for r in records}
     overview = []
     for name, saved in data.items():
@@ -159,21 +257,33 @@ def build_page(
             row["statuses"][status] = row["statuses"].get(status, 0) + 1
         row.update({key: record.get(key) for key in OVERVIEW})
         row["target"] = record.get("stare/target_entropy")
+        row["cut"] = step_cutoffs(payloads[name])
         overview.append(row)
     target = next(
         (r["stare/target_entropy"] for r in records if _number(r.get("stare/target_entropy"))), None
     )
+    every = [s for saved in data.values() for s in saved]
     meta = {
         "title": title,
         "columns": OVERVIEW,
         "overview": overview,
-        "curve": [{"step": r.get("step"), "entropy": r.get("learner/entropy")} for r in records],
+        "curve": [
+            {"step": r.get("step"), "entropy": r.get("learner/entropy"), "all": r.get("learner/entropy_all")}
+            for r in records
+        ],
         "target": target,
+        "band": TARGET_BAND,
+        "fields": {  # which per-token figures the source holds (the page says so where one is absent)
+            "entropy": any(s.learner_entropy is not None for s in every),
+            "learner": any(s.learner_logprobs is not None for s in every),
+        },
         "notices": [str(u) for u in notices],
     }
-    blocks = [f'<script type="application/json" id="meta">{escape_json(meta)}</script>']
-    for name, saved in data.items():
-        payload = [compact(s, i) for i, s in enumerate(saved)]
+    blocks = [
+        f'<script type="application/json" id="meta">{escape_json(meta)}</script>',
+        f'<script type="application/json" id="prompts">{escape_json(prompts.table())}</script>',
+    ]
+    for name, payload in payloads.items():
         blocks.append(
             f'<script type="application/json" id="step-{_safe_id(name)}">{escape_json(payload)}</script>'
         )
@@ -190,6 +300,34 @@ def build_page(
     )
 
 
+class Prompts:
+    """The page's prompt table: each distinct prompt once, and the steps each appears in (for the view of a
+    prompt across steps). A rollout without a prompt text (an eval sample) is keyed by its task."""
+
+    def __init__(self) -> None:
+        self.keys: dict[tuple[str, str], int] = {}
+        self.texts: list[str] = []
+        self.tasks: list[str] = []
+        self.steps: list[list[str]] = []
+
+    def index(self, saved: SavedRollout, step: str) -> int:
+        """The number of `saved`'s prompt in the table (added if new); `step`: the name of its step."""
+        text = saved.prompt_text
+        key = (text, "" if text else saved.trajectory.task_id)
+        if key not in self.keys:
+            self.keys[key] = len(self.texts)
+            self.texts.append(text)
+            self.tasks.append(saved.trajectory.task_id)
+            self.steps.append([])
+        number = self.keys[key]
+        if not self.steps[number] or self.steps[number][-1] != step:
+            self.steps[number].append(step)
+        return number
+
+    def table(self) -> dict[str, list[Any]]:
+        return {"text": self.texts, "task": self.tasks, "steps": self.steps}
+
+
 def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -199,7 +337,18 @@ def _safe_id(name: str) -> str:
 
 
 def _html_text(text: str) -> str:
+    text = "".join(f"\u27e8U+{ord(c):04X}\u27e9" if c in INVISIBLE else c for c in text)
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+# characters that reorder or hide text (bidi controls, zero-width characters) or are invisible controls:
+# shown as a marked glyph, never applied (the page's script does the same for every text it inserts)
+INVISIBLE = frozenset(
+    [chr(c) for c in range(0x20) if c not in (9, 10)]
+    + ["\x7f", "\u200b", "\u200c", "\u200d", "\u200e", "\u200f", "\u2060", "\ufeff"]
+    + [chr(c) for c in range(0x202A, 0x202F)]
+    + [chr(c) for c in range(0x2066, 0x206A)]
+)
 
 
 def default_output(source: str | Path) -> Path:

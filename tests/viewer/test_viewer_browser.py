@@ -6,6 +6,7 @@ CI=true."""
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -229,12 +230,13 @@ def test_colouring_matches_the_saved_weights(browser, page_path: Path, run_folde
         # observation tokens sit apart, in their own box, and are never token spans
         observation = detail.locator(".obs")
         assert observation.count() == 1 and "3 tokens · not trained" in observation.text_content()
-        # surprisal mode: each token's colour strength follows -log pi from the learner
+        # surprisal mode: each token's colour strength follows -log pi from the learner, on a log scale
+        # (decades 0.001 to 10 nats: 0.1 nats is half-way, where a linear scale to 8 nats left it white)
         view.page.select_option("#f-mode", "surprisal")
         for k, j in enumerate(actions):
             span = spans.nth(k)
             assert float(span.get_attribute("data-s")) == pytest.approx(-KNOWN_LOGPROBS[j], abs=1e-3)
-            alpha = min(-KNOWN_LOGPROBS[j] / 8, 1) * 0.9
+            alpha = min(max((math.log10(-KNOWN_LOGPROBS[j]) + 3) / 4, 0), 1) * 0.9
             background = span.evaluate("node => getComputedStyle(node).backgroundColor")
             assert background.startswith("rgba(255, 127, 14") and float(
                 background.split(",")[-1][:-1]
@@ -259,7 +261,7 @@ def test_hostile_text_is_shown_as_text_and_never_run(browser, page_path: Path):
         assert "<|im_end|>" in text and "window.pwned=3" in text
         assert "\u241b[31m\u2400" in text  # ESC and NUL shown as control pictures
         assert detail.locator("img").count() == 0 and detail.locator("b").count() == 0
-        assert view.page.locator("script").count() == 4  # meta, two steps, the viewer: nothing injected
+        assert view.page.locator("script").count() == 5  # meta, prompts, two steps, the viewer: nothing injected
         assert view.page.evaluate("typeof window.pwned") == "undefined"
         assert view.errors == [] and view.dialogs == []
     finally:
