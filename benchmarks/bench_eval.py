@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     from stare_agents.models import prepare_model
     from stare_agents.rollout.hf_engine import HFEngine
     from stare_agents.rollout.vllm_engine import VLLMEngine
-    from stare_agents.sandbox.pool import Session
+    from stare_agents.sandbox.session import Session
 
     clocks = {name: IntervalClock() for name in ("generation", "sandbox", "grading")}
     time_async(VLLMEngine, "generate", clocks["generation"])

@@ -26,9 +26,11 @@ from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
 from stare_agents.sandbox.docker_backend import DEFAULT_IMAGE, DockerLimits, DockerSandbox, docker_status
+from stare_agents.sandbox.errors import SandboxError
 from stare_agents.sandbox.local import ALLOW_LOCAL_ENV, LocalSandbox, NoSandbox
-from stare_agents.sandbox.pool import AsyncSession, PooledSandbox, SandboxError, Session
+from stare_agents.sandbox.pool import PooledSandbox
 from stare_agents.sandbox.result import STATUSES, ExecutionResult
+from stare_agents.sandbox.session import AsyncSession, Session
 
 __all__ = [
     "ALLOW_LOCAL_ENV",
@@ -111,7 +113,9 @@ def check_backend(backend: str, **kwargs: Any) -> None:
         with LocalSandbox(1, allow_host_execution=acknowledged, preimport=()) as sandbox:
             result = sandbox.run("print(6 * 7)", timeout_s=30)
         if result.stdout != "42\n":
-            raise SandboxError(f"the local sandbox started but cannot run code here: {result.output()[-500:]}")
+            raise SandboxError(
+                f"the local sandbox started but cannot run code here: {result.output()[-500:]}"
+            )
     elif backend in ("docker", "auto"):
         make_sandbox(backend, pool_size=1, **{k: v for k, v in kwargs.items() if k in ("image", "runtime")})
 

@@ -25,8 +25,6 @@ from stare_agents.sandbox.runner import MAC_BYTES, MAX_TIMEOUT_S, ChannelKey, en
 
 logger = logging.getLogger("stare_agents.sandbox")
 
-logger = logging.getLogger("stare_agents.sandbox")
-
 # Extra time the host grants past a call's own limit before it gives up on the runner: the runner's
 # interrupt grace period plus transport. Past it the runner is discarded and replaced.
 HOST_SLACK_S = 10.0

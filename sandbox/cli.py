@@ -27,8 +27,8 @@ def build(
     ),
 ) -> None:
     """Build the sandbox image (python3 with numpy, scipy, sympy; user 1000)."""
+    from stare_agents.sandbox.errors import SandboxError
     from stare_agents.sandbox.image import build_image, image_exists
-    from stare_agents.sandbox.pool import SandboxError
 
     try:
         if image_exists(tag) and not force:

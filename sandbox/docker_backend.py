@@ -14,17 +14,16 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from stare_agents.sandbox.pool import (
+from stare_agents.sandbox.channel import (
     DEFAULT_LEASE_TIMEOUT_S,
     HOST_SLACK_S,
     PREIMPORT,
     START_WAIT_S,
     Channel,
-    ChannelTimeout,
-    PooledSandbox,
     Runner,
-    SandboxError,
 )
+from stare_agents.sandbox.errors import ChannelTimeout, SandboxError
+from stare_agents.sandbox.pool import PooledSandbox
 from stare_agents.sandbox.runner import DEFAULT_TIMEOUT_S
 
 logger = logging.getLogger("stare_agents.sandbox")

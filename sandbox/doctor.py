@@ -16,7 +16,8 @@ from stare_agents.sandbox.docker_backend import (
     docker_client,
     engine_runtimes,
 )
-from stare_agents.sandbox.pool import SandboxError, Session
+from stare_agents.sandbox.errors import SandboxError
+from stare_agents.sandbox.session import Session
 
 # Runs inside a container and reports what the code there can see and do.
 LIMITS_PROBE = r"""

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from stare_agents.sandbox.docker_backend import DEFAULT_IMAGE
-from stare_agents.sandbox.pool import SandboxError
+from stare_agents.sandbox.errors import SandboxError
 
 DOCKERFILE = Path(__file__).with_name("Dockerfile")
 DEBIAN_SUITE = "bookworm"

@@ -23,16 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from stare_agents.sandbox.pool import (
-    DEFAULT_LEASE_TIMEOUT_S,
-    PREIMPORT,
-    START_WAIT_S,
-    Channel,
-    ChannelTimeout,
-    PooledSandbox,
-    Runner,
-    SandboxError,
-)
+from stare_agents.sandbox.channel import DEFAULT_LEASE_TIMEOUT_S, PREIMPORT, START_WAIT_S, Channel, Runner
+from stare_agents.sandbox.errors import ChannelTimeout, SandboxError
+from stare_agents.sandbox.pool import PooledSandbox
 from stare_agents.sandbox.runner import ALWAYS_HIDDEN, DEFAULT_TIMEOUT_S, landlock_abi
 
 logger = logging.getLogger("stare_agents.sandbox")

@@ -2,8 +2,7 @@
 
 A backend (Docker, local) only says how to start one runner and how to talk to it (a `Channel`, in
 channel.py); pooling, leasing, resets between sessions, replacement of dead runners and timeouts are here,
-the session API in session.py, the errors in errors.py, once. The names that used to live here are still
-imported from here."""
+the session API in session.py, the errors in errors.py, once."""
 
 from __future__ import annotations
 
@@ -20,25 +19,9 @@ import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from stare_agents.sandbox.channel import (
-    DEFAULT_LEASE_TIMEOUT_S,
-    HOST_SLACK_S,
-    MAX_CODE_BYTES,
-    PREIMPORT,
-    START_WAIT_S,
-    Channel,
-    Runner,
-    check_timeout,
-)
-from stare_agents.sandbox.errors import (
-    ChannelClosed,
-    ChannelTimeout,
-    ProtocolError,
-    ResetFailed,
-    SandboxError,
-)
+from stare_agents.sandbox.channel import HOST_SLACK_S, Runner, check_timeout
+from stare_agents.sandbox.errors import ChannelClosed, ChannelTimeout, SandboxError
 from stare_agents.sandbox.result import ExecutionResult
-from stare_agents.sandbox.runner import MAX_TIMEOUT_S
 from stare_agents.sandbox.session import AsyncSession, Session
 
 logger = logging.getLogger("stare_agents.sandbox")
@@ -459,26 +442,3 @@ class PooledSandbox:
     async def arun(self, code: str, timeout_s: float | None = None) -> ExecutionResult:
         async with self.asession(stateless=True) as session:
             return await session.arun(code, timeout_s)
-
-
-# the names importers of this module use (the backends, the CLI, tests); each lives in one of the rooms above
-__all__ = [
-    "DEFAULT_LEASE_TIMEOUT_S",
-    "HOST_SLACK_S",
-    "MAX_CODE_BYTES",
-    "MAX_TIMEOUT_S",
-    "PREIMPORT",
-    "START_WAIT_S",
-    "AsyncSession",
-    "Channel",
-    "ChannelClosed",
-    "ChannelTimeout",
-    "Pool",
-    "PooledSandbox",
-    "ProtocolError",
-    "ResetFailed",
-    "Runner",
-    "SandboxError",
-    "Session",
-    "check_timeout",
-]

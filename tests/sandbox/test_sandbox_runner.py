@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from stare_agents.sandbox import STATUSES, LocalSandbox, SandboxError
-from stare_agents.sandbox.pool import MAX_TIMEOUT_S, check_timeout
+from stare_agents.sandbox.channel import MAX_TIMEOUT_S, check_timeout
 from stare_agents.sandbox.runner import (
     DEFAULT_TIMEOUT_S,
     IO_URING,

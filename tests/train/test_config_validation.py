@@ -184,7 +184,7 @@ def test_max_turns_and_the_tool_timeout_are_typed_keys_that_reach_the_environmen
 def test_one_tool_timeout_default_and_one_cap():
     from stare_agents.envs.python_unittest import PythonUnitTestEnv
     from stare_agents.envs.tools import PythonTool
-    from stare_agents.sandbox import DockerSandbox, LocalSandbox, pool, runner
+    from stare_agents.sandbox import DockerSandbox, LocalSandbox, channel, runner
 
     defaults = [
         inspect.signature(PythonTool).parameters["timeout_s"].default,
@@ -195,7 +195,7 @@ def test_one_tool_timeout_default_and_one_cap():
         gym.make("stare_agents/MathTIR-v0", sandbox=NoSandbox()).unwrapped.tools()["python"].timeout_s,
     ]
     assert defaults == [DEFAULT_TIMEOUT_S] * 6
-    assert pool.MAX_TIMEOUT_S is runner.MAX_TIMEOUT_S == MAX_TIMEOUT_S
+    assert channel.MAX_TIMEOUT_S is runner.MAX_TIMEOUT_S == MAX_TIMEOUT_S
     assert runner.bounded_timeout(MAX_TIMEOUT_S + 1) == DEFAULT_TIMEOUT_S
     with pytest.raises(ValueError, match=r"timeout_s must be in \(0, 3600\] seconds, got 5000"):
         PythonTool(NoSandbox(), timeout_s=5000)
