@@ -13,6 +13,7 @@ environment (`cluster_env`) lets a driver attach.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import shutil
@@ -73,19 +74,70 @@ def start_head(folder: Path, *, num_cpus: int = 2, timeout_s: float = 180.0) -> 
     if done.returncode != 0:
         stop_cluster(folder)
         raise RuntimeError(f"ray start --head failed ({done.returncode}): {done.stderr[-3000:]}")
-    return (temp_dir / "ray_current_cluster").read_text().strip()
+    address = (temp_dir / "ray_current_cluster").read_text().strip()
+    (folder / "gcs_address").write_text(address)  # its Ray client server names only this (see stop_cluster)
+    return address
+
+
+def start_node(
+    folder: Path,
+    name: str,
+    *,
+    ip: str,
+    head: str | None = None,
+    num_cpus: int = 2,
+    resources: dict[str, float] | None = None,
+    env: dict[str, str] | None = None,
+    timeout_s: float = 180.0,
+) -> str:
+    """`ray start` for one node of a multi-node cluster on this machine: the head (`head` None) or a node joining
+    the head at `head`, with node address `ip` (a loopback address other than 127.0.0.1, which Ray maps to the
+    machine's network address once multi-node is on), temp folder `folder`/`name`/ray and working directory
+    `folder`/`name`, custom `resources`, `cluster_env` plus `env`. Returns the cluster's address."""
+    node = folder / name
+    node.mkdir(parents=True, exist_ok=True)
+    command = [
+        RAY,
+        "start",
+        f"--node-ip-address={ip}",
+        f"--num-cpus={num_cpus}",
+        "--num-gpus=0",
+        f"--temp-dir={node / 'ray'}",
+        f"--resources={json.dumps(resources or {})}",
+        "--disable-usage-stats",
+    ]
+    if head is None:
+        command += ["--head", f"--port={free_port(ip)}", f"--ray-client-server-port={free_port(ip)}"]
+        command += ["--include-dashboard=false"]
+    else:
+        command += [f"--address={head}"]
+    environment = {**cluster_env(folder), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1", **(env or {})}
+    done = subprocess.run(
+        command, env=environment, cwd=node, capture_output=True, text=True, timeout=timeout_s
+    )
+    if done.returncode != 0:
+        stop_cluster(folder)
+        raise RuntimeError(f"ray start ({name}) failed ({done.returncode}): {done.stderr[-3000:]}")
+    address = head or (node / "ray" / "ray_current_cluster").read_text().strip()
+    (folder / "gcs_address").write_text(address)
+    return address
 
 
 def stop_cluster(folder: Path, grace_s: float = 15.0) -> list[int]:
-    """End this cluster's processes only: those whose command line names `folder`, and their descendants (never
+    """End this cluster's processes only: those whose command line names `folder` or, for the Ray client server
+    a head starts, the cluster's GCS address (recorded in `folder`/gcs_address), and their descendants (never
     this process or its ancestors). Returns their ids."""
     import psutil
 
     spared = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
+    marks = [str(folder)]
+    if (folder / "gcs_address").is_file():
+        marks.append(f"--address={(folder / 'gcs_address').read_text().strip()}")
     mine: dict[int, psutil.Process] = {}
     for process in psutil.process_iter(["cmdline"]):
         try:
-            if process.pid not in spared and any(str(folder) in a for a in process.info["cmdline"] or ()):
+            cmdline = process.info["cmdline"] or ()
+            if process.pid not in spared and any(m in a for m in marks for a in cmdline):
                 mine[process.pid] = process
                 mine.update((c.pid, c) for c in process.children(recursive=True))
         except psutil.Error:

@@ -36,8 +36,8 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from stare_agents.algo import AlgorithmConfig
-from stare_agents.rollout.local_ray import LOOPBACK, forwarded_env
-from stare_agents.rollout.weight_sync import GroupAddress, WeightsPlan
+from stare_agents.rollout.local_ray import forwarded_env
+from stare_agents.rollout.weight_sync import GroupAddress, WeightsPlan, is_loopback
 from stare_agents.train.learner import Collective, Learner, LearnerConfig, TokenRecord
 from stare_agents.train.policy import MicroBatch, PolicyModel, load_causal_lm, split_step
 from stare_agents.train.sft import SFTConfig, SFTTrainer
@@ -154,9 +154,10 @@ def _masked_copy(mb: MicroBatch) -> MicroBatch:
 def rendezvous_address(host: str) -> str:
     """Where the ranks of a process group meet, made by rank 0 on its node `host`. On a local Ray (node IP
     127.0.0.1, so every rank is on this machine) a store file in a fresh private folder (0700): nothing
-    listens for it (torch's TCPStore binds to all interfaces whatever the host). On a cluster, a free TCP
-    port on the node."""
-    if host == LOOPBACK:
+    listens for it (torch's TCPStore binds to all interfaces whatever the host); so on any loopback address
+    (127.0.0.0/8: nodes of a rehearsal on one machine, see the README's cluster section). On a cluster, a free
+    TCP port on the node."""
+    if is_loopback(host):
         import tempfile
 
         return "file://" + str(Path(tempfile.mkdtemp(prefix=RENDEZVOUS_PREFIX)) / "store")

@@ -152,16 +152,30 @@ class SyncGroup:
             shutil.rmtree(Path(self.address.store_path).parent, ignore_errors=True)
 
 
+# the address of the Ray node a rollout worker runs on, set by the worker (`RolloutWorker`) for its engine's
+# processes (a multiprocess vLLM engine's core has no Ray of its own): where its members of a sync group bind
+NODE_ADDRESS_ENV = "STARE_NODE_ADDRESS"
+
+
+def bind_host(address: GroupAddress, rank: int) -> str:
+    """The address a gloo member binds (without GLOO_SOCKET_IFNAME): the sender its own (the group's host); a
+    member the address of its Ray node (STARE_NODE_ADDRESS, set by its rollout worker), else, on loopback, the
+    sender's, else its own address on the route to the sender (binding the sender's address there fails)."""
+    if rank == 0:
+        return address.host
+    if os.environ.get(NODE_ADDRESS_ENV):
+        return os.environ[NODE_ADDRESS_ENV]
+    if address.store_path is not None or is_loopback(address.host):
+        return address.host
+    return address_towards(address.host)
+
+
 def gloo_device(address: GroupAddress, rank: int) -> Any:
-    """The gloo device a member binds: the interface GLOO_SOCKET_IFNAME names when set; else the sender's
-    address for the sender and for a group on loopback, and for a member on another node its own address on
-    the route to the sender (binding the sender's address there fails)."""
+    """The gloo device a member binds: the interface GLOO_SOCKET_IFNAME names when set, else `bind_host`."""
     interface = os.environ.get("GLOO_SOCKET_IFNAME", "").split(",")[0]
     if interface:
         return dist.ProcessGroupGloo.create_device(interface=interface)
-    if rank == 0 or address.store_path is not None or is_loopback(address.host):
-        return dist.ProcessGroupGloo.create_device(hostname=address.host)
-    return dist.ProcessGroupGloo.create_device(hostname=address_towards(address.host))
+    return dist.ProcessGroupGloo.create_device(hostname=bind_host(address, rank))
 
 
 @dataclass(frozen=True)

@@ -99,6 +99,16 @@ def pin_engine(env_cpus: Sequence[int], env_processes: int) -> list[int]:
     return engine
 
 
+def ray_node_address() -> str | None:
+    """The address of the Ray node this process runs on; None when Ray is not started here."""
+    import sys
+
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return None
+    return ray.util.get_node_ip_address()
+
+
 class RolloutWorker:
     """One engine + one sandbox. Used directly (`use_ray=False`) or as a Ray actor."""
 
@@ -107,6 +117,13 @@ class RolloutWorker:
             importlib.import_module(module)
         self.spec = spec
         self.index = index
+        self.node_address = ray_node_address()
+        if (
+            self.node_address is not None
+        ):  # the engine's processes (a vLLM core too) bind their sync sockets here
+            from stare_agents.rollout.weight_sync import NODE_ADDRESS_ENV
+
+            os.environ[NODE_ADDRESS_ENV] = self.node_address
         self.engine_cpus: list[int] = []
         if spec.env_cpus:  # before the engine starts, so its compute threads are born on the engine's CPUs
             self.engine_cpus = pin_engine(spec.env_cpus, spec.env_processes)
@@ -149,6 +166,7 @@ class RolloutWorker:
         return {
             "index": self.index,
             "pid": os.getpid(),
+            "node": self.node_address,
             "weight_version": self.engine.weight_version,
             "sandbox": type(self.sandbox).__name__ if self.sandbox is not None else None,
             "env_processes": self.env_pool.pids if self.env_pool is not None else [],
@@ -194,10 +212,18 @@ class RolloutWorker:
         version = self.engine.update_weights(state_dict, version)
         return version, time.perf_counter() - started
 
-    def join_sync_group(self, address: dict[str, Any], first_rank: int) -> None:
+    def join_sync_group(self, address: dict[str, Any], first_rank: int) -> str:
         """Join the learner's weight-sync group from rank `first_rank` on, one rank per process the engine
-        receives in (see `stare_agents.rollout.weight_sync.sync_ranks`)."""
+        receives in (see `stare_agents.rollout.weight_sync.sync_ranks`). Returns where this worker's gloo
+        sockets bind (the interface GLOO_SOCKET_IFNAME names, or the address), for the driver's log."""
+        from stare_agents.rollout.weight_sync import GroupAddress, bind_host
+
         self.engine.join_sync_group(address, first_rank, timeout_s=float(address.get("timeout_s", 600.0)))
+        group = GroupAddress(**address)
+        if group.backend != "gloo":
+            return f"{group.backend} (its own interface choice)"
+        interface = os.environ.get("GLOO_SOCKET_IFNAME", "").split(",")[0]
+        return f"interface {interface}" if interface else bind_host(group, first_rank)
 
     def receive_weights(self, plan: dict[str, Any]) -> tuple[int, float]:
         started = time.perf_counter()
@@ -347,6 +373,7 @@ class RolloutWorkerGroup:
         )
         self._sync_group: Any = None  # the GroupAddress of the current sync group
         self._sync_members: list[int] = []
+        self.sync_bindings: list[str] = []  # where each member of the last sync group bound its sockets
         if not use_ray:
             if num_workers != 1:
                 raise ValueError("use_ray=False runs exactly one worker in this process")
@@ -610,8 +637,15 @@ class RolloutWorkerGroup:
             for m, first in zip(members, firsts, strict=True)
         ]
         self._sender.sync_join(address)  # returns once every member joined
-        for wait in joins:
-            wait(self._sync_timeout_s)
+        self.sync_bindings = [wait(self._sync_timeout_s) for wait in joins]
+        logger.info(
+            "weight sync: a %s group of %d opened by the learner on %s (port %d); the engines bind %s",
+            address.backend,
+            address.world_size,
+            address.host,
+            address.port,
+            ", ".join(map(str, self.sync_bindings)),
+        )
         return address
 
     def _send(self, address: Any, members: list[Any], version: int) -> None:
