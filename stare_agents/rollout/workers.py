@@ -118,9 +118,8 @@ class RolloutWorker:
         self.spec = spec
         self.index = index
         self.node_address = ray_node_address()
-        if (
-            self.node_address is not None
-        ):  # the engine's processes (a vLLM core too) bind their sync sockets here
+        # the engine's processes (a vLLM core too) bind their weight-sync sockets on this node's address
+        if self.node_address is not None:
             from stare_agents.rollout.weight_sync import NODE_ADDRESS_ENV
 
             os.environ[NODE_ADDRESS_ENV] = self.node_address
