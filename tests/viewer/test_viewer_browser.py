@@ -261,7 +261,8 @@ def test_hostile_text_is_shown_as_text_and_never_run(browser, page_path: Path):
         assert "<|im_end|>" in text and "window.pwned=3" in text
         assert "\u241b[31m\u2400" in text  # ESC and NUL shown as control pictures
         assert detail.locator("img").count() == 0 and detail.locator("b").count() == 0
-        assert view.page.locator("script").count() == 5  # meta, prompts, two steps, the viewer: nothing injected
+        # meta, prompts, two steps, the viewer: nothing injected
+        assert view.page.locator("script").count() == 5
         assert view.page.evaluate("typeof window.pwned") == "undefined"
         assert view.errors == [] and view.dialogs == []
     finally:

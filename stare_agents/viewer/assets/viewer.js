@@ -69,7 +69,7 @@
   function num(x) { // a tick label: 3 significant digits, no trailing zeros
     if (x === 0) return "0";
     const a = Math.abs(x);
-    return a >= 1e4 || a < 1e-3 ? x.toExponential(1) : String(Number(x.toPrecision(3)));
+    return a >= 1e4 || a < 1e-4 ? x.toExponential(1) : String(Number(x.toPrecision(3)));
   }
   function safeId(name) { return String(name).replace(/[^A-Za-z0-9_-]/g, "_"); }
   function block(id) {
@@ -184,7 +184,7 @@
         } else tr.append(el("td", {}, fmt(value)));
       }
       const cut = row.cut || {};
-      tr.append(el("td", { class: "cut" }, cut["+"] === undefined ? "-" : "s ≥ " + fmt(cut["+"])));
+      tr.append(el("td", { class: "cut" }, cut["+"] === undefined ? "-" : "s ≥ " + cut["+"].toFixed(3)));
       tr.append(el("td", { class: "l muted" }, Object.entries(row.statuses).map(([k, v]) => k + " " + v).join(", ")));
       return tr;
     });
@@ -376,8 +376,8 @@
     for (const sign of ["+", "-"]) {
       if (cut[sign] === undefined) continue;
       const spread = cut[sign + "max"] !== undefined && cut[sign + "max"] !== cut[sign]
-        ? " (each trajectory's own: " + fmt(cut[sign]) + " to " + fmt(cut[sign + "max"]) + ")" : "";
-      parts.push("L" + sign + " " + cut[sign + "n"] + " tokens, cut-off surprisal ≥ " + fmt(cut[sign]) + spread);
+        ? " (each trajectory's own: " + cut[sign].toFixed(3) + " to " + cut[sign + "max"].toFixed(3) + ")" : "";
+      parts.push("L" + sign + " " + cut[sign + "n"] + " tokens, cut-off surprisal ≥ " + cut[sign].toFixed(3) + spread);
     }
     return parts;
   }
