@@ -74,6 +74,16 @@ class SavedRollout:
                 f"for {n} response tokens"
             )
 
+    @property
+    def mean_advantage(self) -> float | None:
+        """The advantage as one number: as saved, or a per-token advantage's mean over the action tokens;
+        None when it was not trained."""
+        advantage = self.advantage
+        if isinstance(advantage, list):
+            actions = [a for a, bit in zip(advantage, self.trajectory.action_mask, strict=True) if bit]
+            return sum(actions) / len(actions) if actions else 0.0
+        return None if advantage is None else float(advantage)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "step": self.step,

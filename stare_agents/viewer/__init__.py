@@ -76,10 +76,6 @@ def compact(saved: SavedRollout, index: int, prompt: int | None = None) -> dict[
     learner = saved.learner_logprobs
     logprobs = learner if learner is not None else t.rollout_logprobs
     mask = t.action_mask
-    advantage = saved.advantage
-    if isinstance(advantage, list):  # per-token advantages: the mean over action tokens, for the list
-        actions = [a for a, bit in zip(advantage, mask, strict=True) if bit]
-        advantage = sum(actions) / len(actions) if actions else 0.0
     surprisal = [round(-lp, 4) if bit else 0 for lp, bit in zip(logprobs, mask, strict=True)]
     selection = _selection(saved)
     tokens = saved.tokens or None
@@ -92,7 +88,7 @@ def compact(saved: SavedRollout, index: int, prompt: int | None = None) -> dict[
         "c": t.correct,
         "sr": t.stop_reason,
         "st": saved.status,
-        "a": advantage,
+        "a": saved.mean_advantage,  # a per-token advantage: its mean over the action tokens
         "wv": t.weight_version,
         "nt": t.num_turns,
         "n": len(t.response_ids) or sum(turn.num_tokens for turn in t.turns),
