@@ -6,9 +6,6 @@
             s.run("x = 20", timeout_s=5)
             r = s.run("print(x + 22)")            # r.stdout == "42\\n", r.status == "ok"
 
-    async with sandbox.asession() as s:           # asyncio
-        r = await s.arun("print(1)")
-
 `DockerSandbox` is the security boundary (no network, memory/pids/CPU limits, read-only root, non-root,
 no capabilities, a syscall filter on top of the engine's seccomp profile; `runtime="runsc"` adds gVisor's
 user-space kernel); `LocalSandbox` has the same API for development and is not: it runs only when asked
@@ -30,14 +27,13 @@ from stare_agents.sandbox.errors import SandboxError
 from stare_agents.sandbox.local import ALLOW_LOCAL_ENV, LocalSandbox, NoSandbox
 from stare_agents.sandbox.pool import PooledSandbox
 from stare_agents.sandbox.result import STATUSES, ExecutionResult
-from stare_agents.sandbox.session import AsyncSession, Session
+from stare_agents.sandbox.session import Session
 
 __all__ = [
     "ALLOW_LOCAL_ENV",
     "BACKENDS",
     "DEFAULT_IMAGE",
     "STATUSES",
-    "AsyncSession",
     "DockerLimits",
     "DockerSandbox",
     "ExecutionResult",

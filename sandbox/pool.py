@@ -6,7 +6,6 @@ the session API in session.py, the errors in errors.py, once."""
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import collections
 import logging
@@ -22,19 +21,16 @@ from concurrent.futures import ThreadPoolExecutor
 from stare_agents.sandbox.channel import HOST_SLACK_S, Runner, check_timeout
 from stare_agents.sandbox.errors import ChannelClosed, ChannelTimeout, SandboxError
 from stare_agents.sandbox.result import ExecutionResult
-from stare_agents.sandbox.session import AsyncSession, Session
+from stare_agents.sandbox.session import Session
 
 logger = logging.getLogger("stare_agents.sandbox")
 
 
 class _Waiter:
-    """One caller waiting for a runner: a thread (event) or a coroutine (future on its loop)."""
+    """One thread waiting for a runner."""
 
-    def __init__(self, pool: Pool, loop: asyncio.AbstractEventLoop | None = None) -> None:
-        self.pool = pool
-        self.loop = loop
-        self.future: asyncio.Future | None = loop.create_future() if loop is not None else None
-        self.event = threading.Event() if loop is None else None
+    def __init__(self) -> None:
+        self.event = threading.Event()
         self.runner: Runner | None = None
         self.error: BaseException | None = None
         self.cancelled = False
@@ -44,24 +40,7 @@ class _Waiter:
         if self.cancelled:
             return False
         self.runner, self.error = runner, error
-        if self.event is not None:
-            self.event.set()
-            return True
-        assert self.loop is not None and self.future is not None
-        if self.loop.is_closed():
-            return False
-
-        def settle() -> None:
-            if self.future.done():  # cancelled in the meantime: give the runner back
-                if runner is not None:
-                    self.pool._put(runner)
-                return
-            if error is not None:
-                self.future.set_exception(error)
-            else:
-                self.future.set_result(runner)
-
-        self.loop.call_soon_threadsafe(settle)
+        self.event.set()
         return True
 
 
@@ -157,7 +136,7 @@ class Pool:
                 warned = True
                 logger.warning(
                     "a sandbox session was dropped without close(); its %s was reset and lent again "
-                    "(use `with sandbox.session() as s:` or `async with sandbox.asession() as s:`)",
+                    "(use `with sandbox.session() as s:`)",
                     self.what.rstrip("s"),
                 )
             self.release(runner)
@@ -207,11 +186,10 @@ class Pool:
         )
 
     def acquire(self, timeout_s: float | None = None) -> Runner:
-        waiter = _Waiter(self)
+        waiter = _Waiter()
         runner = self._take_or_wait(waiter)
         if runner is not None:
             return runner
-        assert waiter.event is not None
         if not waiter.event.wait(timeout_s):
             self._give_up(waiter)
             if waiter.runner is None and waiter.error is None:
@@ -220,25 +198,6 @@ class Pool:
             raise waiter.error
         assert waiter.runner is not None
         return waiter.runner
-
-    async def aacquire(self, timeout_s: float | None = None) -> Runner:
-        waiter = _Waiter(self, asyncio.get_running_loop())
-        runner = self._take_or_wait(waiter)
-        if runner is not None:
-            return runner
-        future = waiter.future
-        assert future is not None
-        try:
-            return await asyncio.wait_for(asyncio.shield(future), timeout_s)
-        except (asyncio.CancelledError, asyncio.TimeoutError) as exc:
-            self._give_up(waiter)
-            if future.done() and not future.cancelled() and future.exception() is None:
-                self._put(future.result())  # delivered just as we gave up: it goes back
-            else:
-                future.cancel()  # a delivery still on its way sees this and gives the runner back
-            if isinstance(exc, asyncio.TimeoutError):
-                raise self._lease_timeout_error(timeout_s) from None
-            raise
 
     def release(self, runner: Runner) -> None:
         """A session is done with `runner`: reset it (without waiting) and lend it again."""
@@ -354,7 +313,6 @@ class PooledSandbox:
         self.host_slack_s = HOST_SLACK_S
         self._pool: Pool | None = None
         self._start_lock = threading.Lock()
-        self._threads: ThreadPoolExecutor | None = None
 
     # subclasses
     def _start_runner(self) -> Runner:
@@ -385,11 +343,8 @@ class PooledSandbox:
     def close(self) -> None:
         with self._start_lock:
             pool, self._pool = self._pool, None
-            threads, self._threads = self._threads, None
         if pool is not None:
             pool.close()
-        if threads is not None:
-            threads.shutdown(wait=False)
         _open_sandboxes.discard(self)
 
     def __enter__(self) -> PooledSandbox:
@@ -403,21 +358,6 @@ class PooledSandbox:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    async def __aenter__(self) -> PooledSandbox:
-        await asyncio.get_running_loop().run_in_executor(None, self.start)
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await asyncio.get_running_loop().run_in_executor(None, self.close)
-
-    def _executor(self) -> ThreadPoolExecutor:
-        with self._start_lock:
-            if self._threads is None:
-                self._threads = ThreadPoolExecutor(
-                    max_workers=self.pool_size + 4, thread_name_prefix="sandbox-call"
-                )
-            return self._threads
-
     # sessions
     def session(self, stateless: bool = False, timeout_s: float | None = None, echo: bool = False) -> Session:
         """A session with its own interpreter; `with sandbox.session() as s: s.run(code)`.
@@ -428,17 +368,7 @@ class PooledSandbox:
         """
         return Session(self, stateless=stateless, timeout_s=timeout_s, echo=echo)
 
-    def asession(
-        self, stateless: bool = False, timeout_s: float | None = None, echo: bool = False
-    ) -> AsyncSession:
-        """asyncio session: `async with sandbox.asession() as s: r = await s.arun(code)`."""
-        return AsyncSession(self.session(stateless=stateless, timeout_s=timeout_s, echo=echo))
-
     def run(self, code: str, timeout_s: float | None = None) -> ExecutionResult:
         """One call in a fresh session (nothing carries over from or to other calls)."""
         with self.session(stateless=True) as session:
             return session.run(code, timeout_s)
-
-    async def arun(self, code: str, timeout_s: float | None = None) -> ExecutionResult:
-        async with self.asession(stateless=True) as session:
-            return await session.arun(code, timeout_s)

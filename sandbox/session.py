@@ -1,8 +1,7 @@
-"""Sessions: one stateful interpreter leased from a sandbox's pool, with a sync and an asyncio API."""
+"""Sessions: one stateful interpreter leased from a sandbox's pool."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 import time
@@ -210,13 +209,6 @@ class Session:
         message = f"{what}; it was replaced and this session's variables were lost\n"
         return ExecutionResult("", message, status, False, time.perf_counter() - started)
 
-    def cancel_call(self) -> None:
-        """Interrupt the call in flight on this session, if any (what cancelling `arun` does)."""
-        with self._state:
-            runner = self._lease_box.runner if self._in_flight else None
-        if runner is not None:
-            runner.cancel()
-
     def close(self) -> None:
         """End the session; safe from any thread and while a call runs (that call is interrupted, and the
         runner goes back to the pool when it has ended)."""
@@ -236,47 +228,3 @@ class Session:
         pool, runner = self._drop_runner()
         if pool is not None and runner is not None:
             pool.release(runner)
-
-
-class AsyncSession:
-    """asyncio twin of Session: `async with sandbox.asession() as s: r = await s.arun(code)`.
-
-    Leasing waits without holding a thread; each `arun` runs the blocking call on the sandbox's executor
-    (one thread per leased runner), so many coroutines can share a small pool. Cancelling `arun` (e.g.
-    `asyncio.wait_for`) interrupts the call in the sandbox; leaving the `async with` block closes the
-    session, also while a call runs.
-    """
-
-    def __init__(self, session: Session) -> None:
-        self.session = session
-
-    async def __aenter__(self) -> AsyncSession:
-        await self._lease()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.session.close()
-
-    async def _lease(self) -> None:
-        session = self.session
-        if session.closed:
-            raise SandboxError("this session is closed")
-        if session.runner is None:
-            loop = asyncio.get_running_loop()
-            pool = await loop.run_in_executor(session.sandbox._executor(), session.sandbox._pool_started)
-            runner = await pool.aacquire(session.sandbox.lease_timeout_s)
-            session._adopt(pool, runner)
-
-    async def arun(self, code: str, timeout_s: float | None = None) -> ExecutionResult:
-        self.session._check_call(code, timeout_s)
-        await self._lease()
-        loop = asyncio.get_running_loop()
-        call = loop.run_in_executor(self.session.sandbox._executor(), self.session.run, code, timeout_s)
-        try:
-            return await call
-        except asyncio.CancelledError:
-            self.session.cancel_call()
-            raise
-
-    async def aclose(self) -> None:
-        self.session.close()

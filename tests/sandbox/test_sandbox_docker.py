@@ -7,7 +7,6 @@ loopback and bridge addresses or an address that cannot be routed without a netw
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -493,22 +492,6 @@ def test_64_concurrent_sessions_of_20_calls():
             t.join(120)
         assert not any(t.is_alive() for t in threads)
         assert errors == [] and time.perf_counter() - started < 120
-
-
-def test_asyncio_sessions():
-    _require_docker()
-
-    async def main() -> list[str]:
-        async with DockerSandbox(pool_size=2, limits=LIMITS) as box:
-
-            async def one(i: int) -> str:
-                async with box.asession() as s:
-                    await s.arun(f"v = {i}")
-                    return (await s.arun("print(v + 1)")).stdout
-
-            return await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(16))), 60)
-
-    assert asyncio.run(main()) == [f"{i + 1}\n" for i in range(16)]
 
 
 # -------------------------------------------------------------------------------- container lifecycle

@@ -9,7 +9,6 @@ when it is missing.
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import gc
 import json
@@ -271,7 +270,7 @@ def test_closing_a_session_mid_call_keeps_results_apart(box):
     caller.start()
     time.sleep(1.0)
     closed_at = time.monotonic()
-    s.close()  # what cancelling `arun` (asyncio.wait_for) does
+    s.close()  # from another thread, mid-call
     with box.session() as b:  # pool_size=1: the same container, once the closed session's call is over
         r = b.run("print('B')")
         assert (r.status, r.stdout) == ("ok", "B\n"), r
@@ -388,12 +387,6 @@ def test_odd_timeouts_are_a_clear_error_and_harm_nothing(box):
 def test_an_unclosed_session_gives_its_container_back(box, monkeypatch):
     monkeypatch.setattr(box, "lease_timeout_s", 15.0)  # the old behaviour: wait forever
     box.session().run("attack_state = 1")  # used, never closed, dropped
-
-    async def leak() -> None:
-        s = box.asession()  # no `async with`
-        await s.arun("attack_state = 2")
-
-    asyncio.run(leak())
     gc.collect()
     started = time.monotonic()
     assert_next_session_sees_nothing(box)
@@ -458,53 +451,61 @@ def test_a_paused_idle_container_is_replaced_before_the_next_session_runs(box):
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
-def test_many_tasks_some_cancelled_mid_call_each_result_is_its_own(runtime):
-    """24 tasks on 3 containers. A third have a call cancelled (asyncio.wait_for) and then leave their
-    session at once, closing it mid-call, and open a new one; a third have a call cancelled and go on in
-    the same session; a third run normally. Every output must be the task's own."""
+def test_many_sessions_some_closed_or_timed_out_mid_call_each_result_is_its_own(runtime):
+    """24 threads on 3 containers. A third have their session closed mid-call (from another thread) and
+    open a new one; a third have a call time out and go on in the same session; a third run normally.
+    Every output must be the thread's own."""
     require_runtime(runtime)
     pool_size = 3
     seen: list[int] = []
+    results: dict[int, tuple[str, str, str]] = {}
 
-    async def one(box: DockerSandbox, i: int) -> tuple[str, str, str]:
-        mode = i % 3  # 0: cancelled, session closed mid-call; 1: cancelled, session goes on; 2: normal
-        async with box.asession() as s:
-            first = (await s.arun(f"v = {i}\nprint(v)")).stdout
+    def one(box: DockerSandbox, i: int) -> None:
+        mode = i % 3  # 0: session closed mid-call; 1: the call times out, the session goes on; 2: normal
+        with box.session() as s:
+            first = s.run(f"v = {i}\nprint(v)").stdout
             slow = f"import time\ntime.sleep({3 if mode < 2 else 0.05})\nprint(v * 1000)"
-            try:
-                second = (await asyncio.wait_for(s.arun(slow), 1.0)).stdout
-            except asyncio.TimeoutError:
-                second = "cancelled"
+            closer = threading.Timer(1.0, s.close)
+            if mode == 0:
+                closer.start()
+            r = s.run(slow, timeout_s=1.0 if mode == 1 else 10)
+            if mode == 0:
+                closer.join()
+            second = r.stdout if r.status == "ok" else r.status
             if mode == 1:
-                third = (await s.arun("print(v + 1)")).stdout
+                third = s.run("print(v + 1)").stdout
         if mode != 1:
-            async with box.asession() as s:
-                third = (await s.arun(f"print('v' in globals(), {i} + 1)")).stdout
-        return first, second, third
-
-    async def main(box: DockerSandbox) -> list[tuple[str, str, str]]:
-        async def sample() -> None:
-            while True:
-                seen.append(len(await asyncio.to_thread(containers, box)))
-                await asyncio.sleep(0.05)
-
-        sampler = asyncio.ensure_future(sample())
-        try:
-            return await asyncio.wait_for(asyncio.gather(*(one(box, i) for i in range(24))), 120)
-        finally:
-            sampler.cancel()
+            with box.session() as s:
+                third = s.run(f"print('v' in globals(), {i} + 1)").stdout
+        results[i] = (first, second, third)
 
     with DockerSandbox(pool_size=pool_size, limits=LIMITS, runtime=runtime) as box:
-        results = asyncio.run(main(box))
+        done = threading.Event()
+
+        def sample() -> None:
+            while not done.is_set():
+                seen.append(len(containers(box)))
+                time.sleep(0.05)
+
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        threads = [threading.Thread(target=one, args=(box, i)) for i in range(24)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        done.set()
+        sampler.join()
+        assert not any(t.is_alive() for t in threads)
         wait_for_pool(box)
-    expected = [
-        (f"{i}\n", "cancelled", f"False {i + 1}\n")
+    expected = {
+        i: (f"{i}\n", "timeout", f"False {i + 1}\n")
         if i % 3 == 0
-        else (f"{i}\n", "cancelled", f"{i + 1}\n")
+        else (f"{i}\n", "timeout", f"{i + 1}\n")
         if i % 3 == 1
         else (f"{i}\n", f"{i * 1000}\n", f"False {i + 1}\n")
         for i in range(24)
-    ]
+    }
     assert results == expected
     assert seen and max(seen) <= pool_size, seen
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import glob
 import os
 import signal
@@ -121,19 +120,6 @@ def test_no_network(sandbox):
         assert r.status == "error"
         r = s.run("print(open('/proc/net/dev').read().count(':'))")
         assert r.stdout.strip() == "1"  # loopback only
-
-
-def test_async_sessions_share_a_small_pool(sandbox):
-    async def one(i: int) -> str:
-        async with sandbox.asession() as s:
-            await s.arun(f"v = {i}")
-            return (await s.arun("print(v * 2)")).stdout
-
-    async def main() -> list[str]:
-        return await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(12))), 60)
-
-    outputs = asyncio.run(main())
-    assert outputs == [f"{2 * i}\n" for i in range(12)]
 
 
 def test_run_rejects_non_string_code(sandbox):
