@@ -370,6 +370,13 @@ class VLLMSyncExtension:
         method.process_weights_after_loading(head)
         return True
 
+    def stare_sync_member(self) -> dict[str, Any] | None:
+        """This worker's place in its sync group (None outside one): its process, rank and the group's port."""
+        receiver = getattr(self, "_stare_receiver", None)
+        if receiver is None or receiver.group is None:
+            return None
+        return {"pid": os.getpid(), "rank": receiver.group.rank, "port": receiver.group.address.port}
+
     def stare_sync_leave(self) -> None:
         receiver = getattr(self, "_stare_receiver", None)
         if receiver is not None:
