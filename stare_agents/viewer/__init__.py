@@ -117,7 +117,7 @@ def compact(saved: SavedRollout, index: int, prompt: int | None = None) -> dict[
         out["h"] = [round(h, 4) if bit else 0 for h, bit in zip(saved.learner_entropy, mask, strict=True)]
     if learner is not None:  # log pi_learner - log pi_rollout per action token
         out["d"] = [
-            round(lp - rp, 5) if bit else 0
+            round(lp - rp, 4) if bit else 0
             for lp, rp, bit in zip(learner, t.rollout_logprobs, mask, strict=True)
         ]
     if prompt is None:

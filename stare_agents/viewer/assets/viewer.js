@@ -199,7 +199,7 @@
     stare: { label: "STARE weight" },
     surprisal: { label: "surprisal -log π", key: "s", lo: 1e-3, hi: 10, rgb: [255, 127, 14], unit: "nats" },
     entropy: { label: "entropy H", key: "h", lo: 1e-3, hi: 10, rgb: [148, 103, 189], unit: "nats" },
-    mismatch: { label: "mismatch log π learner - log π rollout", key: "d", lo: 1e-4, hi: 1, rgb: [31, 119, 180],
+    mismatch: { label: "mismatch (log π learner - rollout)", key: "d", lo: 1e-4, hi: 1, rgb: [31, 119, 180],
       neg: [214, 39, 40], unit: "nats", signed: true },
   };
   const quantiles = new Map(); // "step|mode" -> sorted |values| of the step's action tokens
@@ -262,7 +262,7 @@
       holder.append(el("div", { id: "field-note", class: "notices" }, why));
       return holder;
     }
-    const W = 480, H = 52, left = 10, right = 30, barY = 16, barH = 12, cells = 96;
+    const W = 520, H = 52, left = 22, right = 44, barY = 16, barH = 12, cells = 96;
     const ns = "http://www.w3.org/2000/svg";
     const svg = document.createElementNS(ns, "svg");
     svg.setAttribute("id", "scale"); svg.setAttribute("width", W); svg.setAttribute("height", H);
@@ -285,6 +285,7 @@
       marks = [0, 0.25, 0.5, 0.75, 0.9, 0.99, 1].map((q) => ({
         frac: q, value: sorted.length ? sorted[Math.min(sorted.length - 1, Math.floor(q * (sorted.length - 1) + 0.5))] : 0,
         top: q === 0 ? "min" : q === 1 ? "max" : "p" + Math.round(q * 100),
+        anchor: q === 1 ? "start" : q === 0.99 ? "end" : "middle", // p99 and max sit 1% apart: side by side
       }));
     } else {
       marks = [];
@@ -294,16 +295,18 @@
       }
     }
     for (const mark of marks) {
+      const anchor = mark.anchor || "middle", shift = anchor === "start" ? 2 : anchor === "end" ? -2 : 0;
       add("line", { x1: x(mark.frac), x2: x(mark.frac), y1: barY + barH, y2: barY + barH + 4, stroke: "#555" });
-      add("text", { class: "tick", x: x(mark.frac), y: barY + barH + 15, "font-size": 10, "text-anchor": "middle", fill: "#333", "data-value": mark.value }, num(mark.value));
-      if (mark.top) add("text", { class: "quantile", x: x(mark.frac), y: barY - 3, "font-size": 9, "text-anchor": "middle", fill: "#777" }, mark.top);
+      add("text", { class: "tick", x: x(mark.frac) + shift, y: barY + barH + 15, "font-size": 10, "text-anchor": anchor, fill: "#333", "data-value": mark.value }, num(mark.value));
+      if (mark.top) add("text", { class: "quantile", x: x(mark.frac) + shift, y: barY - 3, "font-size": 9, "text-anchor": anchor, fill: "#777" }, mark.top);
     }
     const cut = mode === "surprisal" && state.prompt === null ? (stepRow() || {}).cut || {} : {};
     for (const [sign, colour] of [["+", "#2ca02c"], ["-", "#d62728"]]) {
       if (cut[sign] === undefined) continue;
       const at = x(position(mode, cut[sign], rows));
       add("line", { class: "cut", x1: at, x2: at, y1: barY - 4, y2: barY + barH + 2, stroke: colour, "stroke-width": 2, "data-value": cut[sign] });
-      add("text", { x: at + 2, y: 10, "font-size": 9, fill: colour }, "L" + sign + " ≥ " + num(cut[sign]));
+      add("text", { x: at + (sign === "+" ? -2 : 2), y: 10, "font-size": 9, fill: colour, "text-anchor": sign === "+" ? "end" : "start" },
+        "L" + sign + " ≥ " + num(cut[sign]));
     }
     const caption = (state.scale === "quantile" ? "quantile scale (of the action tokens shown)" : "log scale") +
       ", " + m.label + " in " + m.unit + (m.signed ? "; blue: the learner gives the token more probability than the sampler, red: less" : "; darker = higher");
