@@ -33,6 +33,12 @@ from stare_agents.trajectory import Trajectory, TurnRecord
 logger = logging.getLogger("stare_agents.rollout")
 
 
+class EnvHostError(RuntimeError):
+    """What hosts an episode's environment failed the episode, not the policy: the episode ends as `env_error`
+    (the infrastructure's). An `env_factory` raises it from its environments' methods, e.g. env_pool.py's
+    RemoteEnv when the environment's process died or its result could not be sent back."""
+
+
 @dataclass(frozen=True)
 class RolloutTask:
     """One episode to run. `options` pins the task (`{"problem", "answer", "id"}` or `{"index": i}`);
@@ -212,13 +218,13 @@ async def run_episode(
             try:
                 observation, reward, terminated, truncated, info = await off_loop(env.step, text)
             except Exception as error:
-                from stare_agents.rollout.env_pool import EnvProcessError
                 from stare_agents.sandbox import SandboxError
 
-                # the sandbox down is the infrastructure's failure, and so is the environment's process gone
-                # (every episode living there fails alike) or its result unsendable; an environment that
-                # raises on the policy's text is the policy's (reward 0: raising must not be a way out)
-                if isinstance(error, EnvProcessError):
+                # the sandbox down is the infrastructure's failure, and so is the environment's host failing
+                # (its process gone: every episode living there fails alike; its result unsendable); an
+                # environment that raises on the policy's text is the policy's (reward 0: raising must not be
+                # a way out)
+                if isinstance(error, EnvHostError):
                     return _failed(record, "env_error", error)
                 return _failed(
                     record, "tool_failure" if isinstance(error, SandboxError) else "policy_error", error

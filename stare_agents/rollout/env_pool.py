@@ -42,13 +42,15 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from stare_agents.rollout.agent_loop import EnvHostError
+
 logger = logging.getLogger("stare_agents.rollout")
 
 # the environment attributes the agent loop and the trainer read (`env.unwrapped.<name>`), copied to RemoteEnv
 ENV_ATTRIBUTES = ("max_response_tokens", "tool_format", "languages", "observation_format", "max_turns")
 
 
-class EnvProcessError(RuntimeError):
+class EnvProcessError(EnvHostError):
     """The environment process failed the episode, not the policy (`env_error`, the infrastructure's)."""
 
 
