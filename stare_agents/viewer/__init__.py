@@ -39,6 +39,7 @@ OVERVIEW = {
     "rollout/mean_reward": "reward",
     "rollout/accuracy": "accuracy",
     "learner/entropy": "entropy",
+    "learner/entropy_all": "entropy (all)",
     "stare/gate_on": "gate",
     "stare/w": "w",
     "stare/lplus_share": "L+ share",
