@@ -41,6 +41,7 @@ from stare_agents.algo import AlgorithmConfig
 from stare_agents.algo.advantages import EntrocraftSwitch
 from stare_agents.algo.config import ALGORITHMS, AlgorithmName
 from stare_agents.algo.losses import PolicyLossConfig
+from stare_agents.algo.reweighting import ReweightingName
 from stare_agents.algo.stare import StareConfig
 from stare_agents.rollout.engine import Dtype, EngineName
 from stare_agents.rollout.placement import Placement, check_custom_resources
@@ -350,6 +351,7 @@ class RLSection:
     overlong_factor: float = 1.0
     loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     stare: StareConfig | None = field(default_factory=StareConfig)  # null: no reweighting
+    reweighting: ReweightingName = "stare"  # which tokens get stare's weights: "stare" or "random-tokens"
     entrocraft: EntrocraftSwitch | None = None
     # -------------------------------------------------------------------------------------------------------
     learner: LearnerConfig = field(

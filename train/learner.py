@@ -34,14 +34,13 @@ from torch import Tensor, nn
 
 from stare_agents.algo import (
     AlgorithmConfig,
-    Stare,
-    StareConfig,
     loss_normalizer,
     policy_loss,
     quadrant_counts,
     sensitivity_from_statistics,
 )
 from stare_agents.algo.importance import ImportanceConfig, importance_weights, mismatch_sums
+from stare_agents.algo.reweighting import NO_REWEIGHTING, build_reweighting, diagnostic_selector
 from stare_agents.rollout.weight_sync import GroupAddress, SyncGroup, WeightsPlan, open_group, send_weights
 from stare_agents.train.policy import (
     PACKINGS,
@@ -264,9 +263,10 @@ class Learner:
         if shard is not None:
             shard(self.policy)
         self.optimizer, self.scheduler = build_optimizer(model, self.config.optimizer)
-        self.stare = Stare(algorithm.stare) if algorithm.stare is not None else None
-        # L+/L- for the diagnostics of algorithms without STARE: what STARE's default would select
-        self.selector = self.stare or Stare(StareConfig())
+        # the token reweighting (STARE, or a control; None: none), and what selects L+/L- for the
+        # diagnostics (without a reweighting: what STARE's defaults would select)
+        self.reweighting = build_reweighting(algorithm.reweighting, algorithm.stare, seed=self.config.seed)
+        self.selector = diagnostic_selector(self.reweighting)
         self.generator = torch.Generator().manual_seed(self.config.seed)
         self.step_count = 0
         self.skipped_updates = 0
@@ -294,12 +294,12 @@ class Learner:
 
     @property
     def gate_on(self) -> bool | None:
-        """Whether STARE reweighted the last step (None without STARE)."""
-        return self.stare.reweighting if self.stare is not None else None
+        """Whether the last step was reweighted (None without a token reweighting)."""
+        return self.reweighting.reweighting if self.reweighting is not None else None
 
     @property
     def scope(self) -> str:
-        return self.stare.config.scope if self.stare is not None else "micro-batch"
+        return self.reweighting.config.scope if self.reweighting is not None else "micro-batch"
 
     # ---- the step -------------------------------------------------------------------------------------
 
@@ -352,15 +352,19 @@ class Learner:
         entropy = totals["entropy_sum"] / totals["entropy_count"] if totals["entropy_count"] else float("nan")
 
         # 2. the gate, once per step, on the pre-update entropy; Entrocraft's switch on the same entropy
-        reweighting = False
-        if self.stare is not None:  # a step without action tokens has no entropy: the gate keeps its state
+        reweighted = False
+        # (a step without action tokens has no entropy: the gate keeps its state)
+        if self.reweighting is not None:
             sampled = None
             if others_entropy is not None:  # token-mean over every sampled trajectory: this batch + the others
                 total, count = others_entropy
                 count += totals["token_entropy_count"]
                 sampled = (total + totals["token_entropy_sum"]) / count if count else float("nan")
-            gate_input = self.stare.gate_entropy(entropy, sampled)
-            reweighting = self.stare.update(gate_input) if totals["entropy_count"] else self.stare.reweighting
+            gate_input = self.reweighting.gate_entropy(entropy, sampled)
+            if totals["entropy_count"]:
+                reweighted = self.reweighting.update(gate_input)
+            else:
+                reweighted = self.reweighting.reweighting
         advantages = [self._switched_advantages(mb.advantages, entropy) for mb in micro_batches]
         step_selection = (
             self._step_selection(micro_batches, pre, advantages) if self.scope == "batch" else None
@@ -379,14 +383,14 @@ class Learner:
             self.optimizer.zero_grad(set_to_none=True)
             for item in work[at : at + len(update)]:
                 sums += self._update_micro_batch(
-                    item, self._normalizer(item.mb, normalizer, rows), reweighting
+                    item, self._normalizer(item.mb, normalizer, rows), reweighted
                 )
             at += len(update)
             grad_norms.append(self._apply_gradients())
         self.scheduler.step()
         self.step_count += 1
         sums = sums.all_reduced(self.collective)
-        return self._metrics(totals, sums, grad_norms, lr, entropy, reweighting, start, pre_update_s)
+        return self._metrics(totals, sums, grad_norms, lr, entropy, reweighted, start, pre_update_s)
 
     def _score(self, mb: MicroBatch, *, want_collision: bool = False) -> TokenStats:
         return self.policy(mb.batch, want_collision=want_collision)
@@ -477,7 +481,7 @@ class Learner:
             offset += n
         return out
 
-    def _update_micro_batch(self, work: MicroBatchWork, normalizer: float, reweighting: bool) -> UpdateSums:
+    def _update_micro_batch(self, work: MicroBatchWork, normalizer: float, reweighted: bool) -> UpdateSums:
         """Forward (unless fused with the pre-update pass) + backward of one micro-batch; its sums."""
         mb, pre, advantages = work.mb, work.pre, work.advantages
         mask = mb.batch.action_mask
@@ -489,9 +493,9 @@ class Learner:
         top_pos = top_neg = None
         if work.selection is not None:
             top_pos, top_neg = work.selection
-        elif reweighting or self.config.diagnostics:  # the current policy's surprisal, over this micro-batch
+        elif reweighted or self.config.diagnostics:  # the current policy's surprisal, over this micro-batch
             top_pos, top_neg = self.selector.selection(-stats.logprob.detach(), advantages, mask)
-        weights = self.stare.weights_from_selection(top_pos, top_neg) if reweighting else None
+        weights = self.reweighting.weights_from_selection(top_pos, top_neg) if reweighted else None
         if self.record_tokens and not mb.filler:
             self._record_tokens(mb, pre, top_pos, top_neg, weights)
         old = pre.logprob if self.config.old_logprobs == "recompute" else mb.batch.rollout_logprobs
@@ -525,7 +529,7 @@ class Learner:
             for key, count in quadrant_counts(advantages, phi, mask).items():
                 setattr(sums, key, float(count))
             sums.lplus_neg = float((top_pos & (phi < 0)).sum())
-        if reweighting or self.config.diagnostics:
+        if reweighted or self.config.diagnostics:
             sums.lplus = float(top_pos.sum())
             sums.lminus = float(top_neg.sum())
         return sums
@@ -560,13 +564,13 @@ class Learner:
         return grad_norm
 
     def _metrics(
-        self, totals, s: UpdateSums, grad_norms, lr, entropy, reweighting, start, pre_update_s
+        self, totals, s: UpdateSums, grad_norms, lr, entropy, reweighted, start, pre_update_s
     ) -> dict[str, float]:
         """LEARNER_METRICS from the step's totals and its update sums (both over all workers)."""
         actions = totals["action_tokens"]
         per_action = (lambda x: x / actions) if actions else (lambda x: float("nan"))
         step_s = time.perf_counter() - start
-        diagnostics = self.config.diagnostics or reweighting
+        diagnostics = self.config.diagnostics or reweighted
         metrics = {
             "learner/entropy": entropy,
             "learner/loss": s.loss / len(grad_norms),
@@ -582,12 +586,8 @@ class Learner:
             "policy/clipfrac": per_action(s.clipfrac),
             "policy/approx_kl": per_action(s.approx_kl),
             "policy/ratio_mean": per_action(s.ratio_mean),
-            "stare/gate_on": float(reweighting),
-            "stare/gate_input": self.stare.last_input if self.stare is not None else math.nan,
-            "stare/w": self.stare.w if self.stare is not None else 1.0,
-            "stare/m": self.stare.m if self.stare is not None else 1.0,
-            "stare/target_entropy": self.stare.config.target_entropy if self.stare is not None else math.nan,
-            "stare/gate_skipped": float(self.stare.gate.skipped_updates) if self.stare is not None else 0.0,
+            "stare/gate_on": float(reweighted),
+            **(self.reweighting.figures() if self.reweighting is not None else NO_REWEIGHTING),
             "stare/lplus_share": per_action(s.lplus) if diagnostics else float("nan"),
             "stare/lminus_share": per_action(s.lminus) if diagnostics else float("nan"),
             "stare/lplus_negative_phi": s.lplus_neg / s.lplus if s.lplus else float("nan"),
@@ -734,7 +734,7 @@ class Learner:
         """The state without the model and the optimiser (which `save_shards` writes shard by shard)."""
         state = {
             "scheduler": self.scheduler.state_dict(),
-            "stare": self.stare.state_dict() if self.stare is not None else None,
+            "stare": self.reweighting.state_dict() if self.reweighting is not None else None,
             "step_count": self.step_count,
             "skipped_updates": self.skipped_updates,
             "generator": self.generator.get_state(),
@@ -763,14 +763,15 @@ class Learner:
 
     def load_small_state_dict(self, state: dict) -> None:
         self.scheduler.load_state_dict(state["scheduler"])
-        if (state["stare"] is None) != (self.stare is None):
+        if (state["stare"] is None) != (self.reweighting is None):
+            uses = "uses" if self.reweighting is not None else "does not use"
             raise ValueError(
-                f"checkpoint {'has no' if state['stare'] is None else 'has a'} STARE gate state but the "
-                f"algorithm {self.algorithm.name!r} {'uses' if self.stare is not None else 'does not use'} STARE: "
-                "resume with the algorithm the checkpoint was trained with"
+                f"checkpoint {'has no' if state['stare'] is None else 'has a'} token-reweighting (STARE gate) state "
+                f"but the algorithm {self.algorithm.name!r} {uses} a token reweighting: resume with the algorithm "
+                "the checkpoint was trained with"
             )
-        if self.stare is not None:
-            self.stare.load_state_dict(state["stare"])
+        if self.reweighting is not None:
+            self.reweighting.load_state_dict(state["stare"])
         self.step_count = int(state["step_count"])
         self.skipped_updates = int(state["skipped_updates"])
         self.generator.set_state(state["generator"])

@@ -7,6 +7,7 @@ from typing import Literal, get_args
 
 from stare_agents.algo.advantages import ONE_MEMBER_GROUPS, EntrocraftSwitch
 from stare_agents.algo.losses import PolicyLossConfig
+from stare_agents.algo.reweighting import REWEIGHTINGS, ReweightingName
 from stare_agents.algo.stare import StareConfig
 
 
@@ -15,10 +16,11 @@ class AlgorithmConfig:
     """Everything that distinguishes one RL algorithm from another in this toolkit.
 
     Build one with `AlgorithmConfig.preset("stare")` (or "grpo", "grpo-ds", "dapo", "stare-c2",
-    "entropy-bonus", "clip-cov", "kl-cov", "entrocraft") and override fields as needed.
+    "stare-random", "entropy-bonus", "clip-cov", "kl-cov", "entrocraft") and override fields as needed.
 
     Where each field takes effect: the advantage fields in `compute_advantages`; `loss` in `policy_loss`;
-    `stare` in `Stare` (its `scope` in the learner, which takes L+/L- per micro-batch or per step);
+    `stare` (P, W, M and the gate) in the token reweighting that `reweighting` names
+    (`stare_agents.algo.reweighting`; its `scope` in the learner, which takes L+/L- per micro-batch or per step);
     `entrocraft` in the learner, on the advantages, from the step's pre-update entropy.
     """
 
@@ -35,6 +37,8 @@ class AlgorithmConfig:
     overlong_factor: float = 1.0
     loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     stare: StareConfig | None = field(default_factory=StareConfig)  # None: no reweighting
+    # which tokens `stare`'s weights go to: "stare" (the highest surprisal) or "random-tokens" (a control)
+    reweighting: ReweightingName = "stare"
     entrocraft: EntrocraftSwitch | None = None
 
     def __post_init__(self) -> None:
@@ -42,6 +46,8 @@ class AlgorithmConfig:
             raise ValueError(
                 f"one_member_groups must be one of {ONE_MEMBER_GROUPS}, got {self.one_member_groups!r}"
             )
+        if self.reweighting not in REWEIGHTINGS:
+            raise ValueError(f"reweighting must be one of {tuple(REWEIGHTINGS)}, got {self.reweighting!r}")
         if not (self.std_eps > 0 and self.overlong_cache_length > 0 and self.overlong_factor >= 0):
             raise ValueError(
                 f"need std_eps > 0, overlong_cache_length > 0 and overlong_factor >= 0; got "
@@ -75,7 +81,16 @@ def _with(base, name: str, **changes) -> AlgorithmConfig:
 
 
 AlgorithmName = Literal[
-    "stare", "stare-c2", "grpo", "grpo-ds", "dapo", "entropy-bonus", "clip-cov", "kl-cov", "entrocraft"
+    "stare",
+    "stare-c2",
+    "stare-random",
+    "grpo",
+    "grpo-ds",
+    "dapo",
+    "entropy-bonus",
+    "clip-cov",
+    "kl-cov",
+    "entrocraft",
 ]
 ALGORITHMS: tuple[str, ...] = get_args(AlgorithmName)  # the presets' names (rl.algorithm, --compare)
 
@@ -85,6 +100,7 @@ PRESETS = {
     "dapo": lambda: _with(_grpo_ds, "dapo", overlong_shaping=True),
     "stare": lambda: AlgorithmConfig(name="stare"),
     "stare-c2": lambda: AlgorithmConfig(name="stare-c2", stare=StareConfig(variant="C2")),
+    "stare-random": lambda: AlgorithmConfig(name="stare-random", reweighting="random-tokens"),
     "entropy-bonus": lambda: _with(_grpo_ds, "entropy-bonus", loss=PolicyLossConfig(entropy_coef=1e-3)),
     "clip-cov": lambda: _with(_grpo_ds, "clip-cov", loss=PolicyLossConfig(cov_mode="clip-cov")),
     "kl-cov": lambda: _with(_grpo_ds, "kl-cov", loss=PolicyLossConfig(cov_mode="kl-cov")),

@@ -221,7 +221,8 @@ class Stare:
     all ones while the step is not reweighted.
     """
 
-    def __init__(self, config: StareConfig | None = None) -> None:
+    def __init__(self, config: StareConfig | None = None, *, seed: int = 0) -> None:
+        """`seed` is unused (STARE's selection is deterministic); the random-token control takes it."""
         self.config = config or StareConfig()
         c = self.config
         self.gate = EntropyGate(
@@ -282,6 +283,16 @@ class Stare:
 
     def weights(self, surprisal: Tensor, advantages: Tensor, action_mask: Tensor) -> Tensor:
         return self.weights_from_selection(*self.selection(surprisal, advantages, action_mask))
+
+    def figures(self) -> dict[str, float]:
+        """What the learner logs of the gate after this step's update (stare_agents.algo.reweighting)."""
+        return {
+            "stare/gate_input": self.last_input,
+            "stare/w": self.w,
+            "stare/m": self.m,
+            "stare/target_entropy": self.config.target_entropy,
+            "stare/gate_skipped": float(self.gate.skipped_updates),
+        }
 
     def state_dict(self) -> dict:
         return {"gate": self.gate.state_dict(), "reweighting": self.reweighting, "ema": self.ema}

@@ -87,7 +87,7 @@ def test_gate_is_updated_once_per_step_on_the_pre_update_entropy():
         learner = make_learner(algorithm)
         metrics = learner.step(batch, advantages)
         assert metrics["stare/gate_on"] == on and metrics["learner/entropy"] == pytest.approx(entropy)
-        assert learner.stare.gate.active is bool(on)
+        assert learner.reweighting.gate.active is bool(on)
 
 
 def _perturbed_observations(trajectories):
@@ -244,7 +244,7 @@ def test_non_finite_entropy_skips_the_gate_and_the_update_with_warnings():
     _, batch, advantages = step_inputs(8)
     learner = make_learner("stare", optimizer={"weight_decay": 0.0})
     learner.step(batch, advantages)
-    gate_before = learner.stare.state_dict()
+    gate_before = learner.reweighting.state_dict()
     with torch.no_grad():
         learner.model.get_output_embeddings().weight[3, 5] = float("nan")  # every logit row is NaN now
     with pytest.warns(RuntimeWarning) as caught:
@@ -252,7 +252,7 @@ def test_non_finite_entropy_skips_the_gate_and_the_update_with_warnings():
     messages = " ".join(str(w.message) for w in caught)
     assert "entropy gate" in messages and "gradient norm" in messages
     assert metrics["stare/gate_skipped"] == 1.0 and metrics["learner/skipped_updates"] == 1.0
-    assert learner.stare.state_dict()["gate"]["active"] == gate_before["gate"]["active"]
+    assert learner.reweighting.state_dict()["gate"]["active"] == gate_before["gate"]["active"]
     assert learner.step_count == 2
 
 

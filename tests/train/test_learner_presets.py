@@ -38,6 +38,7 @@ CHANGES_THE_UPDATE = {
     "dapo": False,  # overlong shaping acts on the rewards, before the learner
     "stare": False,  # entropy ~2.6 is above the 0.3 target: the gate stays off
     "stare-c2": False,
+    "stare-random": False,  # the same gate, off
     "entropy-bonus": True,
     "clip-cov": True,
     "kl-cov": True,
@@ -77,8 +78,38 @@ def test_stare_presets_with_the_gate_on_reweight_l_plus_and_c2_also_l_minus(step
     open_loop = AlgorithmConfig.preset("stare")
     open_loop.stare.gated = False
     learner, metrics = _run(open_loop, step_data)
-    assert metrics["stare/gate_on"] == 1.0 and not learner.stare.gate.active
+    assert metrics["stare/gate_on"] == 1.0 and not learner.reweighting.gate.active
     assert max_param_diff(learner.model, runs["stare"][0].model) == 0.0
+
+
+def test_the_random_token_control_reweights_as_many_tokens_as_stare_but_other_ones(step_data, grpo_ds):
+    runs = {}
+    for name in ("stare", "stare-random"):
+        algorithm = AlgorithmConfig.preset(name)
+        algorithm.stare.target_entropy = 5.0  # the gate opens
+        learner = make_learner(algorithm, model=peaked_model(), old_logprobs="rollout")
+        learner.record_tokens = True  # keep each token's selection
+        runs[name] = learner, learner.step(*step_data)
+    (stare, stare_metrics), (control, control_metrics) = runs["stare"], runs["stare-random"]
+    assert control_metrics["stare/gate_on"] == 1.0 and control_metrics["stare/w"] == stare_metrics["stare/w"]
+    assert control_metrics["stare/lplus_share"] == stare_metrics["stare/lplus_share"] > 0  # as many tokens
+    assert max_param_diff(control.model, grpo_ds[0].model) > 1e-6  # it reweights
+    assert max_param_diff(control.model, stare.model) > 1e-6  # other tokens than STARE's
+    picked = {
+        name: {
+            (row, j)
+            for row, r in learner.last_token_data.items()
+            for j, c in enumerate(r.selection)
+            if c == 1
+        }
+        for name, (learner, _) in runs.items()
+    }
+    assert picked["stare"] != picked["stare-random"]
+    surprisal = {}  # STARE takes the highest-surprisal T+ tokens: the control's are no higher on average
+    for name, (learner, _) in runs.items():
+        values = [-learner.last_token_data[row].learner_logprobs[j] for row, j in picked[name]]
+        surprisal[name] = sum(values) / len(values)
+    assert surprisal["stare"] > surprisal["stare-random"]
 
 
 def test_adaptive_w_follows_the_entropy_and_reaches_the_weights(step_data):

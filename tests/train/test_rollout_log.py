@@ -60,7 +60,7 @@ def test_learner_token_records_match_the_step():
                 )
                 continue
             assert math.isclose(record.learner_logprobs[j], float(pre.logprob[row, j]), abs_tol=1e-4)
-            expected = {1: learner.stare.w, -1: learner.stare.m, 0: 1.0}[record.selection[j]]
+            expected = {1: learner.reweighting.w, -1: learner.reweighting.m, 0: 1.0}[record.selection[j]]
             assert math.isclose(record.stare_weights[j], expected, rel_tol=1e-6)
             sign = float(advantages[row])
             if record.selection[j] == 1:

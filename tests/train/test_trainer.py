@@ -151,6 +151,29 @@ def test_a_run_killed_with_sigkill_resumes_to_the_same_state_and_metrics(tmp_pat
     assert summary["accuracy"] == json.loads((reference / "summary.json").read_text())["accuracy"]
 
 
+def test_the_random_token_control_trains_and_resumes_exactly(tmp_path):
+    """The control baseline (rl.algorithm=stare-random) through the trainer: gate on (the tiny recipe's target
+    is 10 nats), tokens reweighted, and its random draws continue from the checkpoint on resume."""
+    import coin_env  # noqa: F401
+
+    algorithm = ["rl.algorithm=stare-random", *COIN]
+    reference = tmp_path / "reference"
+    train(tiny(reference, *algorithm, "rl.steps=3"))
+    records = read_records(reference / "metrics.jsonl", "rl")
+    assert [r["algorithm"] for r in records] == ["stare-random"] * 3
+    assert all(r["stare/gate_on"] == 1.0 and r["stare/lplus_share"] > 0 for r in records)
+    resumed = tmp_path / "resumed"
+    sigkill_after_checkpoint(resumed, 1, "rl.steps=3", *algorithm)
+    train(tiny(resumed, *algorithm, "rl.steps=3"), resume=True)
+    first = [comparable(r) for r in records]
+    assert [comparable(r) for r in read_records(resumed / "metrics.jsonl", "rl")] == first
+    a = load_checkpoint(latest_checkpoint(reference))["learner"]
+    b = load_checkpoint(latest_checkpoint(resumed))["learner"]
+    assert torch.equal(a["stare"]["generator"], b["stare"]["generator"])
+    for name, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][name]), name
+
+
 def test_compare_trains_the_second_algorithm_from_the_same_sft_model(tmp_path):
     import coin_env  # noqa: F401
 
