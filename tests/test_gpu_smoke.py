@@ -1,0 +1,88 @@
+"""scripts/gpu_smoke.py on a machine without a GPU: one JSON report whose every check is passed, failed, skipped
+(with the reason) or timed out; the GPU checks skipped for want of CUDA; the device tier's checks run on the CPU
+(`--device cpu`, gloo for NCCL) and pass; a check past its deadline is killed with what it started."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+SCRIPT = Path(__file__).parents[1] / "scripts" / "gpu_smoke.py"
+STATUSES = {"passed", "failed", "skipped", "timeout"}
+CHECK_KEYS = {"name", "tier", "what", "deadline_s", "status"}
+
+
+def smoke(tmp_path: Path, *args: str, timeout: float = 600) -> tuple[int, dict]:
+    out = tmp_path / "report.json"
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", str(out), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    report = json.loads(out.read_text())  # strict JSON: no NaN
+    assert json.loads(done.stdout) == report  # the same report on stdout
+    assert {"report", "version", "tiers", "device", "machine", "checks", "counts", "ok", "wall_s"} <= set(
+        report
+    )
+    for check in report["checks"]:
+        assert set(check) >= CHECK_KEYS and check["status"] in STATUSES, check
+        assert check["status"] == "passed" or check["reason"], check  # anything else says why
+    assert report["counts"] == {s: sum(c["status"] == s for c in report["checks"]) for s in STATUSES}
+    return done.returncode, report
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: the GPU checks would run")
+def test_without_cuda_every_gpu_check_is_skipped_and_says_why(tmp_path):
+    code, report = smoke(tmp_path, "--tier", "all", timeout=120)
+    assert code == 0 and report["ok"] and report["machine"]["cuda_available"] is False
+    tiers = {c["tier"] for c in report["checks"]}
+    assert tiers == {"device", "node", "cluster"}
+    assert all(c["status"] == "skipped" for c in report["checks"])
+    for check in report["checks"]:
+        expected = {"device": "no CUDA device", "node": "needs 2+ CUDA GPUs", "cluster": "no cluster"}[
+            check["tier"]
+        ]
+        assert expected in check["reason"], check
+
+
+@pytest.mark.slow
+def test_the_device_tier_runs_on_the_cpu(tmp_path):
+    code, report = smoke(tmp_path, "--tier", "device", "--device", "cpu")
+    statuses = {c["name"]: c["status"] for c in report["checks"]}
+    assert set(statuses.values()) == {"passed"}, report["checks"]
+    assert code == 0 and report["ok"]
+    assert set(statuses) == {
+        "device",
+        "learner_precision",
+        "learner_sharding",
+        "checkpoint_round_trip",
+        "collectives",
+        "sync_into_hf_engine",
+        "rl_steps_and_resume",
+    }
+    assert sum(c["deadline_s"] for c in report["checks"]) <= 480  # the device tier fits 8 minutes
+    resumed = next(c for c in report["checks"] if c["name"] == "rl_steps_and_resume")["figures"]
+    assert resumed["weight_versions"] == [1, 2, 3]
+
+
+def test_a_check_past_its_deadline_is_killed_with_its_processes(tmp_path):
+    before = {p.pid for p in psutil.process_iter()}
+    code, report = smoke(
+        tmp_path, "--device", "cpu", "--only", "rl_steps_and_resume", "--deadline-scale", "0.02", timeout=120
+    )
+    (check,) = report["checks"]
+    assert check["status"] == "timeout" and "3.6 s" in check["reason"], check
+    assert code == 1 and report["ok"] is False and report["counts"]["timeout"] == 1
+    left = [
+        p.pid
+        for p in psutil.process_iter(["cmdline"])
+        if p.pid not in before and "gpu-smoke-" in " ".join(p.info["cmdline"] or ())
+    ]
+    assert left == []
