@@ -202,6 +202,7 @@ class TokenRecord:
     Lists run over the response (action and observation tokens alike); 0 / 1 / 0 where action_mask is 0.
 
     learner_logprobs: log pi_old(a) of the pre-update policy (what the gate and the diagnostics saw).
+    entropy: that policy's entropy at each position (at the sampling temperature).
     stare_weights: the weight each token's advantage was multiplied by (all 1 while the gate is off).
     selection: 1 for L+, -1 for L-, 0 otherwise, as selected for the update (also while the gate is off, when
         it says which tokens STARE would have reweighted); empty when nothing was selected (no STARE,
@@ -211,6 +212,7 @@ class TokenRecord:
     learner_logprobs: list[float]
     stare_weights: list[float]
     selection: list[int]
+    entropy: list[float] = field(default_factory=list)  # the pre-update policy's entropy at each position
 
 
 class Collective:
@@ -540,6 +542,7 @@ class Learner:
         """Keep each row's learner log-probs, STARE weights and L+/L- selection (see TokenRecord)."""
         lengths = mb.batch.attention_mask[:, mb.batch.prompt_length :].sum(-1).tolist()
         logprob = pre.logprob.detach().float().cpu()
+        entropy = pre.entropy.detach().float().cpu()
         weight = weights.detach().float().cpu() if weights is not None else None
         chosen = (top_pos.long() - top_neg.long()).cpu() if top_pos is not None else None
         for j, (row, n) in enumerate(zip(mb.rows, lengths, strict=True)):
@@ -547,6 +550,7 @@ class Learner:
                 learner_logprobs=logprob[j, :n].tolist(),
                 stare_weights=weight[j, :n].tolist() if weight is not None else [1.0] * n,
                 selection=chosen[j, :n].tolist() if chosen is not None else [],
+                entropy=entropy[j, :n].tolist(),
             )
 
     def _apply_gradients(self) -> float:

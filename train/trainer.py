@@ -37,6 +37,7 @@ import torch
 from stare_agents._quiet_progress import quiet_progress_bars
 from stare_agents.algo import AlgorithmConfig, compute_advantages
 from stare_agents.algo.importance import WARN_KL, WARN_OUTSIDE, mismatch_warning
+from stare_agents.completions_table import log_completions
 from stare_agents.envs.registration import split_kwargs
 from stare_agents.envs.tasks import Task
 from stare_agents.eval.metrics import Estimate, estimate, paired_difference
@@ -822,6 +823,8 @@ class Trainer:
                 ):
                     record.update(self.evaluate_benchmarks(step + 1, folder, start_dir, key))
                 log.log(record)
+                if self.rollout_log is not None:  # the step's completions as a table in TensorBoard / W&B
+                    log_completions(step, self.rollout_log.last_saved, writer=log.writer, wandb_run=log.wandb)
                 if bar is not None:
                     bar.set_postfix(
                         reward=f"{record['rollout/mean_reward']:.2f}",

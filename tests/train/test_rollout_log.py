@@ -51,15 +51,19 @@ def test_learner_token_records_match_the_step():
         record = learner.last_token_data[row]
         n = len(t.response_ids)
         assert len(record.learner_logprobs) == len(record.stare_weights) == len(record.selection) == n
+        assert len(record.entropy) == n
         for j, bit in enumerate(t.action_mask):
-            if not bit:  # observation tokens: never selected, never weighted, no log-prob
-                assert (record.selection[j], record.stare_weights[j], record.learner_logprobs[j]) == (
-                    0,
-                    1.0,
-                    0.0,
-                )
+            if not bit:  # observation tokens: never selected, never weighted, no log-prob, no entropy
+                assert (
+                    record.selection[j],
+                    record.stare_weights[j],
+                    record.learner_logprobs[j],
+                    record.entropy[j],
+                ) == (0, 1.0, 0.0, 0.0)
                 continue
             assert math.isclose(record.learner_logprobs[j], float(pre.logprob[row, j]), abs_tol=1e-4)
+            assert math.isclose(record.entropy[j], float(pre.entropy[row, j]), abs_tol=1e-4)
+            assert record.entropy[j] > 0  # the peaked model is still uncertain at every position
             expected = {1: learner.reweighting.w, -1: learner.reweighting.m, 0: 1.0}[record.selection[j]]
             assert math.isclose(record.stare_weights[j], expected, rel_tol=1e-6)
             sign = float(advantages[row])

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from stare_agents.models import prepare_model
+from stare_agents.rollout_log import read_step_file, step_file
 from stare_agents.train.checkpoint import latest_checkpoint, load_checkpoint
 from stare_agents.train.config import load_config
 from stare_agents.train.learner import LEARNER_METRICS
@@ -94,6 +95,10 @@ def test_tiny_run_writes_every_output(tmp_path):
     assert [r["point"] for r in read_records(folder / "metrics.jsonl", "eval")] == ["base", "sft", "rl"]
     assert read_records(folder / "metrics.jsonl", "sft")[0]["traces"] > 0
     assert latest_checkpoint(folder).name == "step-00000002"  # a model folder (see test_trainer_benchmarks)
+    rollouts, unread = read_step_file(step_file(folder, 1))  # the viewer's per-token entropy is recorded
+    trained = [r for r in rollouts if r.learner_logprobs]
+    assert not unread and trained and all(len(r.learner_entropy) == len(r.learner_logprobs) for r in trained)
+    assert all(h > 0 for r in trained for h, m in zip(r.learner_entropy, r.trajectory.action_mask, strict=True) if m)
 
 
 def test_every_json_file_of_a_run_parses_strictly(tmp_path):
