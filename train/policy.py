@@ -34,6 +34,7 @@ LR_SCHEDULES = ("constant", "cosine")
 PACKINGS = (
     "longest-first",
     "balanced",
+    "verl",
 )  # how plan_micro_batches packs rows (LearnerConfig.micro_batch_packing)
 
 
@@ -382,13 +383,20 @@ def plan_micro_batches(
 
     "longest-first": rows sorted by length fill one micro-batch after another, so rows of like length share
     padding (fewest padded tokens). "balanced": the padded token counts are evened out across micro-batches
-    (what the official code's dynamic batching aims at); see `_balanced_groups`."""
+    (what the official code's dynamic batching aims at); see `_balanced_groups`. "verl": the official code's
+    own partitioning (ceil(real tokens / max_tokens) micro-batches, Karmarkar-Karp over the rows' real
+    lengths; `stare_agents.train.distributed.verl_micro_batches`)."""
     if max_tokens < 1:
         raise ValueError(f"micro_batch_tokens must be >= 1, got {max_tokens}")
     if packing not in PACKINGS:
         raise ValueError(f"micro_batch_packing must be one of {PACKINGS}, got {packing!r}")
     prompt_lens, response_lens = row_lengths(batch)
     rows = list(range(len(prompt_lens))) if rows is None else list(rows)
+    if packing == "verl":
+        from stare_agents.train.distributed import verl_micro_batches
+
+        lengths = [prompt_lens[i] + response_lens[i] for i in rows]
+        return [[rows[i] for i in part] for part in verl_micro_batches(lengths, max_tokens)]
     order = sorted(rows, key=lambda i: -(prompt_lens[i] + response_lens[i]))
     groups: list[list[int]] = []
     current: list[int] = []
