@@ -395,7 +395,7 @@ def test_refill_rounds_draw_a_multiple_of_the_batch_and_a_short_step_says_so(tmp
         "qwen2.5-7b-tir-stare-c2",
         "qwen2.5-7b-tir-grpo-ds",
         "simpletir-qwen2.5-7b",
-        "short-cot-qwen2.5-7b",
+        "short-cot-qwen2.5-math-7b",
     )
     for recipe in paper:
         rl = load_config(recipe=recipe).rl  # the official refill: 10 rounds of 3 x the batch

@@ -208,8 +208,9 @@ def test_dataset_environments_are_never_evaluated_on_their_training_problems(tmp
         "qwen2.5-7b-tir-stare-c2",
         "qwen2.5-7b-tir-grpo-ds",
         "simpletir-qwen2.5-7b",
-        "short-cot-qwen2.5-7b",
-        "long-cot-qwen2.5-7b",
+        "short-cot-qwen2.5-math-7b",
+        "long-cot-r1-distill-qwen-1.5b",
+        "long-cot-qwen3-8b",
     ],
 )
 def test_paper_recipes_refill_their_groups_and_never_evaluate_on_training_problems(recipe):

@@ -17,7 +17,7 @@ def test_every_recipe_loads_and_builds_its_algorithm():
         "qwen2.5-7b-tir-grpo-ds",
         "simpletir-qwen2.5-7b",
     } <= set(names)
-    assert {"short-cot-qwen2.5-7b", "long-cot-qwen2.5-7b"} <= set(names)
+    assert {"short-cot-qwen2.5-math-7b", "long-cot-r1-distill-qwen-1.5b", "long-cot-qwen3-8b"} <= set(names)
     for name in names:
         config = load_config(recipe=name)
         algorithm = config.algorithm()
