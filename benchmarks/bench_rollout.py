@@ -306,17 +306,17 @@ def main() -> None:
         "engine_cpus": engine_cpus or sorted(os.sched_getaffinity(0)),
         "env_cpus": env_cpus,
     }
-    sandbox_kwargs = {}
-    if (env_cpus or args.low_priority) and args.sandbox == "docker":
-        from stare_agents.rollout.env_pool import cpu_list
-        from stare_agents.sandbox import DockerLimits
+    from stare_agents.rollout.env_pool import cpu_list
+    from stare_agents.sandbox import backend_class
 
-        # the threaded loop's tools on the environments' CPUs too (EnvProcessPool sets its own cpuset)
-        limits = {"low_priority": args.low_priority}
-        sandbox_kwargs["limits"] = DockerLimits(cpuset=cpu_list(env_cpus) if env_cpus else None, **limits)
-        pool_sandbox_kwargs = {"limits": limits}
-    else:
-        pool_sandbox_kwargs = {}
+    backend = backend_class(args.sandbox)  # asked what it can do: Docker pins and lowers, local needs neither
+    pool_sandbox_kwargs = (
+        backend.with_low_priority({}, args.low_priority) if env_cpus or args.low_priority else {}
+    )
+    # the threaded loop's tools on the environments' CPUs too (EnvProcessPool sets its own cpuset)
+    sandbox_kwargs = (
+        backend.with_cpus(pool_sandbox_kwargs, cpu_list(env_cpus)) if env_cpus else pool_sandbox_kwargs
+    )
     figures["low_priority"] = args.low_priority
 
     def threaded_loop() -> tuple:

@@ -22,6 +22,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
+from stare_agents.sandbox.backend import SandboxBackend
 from stare_agents.sandbox.docker_backend import DEFAULT_IMAGE, DockerLimits, DockerSandbox, docker_status
 from stare_agents.sandbox.errors import SandboxError
 from stare_agents.sandbox.local import ALLOW_LOCAL_ENV, LocalSandbox, NoSandbox
@@ -32,6 +33,8 @@ from stare_agents.sandbox.session import Session
 __all__ = [
     "ALLOW_LOCAL_ENV",
     "BACKENDS",
+    "BACKEND_CLASSES",
+    "DEFAULT_BACKEND",
     "DEFAULT_IMAGE",
     "STATUSES",
     "DockerLimits",
@@ -40,8 +43,10 @@ __all__ = [
     "LocalSandbox",
     "NoSandbox",
     "PooledSandbox",
+    "SandboxBackend",
     "SandboxError",
     "Session",
+    "backend_class",
     "check_backend",
     "check_config_kwargs",
     "docker_status",
@@ -52,12 +57,15 @@ logger = logging.getLogger("stare_agents.sandbox")
 
 Backend = Literal["docker", "local", "none", "auto"]
 BACKENDS: tuple[str, ...] = get_args(Backend)
-BACKEND_CLASSES: dict[str, type] = {
+# every backend by name; callers ask its class what it can do (SandboxBackend), never its name. "auto" is an
+# older name of "docker": it never falls back to the host
+BACKEND_CLASSES: dict[str, type[SandboxBackend]] = {
     "docker": DockerSandbox,
     "local": LocalSandbox,
     "none": NoSandbox,
     "auto": DockerSandbox,
 }
+DEFAULT_BACKEND: Backend = "docker"  # the security boundary: what runs code when nobody chose a backend
 # what only the person starting a run decides, never a config file's sandbox_kwargs: why, and what to do instead
 NOT_FROM_CONFIG = {
     "allow_host_execution": (
@@ -75,11 +83,11 @@ NOT_FROM_CONFIG = {
 def check_config_kwargs(backend: str, kwargs: Mapping[str, Any], where: str = "sandbox_kwargs") -> None:
     """Refuse what a run's config may not pass to its sandbox (a ValueError naming `where`.key, the value and
     what is allowed): a key outside the backend's `config_kwargs`, and above all the acknowledgement of host
-    execution, the executable the host starts and the network switch (NOT_FROM_CONFIG). Docker's `limits`
-    are built here, so a limit out of its range is refused when the config loads."""
-    if backend not in BACKEND_CLASSES:
-        raise ValueError(f"sandbox backend must be one of {BACKENDS}, got {backend!r}")
-    allowed = BACKEND_CLASSES[backend].config_kwargs
+    execution, the executable the host starts and the network switch (NOT_FROM_CONFIG); then the backend's
+    own check of the values (Docker's `limits` are built, so a limit out of its range is refused when the
+    config loads)."""
+    cls = backend_class(backend)
+    allowed = cls.config_kwargs
     for key, value in kwargs.items():
         if key in NOT_FROM_CONFIG:
             raise ValueError(f"{where}.{key}={value!r} is not allowed: {NOT_FROM_CONFIG[key]}")
@@ -88,58 +96,36 @@ def check_config_kwargs(backend: str, kwargs: Mapping[str, Any], where: str = "s
                 f"{where}.{key}={value!r}: not a setting of the {backend!r} sandbox a config may set; "
                 f"allowed: {', '.join(sorted(allowed)) or 'none'}"
             )
-    limits = kwargs.get("limits")
-    if limits is not None and not isinstance(limits, DockerLimits):
-        try:
-            DockerLimits.from_mapping(limits)
-        except ValueError as exc:
-            raise ValueError(f"{where}.limits: {exc}") from None
+    cls.check_settings(kwargs, where)
+
+
+def backend_class(backend: str) -> type[SandboxBackend]:
+    """The class of the backend named `backend`, to ask what it can do; a ValueError naming the others."""
+    try:
+        return BACKEND_CLASSES[backend]
+    except (KeyError, TypeError):
+        raise ValueError(f"sandbox backend must be one of {BACKENDS}, got {backend!r}") from None
 
 
 def check_backend(backend: str, **kwargs: Any) -> None:
     """Fail before anything expensive starts when `backend` cannot be used as asked: a SandboxError that says
-    what is missing (Docker's engine, image or runtime; the local backend's acknowledgement, Landlock, its
-    namespaces, or a Docker socket its code could open), a ValueError for an unknown name. The local backend
-    starts one interpreter and runs one call in it, so whatever keeps it from running shows here. kwargs: those
-    make_sandbox would get (image, runtime, allow_host_execution)."""
-    if backend not in BACKENDS:
-        raise ValueError(f"sandbox backend must be one of {BACKENDS}, got {backend!r}")
-    if backend == "local":
-        acknowledged = bool(kwargs.get("allow_host_execution", False))
-        with LocalSandbox(1, allow_host_execution=acknowledged, preimport=()) as sandbox:
-            result = sandbox.run("print(6 * 7)", timeout_s=30)
-        if result.stdout != "42\n":
-            raise SandboxError(
-                f"the local sandbox started but cannot run code here: {result.output()[-500:]}"
-            )
-    elif backend in ("docker", "auto"):
-        make_sandbox(backend, pool_size=1, **{k: v for k, v in kwargs.items() if k in ("image", "runtime")})
+    what is missing and what to do (Docker's engine, image or runtime; the local backend's acknowledgement,
+    Landlock, its namespaces, or a Docker socket its code could open), a ValueError for an unknown name. The
+    local backend starts one interpreter and runs one call in it, so whatever keeps it from running shows
+    here. kwargs: those make_sandbox would get (image, runtime, allow_host_execution)."""
+    backend_class(backend).check(**kwargs)
 
 
-def make_sandbox(backend: Backend = "docker", *, pool_size: int = 4, **kwargs: Any) -> Any:
+def make_sandbox(backend: Backend = DEFAULT_BACKEND, *, pool_size: int = 4, **kwargs: Any) -> Any:
     """A sandbox (not started yet; use it as a context manager or call .start()).
 
     backend: "docker" (DockerSandbox; a SandboxError that says what is missing if no engine, image or
     runtime), "local" (LocalSandbox: model-written code on this host, refused unless acknowledged with
     `allow_host_execution=True` or STARE_ALLOW_LOCAL_SANDBOX=1), "none" (NoSandbox: every tool call is a
-    tool error, nothing runs) or "auto", an older name of "docker": it never falls back to the host.
+    tool error, nothing runs) or "auto", an older name of "docker". The backend asked for, or an error that
+    says what it lacks: never another backend in its place.
     kwargs go to the chosen class (e.g. default_timeout_s, max_output_bytes, lease_timeout_s;
     image/limits/runtime for Docker, e.g. runtime="runsc" for gVisor; memory_mb for local); keys the chosen
-    class does not take are an error.
+    class does not take are an error ("none" takes and ignores any).
     """
-    if backend in ("docker", "auto"):
-        image = kwargs.get("image", DEFAULT_IMAGE)
-        available, reason = docker_status(image, kwargs.get("runtime"))
-        if not available:
-            raise SandboxError(
-                f"the Docker sandbox is not ready: {reason}. Model-written code never runs on the host by "
-                f"default: provision Docker (as root: `bash scripts/provision_docker.sh`; check with "
-                f"`stare-agents sandbox doctor`), or ask for the local backend by name (sandbox 'local') and "
-                f"acknowledge that it is no security boundary with {ALLOW_LOCAL_ENV}=1"
-            )
-        return DockerSandbox(pool_size, **kwargs)
-    if backend == "local":
-        return LocalSandbox(pool_size, **kwargs)
-    if backend == "none":
-        return NoSandbox()
-    raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    return backend_class(backend).create(pool_size, **kwargs)

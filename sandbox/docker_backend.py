@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -23,6 +24,7 @@ from stare_agents.sandbox.channel import (
     Runner,
 )
 from stare_agents.sandbox.errors import ChannelTimeout, SandboxError
+from stare_agents.sandbox.local import ALLOW_LOCAL_ENV
 from stare_agents.sandbox.pool import PooledSandbox
 from stare_agents.sandbox.runner import DEFAULT_TIMEOUT_S
 
@@ -395,6 +397,8 @@ class DockerSandbox(PooledSandbox):
     """
 
     runner_kind = "container"
+    pins_cpus = True  # the engine's children, not this process's: kept on CPUs by `limits.cpuset`
+    lowers_priority = True  # `limits.low_priority`
     # what a run's config may set (rollout.sandbox_kwargs): the image, runtime and limits, sizes and timeouts
     config_kwargs: frozenset[str] = frozenset(
         {
@@ -451,6 +455,53 @@ class DockerSandbox(PooledSandbox):
         self.instance = uuid.uuid4().hex[:12]
         self.cgroup_driver = "cgroupfs"  # docker's (known once the engine has been asked)
         self.low_priority_set: bool | None = None  # low_priority: whether the weight was set (None: not yet)
+
+    @classmethod
+    def create(cls, pool_size: int = 4, **kwargs: Any) -> DockerSandbox:
+        """A DockerSandbox once the engine answers and has the image and the runtime; else a SandboxError that
+        says what is missing and how to provision it. Never the host instead."""
+        cls.check(**kwargs)
+        return cls(pool_size, **kwargs)
+
+    @classmethod
+    def check(cls, **kwargs: Any) -> None:
+        available, reason = docker_status(kwargs.get("image", DEFAULT_IMAGE), kwargs.get("runtime"))
+        if not available:
+            raise SandboxError(
+                f"the Docker sandbox is not ready: {reason}. Model-written code never runs on the host by "
+                f"default: provision Docker (as root: `bash scripts/provision_docker.sh`; check with "
+                f"`stare-agents sandbox doctor`), or ask for the local backend by name (sandbox 'local') and "
+                f"acknowledge that it is no security boundary with {ALLOW_LOCAL_ENV}=1"
+            )
+
+    @classmethod
+    def check_settings(cls, kwargs: dict[str, Any], where: str) -> None:
+        limits = kwargs.get("limits")
+        if limits is not None and not isinstance(limits, DockerLimits):
+            try:
+                DockerLimits.from_mapping(limits)
+            except ValueError as exc:
+                raise ValueError(f"{where}.limits: {exc}") from None
+
+    @classmethod
+    def with_cpus(cls, kwargs: dict[str, Any], cpus: str) -> dict[str, Any]:
+        kwargs = dict(kwargs)
+        limits = kwargs.get("limits") or DockerLimits()
+        limits = DockerLimits.from_mapping(limits) if isinstance(limits, dict) else limits
+        if limits.cpuset is None:
+            kwargs["limits"] = dataclasses.replace(limits, cpuset=cpus)
+        return kwargs
+
+    @classmethod
+    def with_low_priority(cls, kwargs: dict[str, Any], low: bool) -> dict[str, Any]:
+        kwargs = dict(kwargs)
+        limits = kwargs.get("limits")
+        if not isinstance(limits, (dict, type(None))):
+            return kwargs  # a DockerLimits object, which says it itself
+        limits = dict(limits or {})
+        limits.setdefault("low_priority", low)
+        kwargs["limits"] = limits
+        return kwargs
 
     def _before_start(self) -> None:
         import docker.errors

@@ -22,7 +22,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
+from stare_agents.sandbox.backend import SandboxBackend
 from stare_agents.sandbox.channel import DEFAULT_LEASE_TIMEOUT_S, PREIMPORT, START_WAIT_S, Channel, Runner
 from stare_agents.sandbox.errors import ChannelTimeout, SandboxError
 from stare_agents.sandbox.pool import PooledSandbox
@@ -53,17 +55,22 @@ def unprivileged_ids() -> tuple[int, int]:
         return 65534, 65534
 
 
-class NoSandbox:
+class NoSandbox(SandboxBackend):
     """The "none" backend: no code runs. A PythonTool given this sandbox answers every call with a tool
     error that says tool execution is off; it has the lifecycle of a sandbox so that callers need no case."""
 
     runner_kind = "nothing"
     pool_size = 0
+    runs_code = False
     config_kwargs: frozenset[str] = frozenset()  # nothing for a config to set
     message = (
         "Error: tool execution is disabled in this run (sandbox: none); no code was run. "
         "Answer without calling tools."
     )
+
+    @classmethod
+    def create(cls, pool_size: int = 0, **kwargs: Any) -> NoSandbox:
+        return cls()  # nothing to size or configure
 
     def start(self) -> NoSandbox:
         return self
@@ -234,6 +241,19 @@ class LocalSandbox(PooledSandbox):
         self.preimport = tuple(preimport)
         self.hidden = [folder for folder in (_home(),) if folder]  # covered in the runner's mount namespace
         self._covered_sockets: list[str] = []  # Docker sockets this user may open, out of the code's sight
+
+    @classmethod
+    def check(cls, **kwargs: Any) -> None:
+        """Start one interpreter and run one call in it: whatever keeps this backend from running here (the
+        acknowledgement, Landlock, its namespaces, a Docker socket in the code's reach) shows, with the
+        remedy."""
+        acknowledged = bool(kwargs.get("allow_host_execution", False))
+        with cls(1, allow_host_execution=acknowledged, preimport=()) as sandbox:
+            result = sandbox.run("print(6 * 7)", timeout_s=30)
+        if result.stdout != "42\n":
+            raise SandboxError(
+                f"the local sandbox started but cannot run code here: {result.output()[-500:]}"
+            )
 
     def _before_start(self) -> None:
         if landlock_abi() < 1:

@@ -18,6 +18,7 @@ import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+from stare_agents.sandbox.backend import SandboxBackend
 from stare_agents.sandbox.channel import HOST_SLACK_S, Runner, check_timeout
 from stare_agents.sandbox.errors import ChannelClosed, ChannelTimeout, SandboxError
 from stare_agents.sandbox.result import ExecutionResult
@@ -276,7 +277,7 @@ def _close_all_at_exit() -> None:
             logger.debug("closing %r at exit failed: %s", sandbox, exc)
 
 
-class PooledSandbox:
+class PooledSandbox(SandboxBackend):
     """Base of DockerSandbox and LocalSandbox: a pool of warm runners and the session API."""
 
     runner_kind = "runner"

@@ -47,7 +47,7 @@ from stare_agents.rollout.engine import Dtype, EngineName
 from stare_agents.rollout.placement import Placement, check_custom_resources
 from stare_agents.rollout.render import Rendering
 from stare_agents.rollout.weight_sync import WeightSync
-from stare_agents.sandbox import Backend, check_config_kwargs
+from stare_agents.sandbox import DEFAULT_BACKEND, Backend, backend_class, check_config_kwargs
 from stare_agents.sandbox.runner import MAX_TIMEOUT_S
 from stare_agents.train.learner import LearnerConfig
 from stare_agents.train.policy import OptimizerConfig, Precision
@@ -286,26 +286,26 @@ class RolloutSection:
         return 2 if self.num_gpus_per_worker > 0 or self.env_cpus else 0
 
     def resolved_sandbox_kwargs(self) -> dict[str, Any]:
-        """rollout.sandbox_kwargs, with the Docker containers' priority (rollout.sandbox_low_priority, None
-        resolved: low on CPU-only workers) in its limits, unless those set it themselves."""
-        kwargs = dict(self.sandbox_kwargs)
+        """rollout.sandbox_kwargs, with the interpreters' CPU priority (rollout.sandbox_low_priority, None
+        resolved: low on CPU-only workers) where the backend can lower it (Docker), unless they set it."""
         low = self.sandbox_low_priority
         if low is None:
             low = self.num_gpus_per_worker == 0
-        limits = kwargs.get("limits")
-        if self.sandbox not in ("docker", "auto") or not isinstance(limits, (dict, type(None))):
-            return kwargs  # another backend; or a DockerLimits object, which says it itself
-        limits = dict(limits or {})
-        limits.setdefault("low_priority", low)
-        kwargs["limits"] = limits
-        return kwargs
+        return backend_class(self.sandbox).with_low_priority(self.sandbox_kwargs, low)
 
     def code_sandbox(self) -> tuple[Backend, dict[str, Any]]:
         """(backend, kwargs) of a sandbox that must run code (the SFT solver's traces): rollout.sandbox with
-        the kwargs every rollout worker gets, or with sandbox 'none' Docker as it comes (the code must run to be
-        verified, and never on the host)."""
-        if self.sandbox == "none":
-            return "docker", {}
+        the kwargs every rollout worker gets; where that backend runs no code ("none"), the default backend
+        (Docker) as it comes, said once in the log (the code must run to be verified, and never on the host)."""
+        if not backend_class(self.sandbox).runs_code:
+            logger.warning(
+                "rollout.sandbox is %r, which runs no code, but the SFT solver's traces are verified by running "
+                "their code: it runs in the %r sandbox as it comes (never on the host); set rollout.sandbox to "
+                "choose another",
+                self.sandbox,
+                DEFAULT_BACKEND,
+            )
+            return DEFAULT_BACKEND, {}
         return self.sandbox, self.resolved_sandbox_kwargs()
 
     def vllm_kwargs(self) -> dict[str, Any]:

@@ -536,6 +536,7 @@ class Trainer:
         the figures for the step's record: `benchmark/<name>/avg@k` with its 95% interval, pass@1, pass@k."""
         from stare_agents.eval.harness import EvalConfig, RolloutRunner, evaluate
         from stare_agents.eval.report import metrics_of
+        from stare_agents.sandbox import DEFAULT_BACKEND, backend_class
         from stare_agents.train.config import benchmark_protocol
 
         c = self.config
@@ -556,7 +557,9 @@ class Trainer:
                 engine=c.rollout.engine,
                 dtype=c.model.rollout_dtype,
                 rendering=c.rollout.rendering,
-                sandbox=c.rollout.sandbox if c.rollout.sandbox in ("docker", "local") else "docker",
+                # the workers' sandbox runs the tools; with one that runs none only single-turn protocols run
+                # here (see `benchmarks`), and the settings name the sandbox a tool protocol would get
+                sandbox=c.rollout.sandbox if backend_class(c.rollout.sandbox).runs_code else DEFAULT_BACKEND,
                 max_concurrency=c.rollout.max_concurrency,
                 max_model_len=c.model.max_model_len,
                 seed=c.seed,
@@ -605,13 +608,16 @@ class Trainer:
         """The loaded `eval.benchmarks` (read once per run; a Hugging Face id is fetched here)."""
         if getattr(self, "_benchmarks", None) is None:
             from stare_agents.eval.benchmarks import get_protocol, load_benchmark
+            from stare_agents.sandbox import backend_class
 
             c = self.config
+            runs_code = backend_class(c.rollout.sandbox).runs_code
             for i, entry in enumerate(c.eval.benchmarks):
-                if c.rollout.sandbox == "none" and not get_protocol(entry.protocol).single_turn:
+                if not runs_code and not get_protocol(entry.protocol).single_turn:
                     raise ValueError(
                         f"eval.benchmarks[{i}].protocol = {entry.protocol!r} runs the Python tool, but "
-                        "rollout.sandbox is 'none': use a sandbox, or a single-turn protocol (cot)"
+                        f"rollout.sandbox is {c.rollout.sandbox!r}, which runs no code: use a sandbox, or a "
+                        "single-turn protocol (cot)"
                     )
             self._benchmarks = [
                 load_benchmark(e.benchmark, data_dir=c.eval.data_dir, limit=e.limit)

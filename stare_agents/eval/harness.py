@@ -60,14 +60,15 @@ from stare_agents.eval.report import (
 from stare_agents.jsonl import dumps
 from stare_agents.rollout.engine import DTYPES, ENGINES
 from stare_agents.rollout.render import RENDERINGS
-from stare_agents.sandbox import BACKENDS
+from stare_agents.sandbox import BACKENDS, backend_class
 from stare_agents.trajectory import Trajectory
 
 logger = logging.getLogger("stare_agents.eval")
 
 RUN_FILE = "run.json"
-# the closed word sets are the rollout layer's and the sandbox's; an evaluation runs its tools, so not "none"
-SANDBOXES = tuple(b for b in BACKENDS if b != "none")  # "auto": an older name of "docker" (never the host)
+# the closed word sets are the rollout layer's and the sandbox's; an evaluation runs its tools, so only the
+# backends that run code ("auto": an older name of "docker", never the host)
+SANDBOXES = tuple(b for b in BACKENDS if backend_class(b).runs_code)
 
 
 @dataclass

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import dataclasses
 import importlib
 import itertools
 import logging
@@ -108,16 +107,14 @@ def cpu_list(cpus: Iterable[int]) -> str:
 
 
 def _pinned_sandbox_kwargs(spec: EnvPoolSpec) -> dict[str, Any]:
-    """The sandbox's kwargs, with Docker's containers kept on the process's CPUs (unless a cpuset is given)."""
-    kwargs = dict(spec.sandbox_kwargs)
-    if spec.cpus and spec.sandbox == "docker":
-        from stare_agents.sandbox import DockerLimits
+    """The sandbox's kwargs, with its interpreters kept on the process's CPUs where the backend runs them
+    elsewhere (Docker's containers; unless the kwargs name CPUs). A local sandbox's interpreters are the
+    process's children and run on its CPUs already."""
+    if not spec.cpus:
+        return dict(spec.sandbox_kwargs)
+    from stare_agents.sandbox import backend_class
 
-        limits = kwargs.get("limits") or DockerLimits()
-        limits = DockerLimits.from_mapping(limits) if isinstance(limits, dict) else limits
-        if limits.cpuset is None:
-            kwargs["limits"] = dataclasses.replace(limits, cpuset=cpu_list(spec.cpus))
-    return kwargs
+    return backend_class(spec.sandbox).with_cpus(spec.sandbox_kwargs, cpu_list(spec.cpus))
 
 
 def start_sandbox(backend: str, pool_size: int, kwargs: dict[str, Any]) -> Any:
@@ -127,7 +124,7 @@ def start_sandbox(backend: str, pool_size: int, kwargs: dict[str, Any]) -> Any:
     failures."""
     from stare_agents.sandbox import make_sandbox
 
-    options = {} if backend == "none" else {"lease_timeout_s": None, **kwargs}
+    options = {"lease_timeout_s": None, **kwargs}  # ("none" takes and ignores any)
     sandbox = make_sandbox(backend, pool_size=pool_size, **options)  # type: ignore[arg-type]
     sandbox.start()
     return sandbox

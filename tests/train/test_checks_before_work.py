@@ -65,10 +65,10 @@ def nothing_may_start(monkeypatch) -> list[str]:
 def test_rollout_checks_the_sandbox_before_a_model_or_ray(tmp_path, monkeypatch, nothing_may_start, backend):
     monkeypatch.delenv(ALLOW_LOCAL_ENV, raising=False)
     if backend == "docker":  # an engine that is not there
-        import stare_agents.sandbox as sandbox_module
+        from stare_agents.sandbox import docker_backend
 
         monkeypatch.setattr(
-            sandbox_module, "docker_status", lambda *args: (False, "no Docker engine answers")
+            docker_backend, "docker_status", lambda *args: (False, "no Docker engine answers")
         )
     out = tmp_path / "episodes.jsonl"
     arguments = ["--env", "stare_agents/ArithmeticTIR-v0", "--model", "tiny", "--out", str(out)]

@@ -3,6 +3,8 @@ unless the local backend is asked for by name and acknowledged."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from stare_agents.sandbox import ALLOW_LOCAL_ENV, SandboxError, check_backend
@@ -124,3 +126,19 @@ def test_the_sft_solver_sandbox_gets_the_rollout_workers_kwargs(tmp_path, monkey
     with pytest.raises(Started):
         Trainer(config).supervised_fine_tuning(prepare_model("tiny"), tmp_path / "sft")
     assert started == [expected]
+
+
+def test_a_sandbox_that_runs_no_code_says_where_the_solver_code_runs(caplog):
+    """sft.data=solver must run the solutions to verify them: with rollout.sandbox 'none' they run in the
+    default backend (Docker, never the host), and the log says so; a backend that runs code is kept."""
+    with caplog.at_level(logging.WARNING, logger="stare_agents.train"):
+        assert load_config(recipe="tiny", overrides=["rollout.sandbox=none"]).rollout.code_sandbox() == (
+            "docker",
+            {},
+        )
+    assert "rollout.sandbox is 'none', which runs no code" in caplog.text
+    assert "it runs in the 'docker' sandbox as it comes (never on the host)" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="stare_agents.train"):
+        assert load_config(recipe="tiny").rollout.code_sandbox()[0] == "docker"
+    assert caplog.text == ""
