@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from stare_agents.hardware import resolve_precision
 from stare_agents.train.bf16_emulation import emulated_bf16, round_bf16_product
+from stare_agents.train.seqlen_balancing import verl_micro_batches
 from stare_agents.trajectory import Batch
 
 # bf16: autocast around the model, fp32 master weights and optimiser state; "fast": bf16 where the device
@@ -385,7 +386,7 @@ def plan_micro_batches(
     padding (fewest padded tokens). "balanced": the padded token counts are evened out across micro-batches
     (what the official code's dynamic batching aims at); see `_balanced_groups`. "verl": the official code's
     own partitioning (ceil(real tokens / max_tokens) micro-batches, Karmarkar-Karp over the rows' real
-    lengths; `stare_agents.train.distributed.verl_micro_batches`)."""
+    lengths; `stare_agents.train.seqlen_balancing`)."""
     if max_tokens < 1:
         raise ValueError(f"micro_batch_tokens must be >= 1, got {max_tokens}")
     if packing not in PACKINGS:
@@ -393,8 +394,6 @@ def plan_micro_batches(
     prompt_lens, response_lens = row_lengths(batch)
     rows = list(range(len(prompt_lens))) if rows is None else list(rows)
     if packing == "verl":
-        from stare_agents.train.distributed import verl_micro_batches
-
         lengths = [prompt_lens[i] + response_lens[i] for i in rows]
         return [[rows[i] for i in part] for part in verl_micro_batches(lengths, max_tokens)]
     order = sorted(rows, key=lambda i: -(prompt_lens[i] + response_lens[i]))

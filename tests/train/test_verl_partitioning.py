@@ -9,13 +9,13 @@ import pytest
 import torch
 from learner_support import make_learner, step_inputs
 
-from stare_agents.train.distributed import (
+from stare_agents.train.distributed import verl_deal
+from stare_agents.train.policy import plan_micro_batches, row_lengths, split_step
+from stare_agents.train.seqlen_balancing import (
     seqlen_balanced_partitions,
-    verl_deal,
     verl_micro_batches,
     verl_worker_rows,
 )
-from stare_agents.train.policy import plan_micro_batches, row_lengths, split_step
 
 
 def test_karmarkar_karp_by_hand():
