@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
 import re
 import socket
 import struct
+import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from importlib import metadata
 from pathlib import Path
@@ -146,6 +149,49 @@ def lower_cpu_weight(pid: int, cgroup_root: str = "/sys/fs/cgroup") -> str:
     with open(target, "w") as handle:
         handle.write(value)
     return target
+
+
+# the weight files of LOW_PRIORITY_PARENT that may exist (cgroup v1 with either driver, v2), under the cgroup root
+_WEIGHT_FILES = (
+    ("cpu", "cpu.shares", "1024", str(LOW_PRIORITY_SHARES)),
+    ("cpu,cpuacct", "cpu.shares", "1024", str(LOW_PRIORITY_SHARES)),
+    ("", "cpu.weight", "100", str(max(1, round(LOW_PRIORITY_SHARES * 100 / 1024)))),
+)
+_starting = 0  # containers of this process starting now (under _starting_lock)
+_starting_lock = threading.Lock()
+
+
+def _set_parent_weight(normal: bool, cgroup_root: str) -> None:
+    for mount, name, normal_value, low_value in _WEIGHT_FILES:
+        for parent in (LOW_PRIORITY_PARENT, LOW_PRIORITY_PARENT + ".slice"):
+            target = os.path.join(cgroup_root, mount, parent, name)
+            if os.path.isfile(target):
+                try:
+                    with open(target, "w") as handle:
+                        handle.write(normal_value if normal else low_value)
+                except OSError as exc:  # not root, or a read-only cgroup mount: the weight stays as it is
+                    logger.debug("could not write %s: %s", target, exc)
+
+
+@contextlib.contextmanager
+def normal_weight_while_starting(cgroup_root: str = "/sys/fs/cgroup") -> Iterator[None]:
+    """While a container of this process starts its runner, the low-priority containers' parent cgroup runs at a
+    normal CPU weight, and at LOW_PRIORITY_SHARES again once no start is in flight. Starting a runner is the
+    sandbox's own work, not the model's code: at a 16th of the weight, beside processes that keep every core
+    busy, a pool's containers did not start in START_WAIT_S and the run stopped ("no containers left"). Other
+    processes' sandboxes under the same parent are not counted: one may lower the weight while another starts."""
+    global _starting
+    with _starting_lock:
+        _starting += 1
+        if _starting == 1:
+            _set_parent_weight(True, cgroup_root)
+    try:
+        yield
+    finally:
+        with _starting_lock:
+            _starting -= 1
+            if _starting == 0:
+                _set_parent_weight(False, cgroup_root)
 
 
 def _process_start_time(pid: int) -> str:
@@ -617,8 +663,10 @@ class DockerSandbox(PooledSandbox):
         except BaseException:
             _remove_container(container)
             raise
+        starting = normal_weight_while_starting() if self.limits.low_priority else contextlib.nullcontext()
         try:
-            runner.start(time.monotonic() + START_WAIT_S)
+            with starting:
+                runner.start(time.monotonic() + START_WAIT_S)
         except Exception as exc:
             runner.close()
             raise SandboxError(f"container {container.short_id} did not start its runner: {exc}") from exc
