@@ -23,7 +23,7 @@ def cpu(request, monkeypatch):
         cached.cache_clear()
 
 
-@pytest.mark.parametrize("recipe", ["smollm2-arith", "smollm2-arith-compare"])
+@pytest.mark.parametrize("recipe", ["smollm2-arith", "smollm2-arith-compare", "smollm2-arith-long"])
 def test_the_default_jobs_rl_runs_in_fp32_on_every_cpu(cpu, recipe):
     config = load_config(recipe=recipe)
     assert hardware.resolve_dtype(config.model.rollout_dtype, "cpu") == "float32"
