@@ -215,7 +215,7 @@ def _train(work: Path, out: Path, *overrides: str, resume: bool = False, env: di
 
 
 def _rl_records(run: Path) -> list[dict]:
-    from stare_agents.train.trainer import read_records
+    from stare_agents.records import read_records
 
     return read_records(run / "metrics.jsonl", "rl")
 

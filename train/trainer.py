@@ -18,32 +18,24 @@ killed at any point (SIGKILL included) continues from its last checkpoint with `
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
-import dataclasses
 import json
 import logging
 import math
 import shutil
 import time
-import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from stare_agents._quiet_progress import quiet_progress_bars
 from stare_agents.algo import AlgorithmConfig, compute_advantages
-from stare_agents.algo.importance import WARN_KL, WARN_OUTSIDE, mismatch_warning
+from stare_agents.algo.importance import mismatch_warning
 from stare_agents.completions_table import log_completions
 from stare_agents.envs.registration import split_kwargs
 from stare_agents.envs.tasks import Task
-from stare_agents.eval.metrics import Estimate, estimate, paired_difference
-from stare_agents.hardware import resolve_dtype, resolve_precision
-from stare_agents.jsonl import dumps, dumps_line, finite, read_lines, report_unread
-from stare_agents.records import read_records
+from stare_agents.jsonl import dumps
 from stare_agents.rollout import RolloutConfig, RolloutTask, RolloutWorkerGroup, WorkerSpec
 from stare_agents.rollout.summary import check_failed_share, summarize
 from stare_agents.train.checkpoint import (
@@ -56,177 +48,21 @@ from stare_agents.train.checkpoint import (
 from stare_agents.train.checkpoint import checkpoint_path as checkpoint_file
 from stare_agents.train.config import TrainConfig, check_run, resolved_weight_sync, save_config
 from stare_agents.train.learner import LEARNER_METRICS, Learner
+from stare_agents.train.run_folder import (
+    EVALS_DIR,
+    FINAL_MODEL,
+    PROGRESS_FILE,
+    SFT_MODEL,
+    RunLog,
+    StageTimer,
+    check_same_run,
+    load_with_state,
+    save_hf_model,
+)
+from stare_agents.train.run_summary import accuracy_estimate, write_summary
 from stare_agents.trajectory import Trajectory, collate, learning_trajectories
 
 logger = logging.getLogger("stare_agents.train")
-
-PROGRESS_FILE = "progress.json"
-SFT_MODEL = "sft_model"
-EVALS_DIR = "evals"  # eval.benchmarks during RL: <run>/evals/step-NNNNNN/<name>/ (eval harness folders)
-FINAL_MODEL = "final_model"  # the trained policy as a Hugging Face folder, in each RL run's folder
-
-
-# -- the run folder -----------------------------------------------------------------------------------------------
-class RunLog:
-    """metrics.jsonl + TensorBoard (+ W&B when configured): one writer that feeds every sink.
-
-    Records carry `kind` ("rl", "eval", "sft", "sft-step") and `step`. In TensorBoard and W&B a figure `x` of
-    a record of kind `k` is `k/x` (figures named `a/b` keep their name), an evaluation's figures are
-    `eval/<point>/x`, and nested counts such as `stop_reasons` become `k/stop_reasons/<reason>`. W&B plots
-    each kind against its own step (`k/step`), and the run's id is kept in the run folder (`wandb_run_id`),
-    so a resumed run continues the same W&B run.
-    """
-
-    def __init__(self, folder: Path, config: TrainConfig, *, purge_from: int | None = None) -> None:
-        self.folder = folder
-        self.path = folder / "metrics.jsonl"
-        if (
-            purge_from is not None and self.path.exists()
-        ):  # drop what a killed run logged after its checkpoint
-            records, unread = read_lines(self.path)  # split at "\n" only; a torn line is named in a warning
-            report_unread(unread, None, "metrics lines")
-            kept = [dumps_line(record) for _, record in records if _keep(record, purge_from)]
-            self.path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
-        self.writer = None
-        if config.logging.tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.writer = SummaryWriter(str(folder / "tensorboard"), purge_step=purge_from)
-        self.wandb = _open_wandb(folder, config) if config.logging.wandb_project else None
-        self._wandb_kinds: set[str] = set()
-
-    def log(self, record: dict[str, Any]) -> None:
-        """Append `record` to every sink. A figure that is not a finite number (not measured: NaN) is left out
-        of it, so that metrics.jsonl is strict JSON and an absent figure never reads as another."""
-        record = finite(json.loads(json.dumps(record, default=_jsonable)))  # tensors and numpy as numbers
-        with open(self.path, "a", encoding="utf-8") as handle:
-            handle.write(dumps_line(record) + "\n")
-        step = int(record.get("step", 0))
-        prefix = scalar_prefix(record)
-        numbers = scalars(record, prefix)
-        if self.writer is not None:
-            for key, value in numbers.items():
-                self.writer.add_scalar(key, value, step)
-            self.writer.flush()
-        if self.wandb is not None:
-            kind = prefix.split("/")[0]
-            if kind not in self._wandb_kinds:  # each kind on its own x axis
-                self.wandb.define_metric(f"{kind}/step")
-                self.wandb.define_metric(f"{kind}/*", step_metric=f"{kind}/step")
-                self._wandb_kinds.add(kind)
-            self.wandb.log({**numbers, f"{kind}/step": step})
-
-    def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-            self.writer = None
-        if self.wandb is not None:
-            _close_wandb(self.folder)
-            self.wandb = None
-
-
-WANDB_ID_FILE = "wandb_run_id"
-_wandb_runs: dict[Path, list] = {}  # run folder -> [W&B run, RunLogs using it]
-
-
-def _open_wandb(folder: Path, config: TrainConfig) -> Any:
-    """The folder's W&B run: started once per process and shared; resumed by the id kept in the folder."""
-    key = folder.resolve()
-    if key in _wandb_runs:
-        _wandb_runs[key][1] += 1
-        return _wandb_runs[key][0]
-    try:
-        import wandb
-    except ImportError as error:
-        raise RuntimeError(
-            "logging.wandb_project is set but wandb is not installed: pip install wandb"
-        ) from error
-    id_file = folder / WANDB_ID_FILE
-    run_id = id_file.read_text().strip() if id_file.exists() else ""
-    if not run_id:
-        run_id = uuid.uuid4().hex[:12]  # a W&B run id: letters and digits
-        id_file.write_text(run_id + "\n")
-    name = config.name if key == Path(config.out_dir).resolve() else f"{config.name}-{folder.name}"
-    run = wandb.init(
-        project=config.logging.wandb_project,
-        name=name,
-        id=run_id,
-        resume="allow",
-        dir=str(folder),
-        config=config.to_dict(),
-        reinit="create_new",
-    )
-    _wandb_runs[key] = [run, 1]
-    return run
-
-
-def _close_wandb(folder: Path) -> None:
-    entry = _wandb_runs[folder.resolve()]
-    entry[1] -= 1
-    if entry[1] == 0:
-        entry[0].finish()
-        del _wandb_runs[folder.resolve()]
-
-
-def scalar_prefix(record: dict[str, Any]) -> str:
-    kind = str(record.get("kind", "rl"))
-    return f"{kind}/{record['point']}" if kind == "eval" and "point" in record else kind
-
-
-def scalars(record: dict[str, Any], prefix: str) -> dict[str, float]:
-    """The finite numbers of a record (nested dicts flattened) under their TensorBoard/W&B names."""
-    out: dict[str, float] = {}
-
-    def visit(key: str, value: Any) -> None:
-        if isinstance(value, dict):
-            for k, v in value.items():
-                visit(f"{key}/{k}", v)
-        elif isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-            out[key] = float(value)
-
-    for key, value in record.items():
-        if key in ("step", "kind", "point"):
-            continue
-        visit(key if "/" in key else f"{prefix}/{key}", value)
-    return out
-
-
-RESUMABLE_CHANGES = ("rl.steps", "logging.", "checkpoint.", "out_dir")  # what a resumed run may change
-
-
-def _check_same_run(saved: Path, config: TrainConfig) -> None:
-    import yaml
-
-    from stare_agents.train.config import _flatten
-
-    before = _flatten(yaml.safe_load(saved.read_text()) or {})
-    now = _flatten(json.loads(json.dumps(config.to_dict())))  # tuples as lists, as YAML reads them
-    changed = sorted(
-        key
-        for key in set(before) | set(now)
-        if before.get(key) != now.get(key) and not key.startswith(RESUMABLE_CHANGES)
-    )
-    if changed:
-        details = ", ".join(f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in changed[:5])
-        raise FileExistsError(
-            f"{saved.parent} holds a run with another configuration ({details}); resume it with the same "
-            "settings, or start a new run with --out DIR"
-        )
-
-
-def _keep(record: Any, purge_from: int) -> bool:
-    if not isinstance(record, dict):
-        return False
-    return not (record.get("kind") in ("rl", "eval-rl") and int(record.get("step", 0)) >= purge_from)
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.item() if value.numel() == 1 else value.tolist()
-    if isinstance(value, np.generic):
-        return value.item()
-    return str(value)
-
 
 # -- stages ---------------------------------------------------------------------------------------------------
 @dataclass
@@ -274,21 +110,6 @@ class SampledStep:
         )
 
 
-class StageTimer:
-    """Wall seconds per named stage of a step (`with timer("rollout"): ...`; a stage entered twice adds up)."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-
-    @contextlib.contextmanager
-    def __call__(self, stage: str) -> Iterator[None]:
-        started = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - started
-
-
 class Trainer:
     """One run (see the module docstring). `run()` does every stage that is not done yet."""
 
@@ -304,7 +125,7 @@ class Trainer:
         self.resume = resume
         self.progress: dict[str, Any] = self._load_progress()
         if resume and (self.folder / "config.yaml").exists():
-            _check_same_run(self.folder / "config.yaml", config)
+            check_same_run(self.folder / "config.yaml", config)
         save_config(config, self.folder / "config.yaml")
         self.workers: RolloutWorkerGroup | None = None
         self.started = time.perf_counter()
@@ -709,7 +530,7 @@ class Trainer:
             for record in sft.fit(traces, on_step=log_step):
                 log.log({"kind": "sft", "step": int(record["epoch"]), "traces": len(traces), **record})
                 logger.info("SFT epoch %d: loss %.4f", record["epoch"], record["loss"])
-            trained = sft.model if isinstance(sft, SFTTrainer) else _loaded(base_dir, sft.model_state_dict())
+            trained = sft.model if isinstance(sft, SFTTrainer) else load_with_state(base_dir, sft.model_state_dict())
         finally:
             if not isinstance(sft, SFTTrainer):
                 sft.close()
@@ -869,7 +690,7 @@ class Trainer:
             model = (
                 learner.model
                 if isinstance(learner, Learner)
-                else _loaded(start_dir, learner.model_state_dict())
+                else load_with_state(start_dir, learner.model_state_dict())
             )
             save_hf_model(model, start_dir, folder / FINAL_MODEL)  # for `stare-agents eval --model`
             self._timed("save_model", time.perf_counter() - started)
@@ -1125,329 +946,18 @@ class Trainer:
         return record
 
     # ---- summary and plot ----
+
     def write_summary(self, compare: str | None) -> dict[str, Any]:
-        """summary.json (and training.png): each held-out accuracy with its 95% bootstrap interval, the RL
-        gain over the SFT model (base without SFT) with a paired interval, and the entropy figures."""
-        c = self.config
-        records = read_records(self.folder / "metrics.jsonl", "rl")
-        algorithm = c.algorithm()
-        evaluations = self.progress.get("evaluations", {})
-        target = algorithm.stare.target_entropy if algorithm.stare is not None else None
-        figures = entropy_figures(records, target)
-        final_eval = evaluations.get("rl", {})
-        scores = {
-            point: accuracy_estimate(e["per_task"], c.eval.bootstrap)
-            for point, e in evaluations.items()
-            if "per_task" in e  # a run folder written before per-task scores has accuracies only
-        }
-        start = "sft" if "sft" in evaluations else "base"
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        summary: dict[str, Any] = {
-            "name": c.name,
-            "model": c.model.name,
-            "environment": c.env.id,
-            "algorithm": algorithm.name,
-            "accuracy": dict(self.progress.get("accuracy", {})),
-            "accuracy_ci": {point: [e.ci_low, e.ci_high] for point, e in scores.items()},
-            "eval_tasks": {point: e.problems for point, e in scores.items()},
-            "rl_gain": _gain(evaluations, "rl", start, c.eval.bootstrap),
-            "rl_steps": len(records),
-            "entropy_target": target,
-            "entropy_first": figures["learner_first"],
-            "entropy_final": figures["learner_final"],
-            "entropy": figures,
-            "gate_on_fraction": figures["gate_on_fraction"],
-            "precision": {
-                "rollout_dtype": resolve_dtype(c.model.rollout_dtype, device),
-                "learner": resolve_precision(c.rl.learner.precision, device),
-                "fp32_lm_head": c.model.fp32_lm_head,
-                "importance": dataclasses.asdict(c.rl.learner.importance),
-            },
-            "mismatch": mismatch_figures(records),
-            "benchmarks": benchmark_figures(records),
-            "tool_use": {
-                key: final_eval.get(key)
-                for key in ("tool_calls_per_episode", "tool_error_rate", "mean_turns", "stop_reasons")
-            },
-            "sft_traces": self.progress.get("sft_traces"),
-            "stage_seconds": {k: round(v, 1) for k, v in self.stage_seconds.items()},
-            "wall_time_s": round(self.previous_wall_s + time.perf_counter() - self.started, 1),
-        }
-        if compare:
-            other = entropy_figures(read_records(self.folder / compare / "metrics.jsonl", "rl"), target)
-            summary["compare"] = {
-                "algorithm": compare,
-                "accuracy": self.progress.get("accuracy", {}).get(f"rl-{compare}"),
-                "rl_gain": _gain(evaluations, f"rl-{compare}", start, c.eval.bootstrap),
-                # this run's algorithm minus the compared one, on the same held-out tasks
-                "difference": _gain(evaluations, "rl", f"rl-{compare}", c.eval.bootstrap),
-                "entropy_final": other["learner_final"],
-                "entropy": other,
-                "benchmarks": benchmark_figures(read_records(self.folder / compare / "metrics.jsonl", "rl")),
-            }
-        (self.folder / "summary.json").write_text(dumps(summary, indent=2))
-        plot_run(self.folder, summary, compare)
-        return summary
-
-
-def accuracy_estimate(per_task: dict[str, float], bootstrap: int) -> Estimate:
-    """Held-out accuracy: the mean task score with a 95% percentile-bootstrap interval over tasks."""
-    return estimate(list(per_task.values()), bootstrap=bootstrap)
-
-
-def _gain(evaluations: dict[str, Any], after: str, before: str, bootstrap: int) -> dict[str, Any] | None:
-    if not all("per_task" in evaluations.get(point, {}) for point in (after, before)):
-        return None
-    gain = paired_difference(
-        evaluations[after]["per_task"], evaluations[before]["per_task"], bootstrap=bootstrap
-    )
-    return {
-        "of": f"{after} - {before}",
-        "value": gain.value,
-        "ci_low": gain.ci_low,
-        "ci_high": gain.ci_high,
-        "tasks": gain.problems,
-    }
-
-
-def mismatch_figures(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """The rollout/learner mismatch over an RL run: per figure its mean over the steps (the largest |log r|:
-    its maximum), and the steps above the warning thresholds. Figures no step measured are left out."""
-    out: dict[str, Any] = {}
-    for name, key in (
-        ("logprob_abs_diff_mean", "mismatch/logprob_abs_diff"),
-        ("kl_mean", "mismatch/kl"),
-        ("ratio_outside_mean", "mismatch/ratio_outside"),
-        ("importance_capped_share_mean", "importance/capped_share"),
-        ("importance_masked_share_mean", "importance/masked_share"),
-    ):
-        values = finite_values(key, records)
-        if values:
-            out[name] = sum(values) / len(values)
-    largest = finite_values("mismatch/max_abs_log_ratio", records)
-    if largest:
-        out["max_abs_log_ratio_max"] = max(largest)
-    measured = [r for r in records if _finite(r.get("mismatch/kl"))]
-    if measured:
-        out["steps_above_warning"] = sum(
-            r["mismatch/kl"] > WARN_KL or r.get("mismatch/ratio_outside", 0.0) > WARN_OUTSIDE
-            for r in measured
+        """summary.json and training.png (`run_summary.write_summary`)."""
+        wall_time_s = self.previous_wall_s + time.perf_counter() - self.started
+        return write_summary(
+            self.config,
+            self.folder,
+            self.progress,
+            stage_seconds=self.stage_seconds,
+            wall_time_s=wall_time_s,
+            compare=compare,
         )
-    return out
-
-
-def _finite(value: Any) -> bool:
-    return isinstance(value, int | float) and math.isfinite(value)
-
-
-def finite_values(key: str, rows: list[dict[str, Any]]) -> list[float]:
-    """The finite values of `key` over the records that have it."""
-    return [float(r[key]) for r in rows if _finite(r.get(key))]
-
-
-def benchmark_figures(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """eval.benchmarks over an RL run, from its "rl" records: per benchmark, the figures of the last
-    evaluation (`final`, after `steps` RL steps; its files in evals/step-NNNNNN/<name>/) and avg@k after
-    each evaluated step (`avg_by_step`)."""
-    out: dict[str, Any] = {}
-    for record in records:
-        steps = int(record["step"]) + 1
-        for key, value in record.items():
-            if not key.startswith("benchmark/") or key.count("/") != 2:
-                continue
-            _, name, figure = key.split("/")
-            entry = out.setdefault(name, {"steps": None, "final": {}, "avg_by_step": {}})
-            if entry["steps"] != steps:
-                entry["steps"], entry["final"] = steps, {}
-                entry["folder"] = f"{EVALS_DIR}/step-{steps:06d}/{name}"
-            entry["final"][figure] = value
-            if figure.startswith("avg@") and "_ci_" not in figure:
-                entry["avg_by_step"][str(steps)] = value
-    return out
-
-
-def entropy_figures(records: list[dict[str, Any]], target: float | None) -> dict[str, Any]:
-    """Entropy over an RL run: first/final/second-half means of the learner's entropy on the trained (kept)
-    batch (what the gate sees), on every trajectory that ran, and the sampler's mean surprisal; with a target,
-    the share of second-half steps whose entropy is within +-30% of it, for each of the three (None where the
-    run did not measure it: no figure stands in for another)."""
-
-    def mean(values: list[float]) -> float | None:
-        return sum(values) / len(values) if values else None
-
-    second = records[len(records) // 2 :]
-    out: dict[str, Any] = {}
-    for name, key in (
-        ("learner", "learner/entropy"),
-        ("all", "learner/entropy_all"),
-        ("sampler", "rollout/sampler_entropy"),
-    ):
-        values = finite_values(key, records)
-        out[f"{name}_first"] = values[0] if values else None
-        out[f"{name}_final"] = values[-1] if values else None
-        out[f"{name}_second_half_mean"] = mean(finite_values(key, second))
-    gate = finite_values("stare/gate_on", records)
-    out["gate_on_fraction"] = mean(gate)
-    out["gate_on_fraction_second_half"] = mean(finite_values("stare/gate_on", second))
-    if target is not None:  # each entropy on its own: a figure that was not measured stays None
-        for name, key in (
-            ("learner", "learner/entropy"),
-            ("all", "learner/entropy_all"),
-            ("sampler", "rollout/sampler_entropy"),
-        ):
-            late = finite_values(key, second)
-            out[f"{name}_second_half_within_30pct"] = (
-                sum(abs(v - target) <= 0.3 * target for v in late) / len(late) if late else None
-            )
-    return out
-
-
-def save_hf_model(model: Any, tokenizer_dir: Path, out: Path) -> Path:
-    """Save a model (and the tokenizer of `tokenizer_dir`) as a Hugging Face folder, atomically."""
-    from transformers import AutoTokenizer
-
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(tmp)
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
-    return out
-
-
-def _loaded(model_dir: Path, state_dict: dict[str, torch.Tensor]) -> Any:
-    from stare_agents.train.policy import load_causal_lm
-
-    model = load_causal_lm(model_dir)
-    model.load_state_dict(state_dict)
-    return model
-
-
-def plot_run(folder: Path, summary: dict[str, Any], compare: str | None = None) -> Path:
-    """training.png: entropy (learner on the trained batch and on every trajectory, sampler) against the
-    target band, rollout reward, held-out accuracy with 95% intervals (SFT, during RL, final), the gate and W/M,
-    and the trajectories each step trained on; one colour per algorithm."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    curves = {summary["algorithm"]: (read_records(folder / "metrics.jsonl", "rl"), "rl")}
-    if compare:
-        curves[compare] = (read_records(folder / compare / "metrics.jsonl", "rl"), f"rl-{compare}")
-    evaluations = read_records(folder / "metrics.jsonl", "eval")
-    fig, axes = plt.subplots(2, 4, figsize=(22, 8.5))
-    (ax_h, ax_r, ax_acc, ax_mis), (ax_gate, ax_w, ax_kept, ax_share) = axes
-    target = summary.get("entropy_target")
-    if target is not None:
-        ax_h.axhspan(target * 0.7, target * 1.3, color="tab:green", alpha=0.12, label="target ±30%")
-        ax_h.axhline(target, color="tab:green", linestyle="--", linewidth=1)
-    start_point = "sft" if any(e.get("point") == "sft" for e in evaluations) else "base"
-    start_eval = next((e for e in evaluations if e.get("point") == start_point), None)
-    for (name, (records, point)), colour in zip(curves.items(), ("tab:blue", "tab:orange"), strict=False):
-        steps = [r["step"] for r in records]
-
-        def series(key: str, rows: list[dict[str, Any]] = records) -> list[float]:
-            return [r.get(key) if isinstance(r.get(key), int | float) else float("nan") for r in rows]
-
-        ax_h.plot(steps, series("learner/entropy_all"), color=colour, marker="o", ms=3, label=f"{name}: all")
-        ax_h.plot(
-            steps,
-            series("learner/entropy"),
-            color=colour,
-            alpha=0.45,
-            linestyle="--",
-            label=f"{name}: trained batch (gate input)",
-        )
-        ax_h.plot(
-            steps,
-            series("rollout/sampler_entropy"),
-            color=colour,
-            linestyle=":",
-            label=f"{name}: sampler (mean surprisal)",
-        )
-        ax_r.plot(steps, series("rollout/mean_reward"), color=colour, marker="o", ms=3, label=name)
-        ax_gate.step(steps, series("stare/gate_on"), color=colour, where="mid", label=name)
-        ax_w.plot(steps, series("stare/w"), color=colour, label=f"{name}: W")
-        ax_w.plot(steps, series("stare/m"), color=colour, linestyle="--", label=f"{name}: M")
-        ax_kept.plot(steps, series("data/kept_trajectories"), color=colour, marker="o", ms=3, label=name)
-        ax_mis.plot(
-            steps,
-            series("mismatch/logprob_abs_diff"),
-            color=colour,
-            marker="o",
-            ms=3,
-            label=f"{name}: mean |log r|",
-        )
-        ax_mis.plot(steps, series("mismatch/kl"), color=colour, linestyle="--", label=f"{name}: KL (k3)")
-        ax_share.plot(
-            steps,
-            series("mismatch/ratio_outside"),
-            color=colour,
-            marker="o",
-            ms=3,
-            label=f"{name}: r outside [0.9, 1.1]",
-        )
-        ax_share.plot(
-            steps, series("importance/capped_share"), color=colour, linestyle="--", label=f"{name}: IS capped"
-        )
-        ax_share.plot(
-            steps, series("importance/masked_share"), color=colour, linestyle=":", label=f"{name}: IS masked"
-        )
-        # held-out accuracy: the start point at step 0, evaluations during RL, the final one at the last step
-        mid = [r for r in records if isinstance(r.get("eval/accuracy"), int | float)]
-        final = next((e for e in evaluations if e.get("point") == point), None)
-        xs, ys, lows, highs = [], [], [], []
-        for x, row, key, low, high in [
-            *([(0, start_eval, "accuracy", "ci_low", "ci_high")] if start_eval else []),
-            *[
-                (r["step"] + 1, r, "eval/accuracy", "eval/accuracy_ci_low", "eval/accuracy_ci_high")
-                for r in mid
-            ],
-            *([(len(records), final, "accuracy", "ci_low", "ci_high")] if final else []),
-        ]:
-            xs.append(x)
-            ys.append(row[key])
-            lows.append(row[key] - row[low] if row.get(low) is not None else 0.0)
-            highs.append(row[high] - row[key] if row.get(high) is not None else 0.0)
-        if xs:
-            ax_acc.errorbar(xs, ys, yerr=[lows, highs], color=colour, marker="o", capsize=3, label=name)
-    ax_mis.axhline(WARN_KL, color="tab:red", linestyle=":", linewidth=1, label="KL warning")
-    if any(v > 0 for v in _plotted(ax_mis)):
-        ax_mis.set_yscale("log")
-    titles = (
-        "policy entropy (action tokens)",
-        "rollout reward (training prompts)",
-        "held-out accuracy (greedy, 95% CI)",
-        "rollout/learner mismatch (action tokens)",
-        "STARE gate on",
-        "STARE W / M",
-        "trajectories trained on (dynamic sampling)",
-        "share of action tokens",
-    )
-    for ax, title in zip(axes.flat, titles, strict=True):
-        ax.set_title(title)
-        ax.set_xlabel("RL step")
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
-    accuracy = summary.get("accuracy", {})
-    fig.suptitle(
-        f"{summary.get('model')} on {summary.get('environment')}: held-out accuracy "
-        + ", ".join(f"{k} {v:.3f}" for k, v in accuracy.items() if isinstance(v, int | float))
-    )
-    fig.tight_layout()
-    path = folder / "training.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
-
-
-def _plotted(ax: Any) -> list[float]:
-    """Every finite y value drawn on `ax` (so a log scale is chosen only for data it can show)."""
-    values = []
-    for line in ax.get_lines():
-        values.extend(float(v) for v in line.get_ydata() if isinstance(v, int | float) and math.isfinite(v))
-    return values
 
 
 def train(config: TrainConfig, *, resume: bool = False, compare: str | None = None) -> dict[str, Any]:

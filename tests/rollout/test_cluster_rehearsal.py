@@ -33,8 +33,8 @@ import pytest
 import yaml
 from ray_cluster_support import cluster_env, remove, short_folder, start_node
 
+from stare_agents.records import read_records
 from stare_agents.train.checkpoint import latest_checkpoint
-from stare_agents.train.trainer import read_records
 
 HEAD_IP, LEARNER_IP = "127.0.0.2", "127.0.0.3"
 COIN_ENV = Path(__file__).parents[1] / "train"  # tests/Coin-v0 (rewards with variance): on every node's path

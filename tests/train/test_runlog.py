@@ -11,8 +11,9 @@ import pytest
 from support import require
 
 from stare_agents._quiet_progress import quiet_progress_bars
+from stare_agents.records import read_records
 from stare_agents.train.config import TrainConfig
-from stare_agents.train.trainer import WANDB_ID_FILE, RunLog, read_records, scalars
+from stare_agents.train.run_folder import WANDB_ID_FILE, RunLog, scalars
 
 
 def tensorboard_scalars(folder) -> dict[str, list[tuple[int, float]]]:

@@ -15,12 +15,13 @@ import pytest
 import torch
 
 from stare_agents.models import prepare_model
+from stare_agents.records import read_records
 from stare_agents.rollout_log import read_step_file, step_file
 from stare_agents.train.checkpoint import latest_checkpoint, load_checkpoint
 from stare_agents.train.config import load_config
 from stare_agents.train.learner import LEARNER_METRICS
 from stare_agents.train.policy import load_causal_lm
-from stare_agents.train.trainer import read_records, train
+from stare_agents.train.trainer import train
 
 # timing figures differ between runs; everything else in a step's record must be identical
 TIMING = ("time/", "learner/step_s", "learner/pre_update_s", "learner/tokens_per_s", "rollout/tokens_per_s")
