@@ -53,6 +53,7 @@ import sys
 import time
 import traceback
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 
 _LEN = struct.Struct(">I")
@@ -652,6 +653,156 @@ def _remove_entry(root_fd: int, name: str, moved: int, until: float) -> int:
     return moved
 
 
+class Sweep:
+    """What the code leaves outside its worker, found, removed and checked gone: its processes, its SysV IPC
+    objects and the files in the scratch folders.
+
+    The code's processes are every process but PID 1, this supervisor, the supervisor's own session (the
+    template and its spare live there, and the code's processes cannot join it) and, when kept, the worker.
+    Uncontained (locally, without a PID namespace of its own) only the worker's process group and the
+    orphans re-parented to the supervisor are the code's. `processes()` gives the supervisor's handles
+    (worker, template, spare), each None where there is none.
+    """
+
+    def __init__(self, mode: str, workdir: str, contained: bool, processes: Callable[[], tuple]) -> None:
+        self.mode = mode
+        self.workdir = workdir
+        self.contained = contained
+        self.processes = processes
+        self.pid = os.getpid()
+
+    def scratch_roots(self) -> tuple[str, ...]:
+        if self.mode != "docker":
+            return (self.workdir,)
+        return tuple(root for root in (self.workdir, "/dev/shm", "/dev/mqueue") if os.path.isdir(root))
+
+    def reap(self) -> None:
+        """Collect every child that has ended; a handle's own process gets its exit code on the handle."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            for handle in self.processes():  # reaped here, so not by its handle
+                if handle is not None and pid == handle.pid:
+                    handle.returncode = os.waitstatus_to_exitcode(status)
+
+    @staticmethod
+    def _pids(select_process) -> list[int]:
+        """Live processes (not this one) for which select_process(pid, /proc/pid/stat fields) holds.
+
+        A process whose main thread ended while other threads run on (the raw `exit` syscall) shows as a
+        zombie ("Z") in /proc/<pid>/stat; it is alive as long as its status counts more than one thread.
+        Only true zombies are left out (their parents, or this process, collect them)."""
+        pids = []
+        try:
+            names = os.listdir("/proc")
+        except OSError:  # no procfs (not Linux): nothing to find
+            return pids
+        for name in names:
+            if not name.isdigit() or int(name) in (1, os.getpid()):
+                continue
+            pid = int(name)
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()  # state, ppid, pgrp, session, ...
+            except OSError:
+                continue
+            if fields[0] in ("Z", "X") and not _has_live_threads(pid):
+                continue
+            if select_process(pid, fields):
+                pids.append(pid)
+        return pids
+
+    def strays(self, keep_worker: bool) -> list[int]:
+        """The code's live processes (the worker too, unless kept)."""
+        worker = self.processes()[0]
+        keep_pid = worker.pid if keep_worker and worker is not None else -1
+        group = worker.pid if worker is not None else -1
+        own_session = os.getsid(0)  # the template and its spares; the code's processes cannot join it
+        me = os.getpid()
+
+        def is_stray(pid: int, fields: list[str]) -> bool:
+            if pid == keep_pid or int(fields[3]) == own_session:
+                return False
+            # uncontained, only the code's own processes: its process group, or orphans re-parented here
+            return self.contained or int(fields[2]) == group or int(fields[1]) == me
+
+        return self._pids(is_stray)
+
+    def _only_known_processes(self, keep_worker: bool) -> bool:
+        """Contained: whether /proc lists no process but this one, the template, its spare and (if kept) the
+        worker. Cheaper than reading every process's stat file (gVisor: 3 ms per call)."""
+        if not self.contained:
+            return False
+        worker, template, spare = self.processes()
+        known = {1, self.pid}
+        for handle in (template, spare, worker if keep_worker else None):
+            if handle is not None:
+                known.add(handle.pid)
+        try:
+            return all(int(name) in known for name in os.listdir("/proc") if name.isdigit())
+        except OSError:
+            return False
+
+    def kill_strays(self, keep_worker: bool = True, budget_s: float = 2.0) -> list[int]:
+        """SIGKILL every process the code started (all but the supervisor's own and, if kept, the worker),
+        again and again until none is left or `budget_s` has passed (a fork bomb keeps making new ones)."""
+        killed: set[int] = set()
+        until = time.monotonic() + budget_s
+        while True:
+            self.reap()
+            if self._only_known_processes(keep_worker):  # the common case, one directory read
+                break
+            pids = self.strays(keep_worker)
+            if not pids or time.monotonic() > until:
+                break
+            for pid in pids:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+                    killed.add(pid)
+            time.sleep(0.001)
+        if killed:
+            self.reap()
+        return sorted(killed)
+
+    def wipe(self, until: float) -> list[str]:
+        """Between sessions, once the worker and every process of the code are killed: remove the IPC objects
+        and empty the scratch folders by `until`, then say what is left ([]: nothing)."""
+        if self.contained:  # an IPC namespace of its own
+            remove_sysv_ipc()
+        wiped = True
+        for root in self.scratch_roots():
+            wiped = empty_folder(root, until) and wiped
+        problems = self.leftovers()
+        if not wiped:
+            problems.insert(0, f"the scratch folders could not be emptied within {RESET_BUDGET_S:g} s")
+        return problems
+
+    def leftovers(self) -> list[str]:
+        """What of the code is left: processes, IPC objects, files in the scratch folders."""
+        problems = []
+        self.reap()
+        pids = [] if self._only_known_processes(keep_worker=False) else self.strays(keep_worker=False)
+        if pids:
+            problems.append(f"processes of the code are alive: {pids[:10]}")
+        if self.contained:
+            for kind in SYSV_KINDS:
+                ids = sysv_ids(kind)
+                if ids:
+                    problems.append(f"SysV {kind} objects are left: {ids[:10]}")
+        for root in self.scratch_roots():
+            try:
+                names = os.listdir(root)
+            except OSError:
+                continue
+            if names:
+                problems.append(f"{root} is not empty: {sorted(names)[:5]}")
+        return problems
+
+
 def _pipe_empty(fd: int) -> bool:
     """Whether nothing is buffered in the pipe `fd` belongs to (either end); False if that is unknown."""
     import fcntl
@@ -1093,6 +1244,7 @@ class Supervisor:
         # every process here but this one's session is the code's: a container, or (local mode) the PID
         # namespace this process is PID 1 of
         self.contained = mode == "docker" or os.getpid() == 1
+        self.sweep = Sweep(mode, workdir, self.contained, self._processes)
         # Signals from the code: PID 1 of a container only receives those it handles, and Python handles
         # SIGINT (KeyboardInterrupt). A no-op handler (not SIG_IGN, which children would inherit) makes
         # every one of these harmless here.
@@ -1137,6 +1289,15 @@ class Supervisor:
         if self.mode == "local":  # the code's processes may write only in the scratch folder
             env[CONFINE_ENV] = self.workdir
         return env
+
+    def _processes(self) -> tuple:
+        """(worker, template, spare): the handles of the supervisor's processes, None where there is none. A
+        spare the template has forked meanwhile is collected first, so that the sweep knows its pid."""
+        if self.spare_requested and self.spare is None and self.template_sock is not None:
+            with contextlib.suppress(OSError, ValueError):
+                if select.select([self.template_sock], [], [], 0)[0]:
+                    self._collect_spare()
+        return self.worker, self.template, self.spare[0] if self.spare is not None else None
 
     def start_template(self) -> None:
         """Start the template (only while none of the code's processes is alive) and wait until it has
@@ -1194,7 +1355,7 @@ class Supervisor:
                 os.close(fd)
         self.template, self.template_sock = None, None
         self.spare, self.spare_requested = None, False
-        self._reap()
+        self.sweep.reap()
 
     def _request_spare(self) -> None:
         os.kill(self.template.pid, signal.SIGCONT)  # in case the code stopped it
@@ -1314,7 +1475,7 @@ class Supervisor:
                 self.worker.kill()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.worker.wait(timeout=5)
-        self.kill_strays(keep_worker=False)
+        self.sweep.kill_strays(keep_worker=False)
 
     def stop_worker(self) -> None:
         self.kill_code()
@@ -1330,149 +1491,20 @@ class Supervisor:
         self.stop_worker()
         self.spawn_worker()
 
-    def _pids(self, select_process) -> list[int]:
-        """Live processes (not this one) for which select_process(pid, /proc/pid/stat fields) holds.
-
-        A process whose main thread ended while other threads run on (the raw `exit` syscall) shows as a
-        zombie ("Z") in /proc/<pid>/stat; it is alive as long as its status counts more than one thread.
-        Only true zombies are left out (their parents, or this process, collect them)."""
-        pids = []
-        try:
-            names = os.listdir("/proc")
-        except OSError:  # no procfs (not Linux): nothing to find
-            return pids
-        for name in names:
-            if not name.isdigit() or int(name) in (1, os.getpid()):
-                continue
-            pid = int(name)
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()  # state, ppid, pgrp, session, ...
-            except OSError:
-                continue
-            if fields[0] in ("Z", "X") and not _has_live_threads(pid):
-                continue
-            if select_process(pid, fields):
-                pids.append(pid)
-        return pids
-
-    def _stray_pids(self, keep_worker: bool) -> list[int]:
-        keep_pid = self.worker.pid if keep_worker and self.worker is not None else -1
-        group = self.worker.pid if self.worker is not None else -1
-        own_session = os.getsid(0)  # the template and its spares; the code's processes cannot join it
-        me = os.getpid()
-
-        def is_stray(pid: int, fields: list[str]) -> bool:
-            if pid == keep_pid or int(fields[3]) == own_session:
-                return False
-            # uncontained, only the code's own processes: its process group, or orphans re-parented here
-            return self.contained or int(fields[2]) == group or int(fields[1]) == me
-
-        return self._pids(is_stray)
-
-    def _only_known_processes(self, keep_worker: bool) -> bool:
-        """In a container: whether /proc lists no process but this one, the template, its spare and (if
-        kept) the worker. Cheaper than reading every process's stat file (gVisor: 3 ms per call)."""
-        if not self.contained:
-            return False
-        if self.spare_requested and self.spare is None and self.template_sock is not None:
-            with contextlib.suppress(OSError, ValueError):  # the spare forked meanwhile: learn its pid
-                if select.select([self.template_sock], [], [], 0)[0]:
-                    self._collect_spare()
-        known = {1, self.pid}
-        for handle in (
-            self.template,
-            self.spare[0] if self.spare else None,
-            self.worker if keep_worker else None,
-        ):
-            if handle is not None:
-                known.add(handle.pid)
-        try:
-            return all(int(name) in known for name in os.listdir("/proc") if name.isdigit())
-        except OSError:
-            return False
-
-    def _reap(self) -> None:
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
-            spare = self.spare[0] if self.spare is not None else None
-            for handle in (self.worker, self.template, spare):  # reaped here, so not by its handle
-                if handle is not None and pid == handle.pid:
-                    handle.returncode = os.waitstatus_to_exitcode(status)
-
-    def kill_strays(self, keep_worker: bool = True, budget_s: float = 2.0) -> list[int]:
-        """SIGKILL every process the code started (all but this one and, if kept, the worker), again and
-        again until none is left or `budget_s` has passed (a fork bomb keeps making new ones)."""
-        killed: set[int] = set()
-        until = time.monotonic() + budget_s
-        while True:
-            self._reap()
-            if self._only_known_processes(keep_worker):  # the common case, one directory read
-                break
-            pids = self._stray_pids(keep_worker)
-            if not pids or time.monotonic() > until:
-                break
-            for pid in pids:
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
-                    killed.add(pid)
-            time.sleep(0.001)
-        if killed:
-            self._reap()
-        return sorted(killed)
-
     # -- between sessions
-    def scratch_roots(self) -> tuple[str, ...]:
-        if self.mode != "docker":
-            return (self.workdir,)
-        return tuple(root for root in (self.workdir, "/dev/shm", "/dev/mqueue") if os.path.isdir(root))
-
     def reset(self) -> str:
         """End the session: kill every process of the code, remove the IPC objects, empty the scratch
         folders, then check that all of that holds before a fresh worker is handed over. Returns "" when the
         container is clean, else what is left (the host then replaces the container)."""
         until = time.monotonic() + RESET_BUDGET_S
         self.stop_worker()
-        if self.contained:  # an IPC namespace of its own
-            remove_sysv_ipc()
-        wiped = True
-        for root in self.scratch_roots():
-            wiped = empty_folder(root, until) and wiped
-        problems = self.leftovers()
-        if not wiped:
-            problems.insert(0, f"the scratch folders could not be emptied within {RESET_BUDGET_S:g} s")
+        problems = self.sweep.wipe(until)
         if problems:
             return "; ".join(problems)
         if self.preimport and (self.template is None or self.template.poll() is not None):
             self.start_template()  # the code killed it; now none of its processes is left
         self.spawn_worker()
         return ""
-
-    def leftovers(self) -> list[str]:
-        """What of the code is left: processes, IPC objects, files in the scratch folders."""
-        problems = []
-        self._reap()
-        pids = [] if self._only_known_processes(keep_worker=False) else self._stray_pids(keep_worker=False)
-        if pids:
-            problems.append(f"processes of the code are alive: {pids[:10]}")
-        if self.contained:
-            for kind in SYSV_KINDS:
-                ids = sysv_ids(kind)
-                if ids:
-                    problems.append(f"SysV {kind} objects are left: {ids[:10]}")
-        for root in self.scratch_roots():
-            try:
-                names = os.listdir(root)
-            except OSError:
-                continue
-            if names:
-                problems.append(f"{root} is not empty: {sorted(names)[:5]}")
-        return problems
 
     # -- one call
     def run(self, request: dict) -> tuple[dict, bytes, bytes]:
@@ -1638,7 +1670,7 @@ class Supervisor:
         if restart:
             self.kill_code()
         elif status == "timeout" or self.mode == "docker":
-            self.reap_next = self.kill_strays()
+            self.reap_next = self.sweep.kill_strays()
         self._drain(streams)
         if restart:
             self.restart_worker()
