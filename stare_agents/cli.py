@@ -296,8 +296,10 @@ def show(
     serve: bool = typer.Option(False, help="Also serve the page over HTTP on localhost until Ctrl-C."),
     port: int = typer.Option(8000, help="The port for --serve (0: any free port)."),
 ) -> None:
-    """Write one self-contained HTML page of saved rollouts: per-step overview, filters, and each trajectory's
-    tokens coloured by surprisal or by STARE weight, with tool calls and outputs. Opens from disk."""
+    """Write one self-contained HTML page of saved rollouts: per-step overview, filters, search and sorting, and
+    each trajectory's tokens coloured by STARE weight, surprisal, entropy or rollout/learner mismatch (with a
+    scale), with tool calls, outputs and grading details; #step=N&traj=I links one trajectory, #prompt=P one
+    prompt across steps. Opens from disk."""
     from stare_agents.jsonl import Unread, unread_message
     from stare_agents.viewer import serve as serve_page
     from stare_agents.viewer import write_page
