@@ -259,3 +259,9 @@ def collate(trajectories: Sequence[Trajectory], pad_token_id: int) -> Batch:
         rewards,
         prompt_len,
     )
+
+
+def policy_text(trajectory: Trajectory) -> str:
+    """The policy's own text: its turns, joined with newlines (as the environment grades them). Training's
+    per-step behaviour figures and evaluation's read the same text."""
+    return "\n".join(turn.text for turn in trajectory.turns)

@@ -6,7 +6,8 @@ stare_agents.envs, and so on):
 * `stare_agents.envs` imports nothing of the project but `stare_agents.sandbox`;
 * `stare_agents.sandbox` imports nothing else of the project;
 * nothing imports `stare_agents.train` but the CLI (`stare_agents.cli`) and the training package itself;
-* evaluation imports the rollout layer, never training.
+* evaluation imports the rollout layer, never training;
+* training imports evaluation through the `stare_agents.eval` package only, never its modules.
 """
 
 from __future__ import annotations
@@ -116,6 +117,28 @@ def test_nothing_but_the_cli_imports_training():
         if within(target, "stare_agents.train")
     )
     assert broken == []
+
+
+def eval_imports(path: Path) -> list[str]:
+    """The evaluation modules a file names in its imports (`from X import ...` and `import X`)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    named = [node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
+    named += [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
+    return [module for module in named if within(module, "stare_agents.eval")]
+
+
+def test_training_reaches_evaluation_through_its_one_door():
+    """Training imports `stare_agents.eval` (the package's public names: `evaluate_on_workers`, the benchmark
+    checks, the behaviour helpers), never one of its modules; plain statistics come from `stare_agents.stats`."""
+    broken = sorted(
+        f"{name} imports {module}"
+        for name, path in modules().items()
+        if within(name, "stare_agents.train")
+        for module in eval_imports(path)
+        if module != "stare_agents.eval"
+    )
+    assert broken == []
+    assert any(eval_imports(path) for name, path in modules().items() if within(name, "stare_agents.train"))
 
 
 def circles(graph: dict[str, set[str]]) -> list[set[str]]:

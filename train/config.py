@@ -474,7 +474,7 @@ def check_benchmarks(entries: Any, data_dir: str | None) -> list[BenchmarkEval]:
     """`eval.benchmarks` as BenchmarkEval entries, each checked where the config loads: the protocol and its
     overrides, k, and the benchmark itself (a name or file is read and checked now; a Hugging Face id is
     loaded when the run starts)."""
-    from stare_agents.eval.benchmarks import get_protocol, load_benchmark
+    from stare_agents.eval import get_protocol, load_benchmark
 
     if not isinstance(entries, list | tuple):
         raise ValueError(f"eval.benchmarks must be a list of benchmarks, got {entries!r}")
@@ -516,7 +516,7 @@ def check_benchmarks(entries: Any, data_dir: str | None) -> list[BenchmarkEval]:
 
 def benchmark_protocol(entry: BenchmarkEval) -> Any:
     """The eval harness's protocol of a benchmark entry, with its overrides applied (and checked)."""
-    from stare_agents.eval.benchmarks import get_protocol
+    from stare_agents.eval import get_protocol
 
     return get_protocol(entry.protocol).override(
         temperature=entry.temperature,
@@ -528,7 +528,7 @@ def benchmark_protocol(entry: BenchmarkEval) -> Any:
 
 
 def _benchmark_name(entry: BenchmarkEval, data_dir: str | None, load_benchmark: Any) -> str:
-    from stare_agents.eval.benchmarks import benchmark_source
+    from stare_agents.eval import benchmark_source
 
     name, source = benchmark_source(entry.benchmark, data_dir=data_dir)
     if source != entry.benchmark or Path(source).exists():  # a name or a file: read and check it now

@@ -14,10 +14,10 @@ from typing import Any
 import torch
 
 from stare_agents.algo.importance import WARN_KL, WARN_OUTSIDE
-from stare_agents.eval.metrics import Estimate, estimate, paired_difference
 from stare_agents.hardware import resolve_dtype, resolve_precision
 from stare_agents.jsonl import dumps
 from stare_agents.records import read_records
+from stare_agents.stats import Estimate, estimate, paired_difference
 from stare_agents.train.config import TrainConfig
 from stare_agents.train.run_folder import EVALS_DIR
 

@@ -35,6 +35,13 @@ from stare_agents.algo.importance import mismatch_warning
 from stare_agents.completions_table import log_completions
 from stare_agents.envs.registration import split_kwargs
 from stare_agents.envs.tasks import Task
+from stare_agents.eval import (
+    EvalConfig,
+    evaluate_on_workers,
+    get_protocol,
+    load_benchmark,
+    reflection_counts,
+)
 from stare_agents.jsonl import dumps
 from stare_agents.rollout import RolloutConfig, RolloutTask, RolloutWorkerGroup, WorkerSpec
 from stare_agents.rollout.summary import check_failed_share, summarize
@@ -60,7 +67,7 @@ from stare_agents.train.run_folder import (
     save_hf_model,
 )
 from stare_agents.train.run_summary import accuracy_estimate, write_summary
-from stare_agents.trajectory import Trajectory, collate, learning_trajectories
+from stare_agents.trajectory import Trajectory, collate, learning_trajectories, policy_text
 
 logger = logging.getLogger("stare_agents.train")
 
@@ -355,8 +362,6 @@ class Trainer:
         """`eval.benchmarks` on the workers' current weights (the policy after `steps_done` RL steps), each with
         the eval harness into `folder/evals/step-NNNNNN/<name>/` (samples.jsonl, results.json, ...); returns
         the figures for the step's record: `benchmark/<name>/avg@k` with its 95% interval, pass@1, pass@k."""
-        from stare_agents.eval.harness import EvalConfig, RolloutRunner, evaluate
-        from stare_agents.eval.report import metrics_of
         from stare_agents.sandbox import DEFAULT_BACKEND, backend_class
         from stare_agents.train.config import benchmark_protocol
 
@@ -388,24 +393,22 @@ class Trainer:
             )
             out = folder / EVALS_DIR / f"step-{steps_done:06d}" / benchmark.name
             shutil.rmtree(out, ignore_errors=True)  # a repeated step (resume) evaluates afresh
-            runner = RolloutRunner.on_workers(self.workers, benchmark_protocol(entry), config)
             identity = {
                 "path": str(out),
                 "name": f"{c.name} ({key}) after {steps_done} RL steps",
                 "fingerprint": None,
                 "weight_version": self.workers.weight_version,
             }
-            results = evaluate(
-                tokenizer_dir,
-                [benchmark],
+            metrics = evaluate_on_workers(
+                self.workers,
+                benchmark_protocol(entry),
                 config,
+                tokenizer_dir,
+                benchmark,
                 out=out,
-                runner=runner,
                 identity=identity,
                 progress=c.logging.progress,
             )
-            metrics = metrics_of(results["benchmarks"][benchmark.name])
-            assert metrics is not None  # every planned sample ran
             k, prefix = entry.k, f"benchmark/{benchmark.name}"
             figures.update(
                 {
@@ -428,7 +431,6 @@ class Trainer:
     def benchmarks(self) -> list[Any]:
         """The loaded `eval.benchmarks` (read once per run; a Hugging Face id is fetched here)."""
         if getattr(self, "_benchmarks", None) is None:
-            from stare_agents.eval.benchmarks import get_protocol, load_benchmark
             from stare_agents.sandbox import backend_class
 
             c = self.config
@@ -888,8 +890,6 @@ class Trainer:
     ) -> dict[str, Any]:
         """The step's metrics.jsonl record: the learner's metrics, the rollouts' summary, the data figures and
         the stage times."""
-        from stare_agents.eval.behavior import reflection_counts
-
         c = self.config
         trajectories, kept = sampled.trajectories, sampled.kept
         summary = summarize(trajectories, seconds.get("rollout", 0.0))
@@ -899,7 +899,7 @@ class Trainer:
         ) / max(1, sum(t.num_action_tokens for t in action))
         reflections: dict[str, int] = {}
         for t in sampled.usable:  # every sampling round's
-            for category, count in reflection_counts("".join(turn.text for turn in t.turns)).items():
+            for category, count in reflection_counts(policy_text(t)).items():
                 reflections[category] = reflections.get(category, 0) + count
         kept_entropy = metrics.get("learner/entropy", float("nan"))
         gate_reads_all = algorithm.stare is not None and algorithm.stare.gate_input != "trained"

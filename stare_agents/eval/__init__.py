@@ -4,6 +4,10 @@
     evaluate("runs/ckpt", ["aime24", "math500"], EvalConfig(protocol="tir", samples=4), out="evals/ckpt")
     table, _ = compare_runs(["evals/base", "evals/ckpt"])
 
+Training reaches evaluation through this package only (tests/test_layers.py): `evaluate_on_workers` runs a
+benchmark on a training run's running workers; `get_protocol`, `load_benchmark` and `benchmark_source` check a
+config's benchmarks where it loads.
+
 The command line: `stare-agents eval ...` and `stare-agents compare DIR ...` (see `stare_agents.eval.cli`).
 """
 
@@ -24,19 +28,21 @@ from stare_agents.eval.benchmarks import (
     Benchmark,
     Preset,
     Protocol,
+    benchmark_source,
+    get_protocol,
     load_benchmark,
     resolve_data_dir,
 )
-from stare_agents.eval.harness import EvalConfig, RolloutRunner, SampleSpec, evaluate
+from stare_agents.eval.harness import EvalConfig, RolloutRunner, SampleSpec, evaluate, evaluate_on_workers
 from stare_agents.eval.metrics import (
     BenchmarkMetrics,
-    Estimate,
     ProblemOutcome,
     benchmark_metrics,
     k_values,
     pass_at_k,
 )
 from stare_agents.eval.report import compare_runs, load_results, model_identity
+from stare_agents.stats import Estimate
 
 __all__ = [
     "BENCHMARK_FILES",
@@ -58,8 +64,11 @@ __all__ = [
     "SampleSpec",
     "behavior_summary",
     "benchmark_metrics",
+    "benchmark_source",
     "compare_runs",
     "evaluate",
+    "evaluate_on_workers",
+    "get_protocol",
     "k_values",
     "load_benchmark",
     "load_results",

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from stare_agents.rollout.summary import tool_outcomes
-from stare_agents.trajectory import STOP_REASONS, Trajectory
+from stare_agents.trajectory import STOP_REASONS, Trajectory, policy_text
 
 # category -> patterns (regular expressions, matched as whole words, case-insensitive), phrases first.
 REFLECTION_WORDS: dict[str, tuple[str, ...]] = {
@@ -97,11 +97,6 @@ class ResponseStats:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ResponseStats:
         return cls(**dict(data))
-
-
-def policy_text(trajectory: Trajectory) -> str:
-    """The policy's own text: its turns, joined with newlines (as the environment grades them)."""
-    return "\n".join(turn.text for turn in trajectory.turns)
 
 
 def response_stats(trajectory: Trajectory) -> ResponseStats:

@@ -45,12 +45,14 @@ from stare_agents.eval.benchmarks import (
     get_protocol,
     load_benchmark,
 )
+from stare_agents.eval.metrics import BenchmarkMetrics
 from stare_agents.eval.report import (
     RESULTS_FILE,
     SAMPLES_FILE,
     append_samples,
     build_results,
     drop_torn_tail,
+    metrics_of,
     model_identity,
     read_samples,
     sample_key,
@@ -715,3 +717,27 @@ __all__ = [
     "run_settings",
     "sample_seed",
 ]
+
+
+def evaluate_on_workers(
+    group: Any,
+    protocol: Protocol,
+    config: EvalConfig,
+    tokenizer_dir: str | Path,
+    benchmark: Benchmark,
+    *,
+    out: str | Path,
+    identity: dict[str, Any],
+    progress: bool = False,
+) -> BenchmarkMetrics:
+    """One benchmark on rollout workers that are already running (a training run's, with their current weights):
+    the samples, results.json and results.md go to `out` as `evaluate` writes them; returns the metrics. The
+    one entry point training uses to evaluate (the workers keep running)."""
+    runner = RolloutRunner.on_workers(group, protocol, config)
+    results = evaluate(
+        tokenizer_dir, [benchmark], config, out=out, runner=runner, identity=identity, progress=progress
+    )
+    metrics = metrics_of(results["benchmarks"][benchmark.name])
+    if metrics is None:
+        raise RuntimeError(f"{benchmark.name}: the evaluation in {out} ended without metrics")
+    return metrics

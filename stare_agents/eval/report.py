@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from stare_agents.eval.behavior import ResponseStats, response_stats, summarize
-from stare_agents.eval.metrics import BenchmarkMetrics, Estimate, benchmark_metrics, outcomes_from_samples
+from stare_agents.eval.metrics import BenchmarkMetrics, benchmark_metrics, outcomes_from_samples
 from stare_agents.jsonl import Unread, dumps, dumps_line, read_lines, report_unread
+from stare_agents.stats import Estimate
 from stare_agents.trajectory import Trajectory
 
 RESULTS_FORMAT = "stare-agents-eval/1"

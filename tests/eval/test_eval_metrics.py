@@ -9,14 +9,13 @@ import pytest
 
 from stare_agents.eval.metrics import (
     BenchmarkMetrics,
-    Estimate,
     ProblemOutcome,
     benchmark_metrics,
-    estimate,
     k_values,
     outcomes_from_samples,
     pass_at_k,
 )
+from stare_agents.stats import Estimate, estimate
 
 
 @pytest.mark.parametrize(
