@@ -54,6 +54,7 @@ import time
 import traceback
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 _LEN = struct.Struct(">I")
@@ -1193,16 +1194,80 @@ class _Capture:
         return head + f"\n... [{skipped} bytes of output truncated] ...\n".encode() + tail
 
 
-class _Call:
-    """How one call's wait ended (see `Supervisor._wait_for_reply`)."""
+@dataclass
+class CallEnd:
+    """How the wait for one call's reply ended (see `Supervisor._wait_for_reply`)."""
 
-    def __init__(self) -> None:
-        self.reply: dict | None = None
-        self.interrupted = False  # the deadline passed (or a cancel came) and SIGINT was sent
-        self.hard_killed = False  # the grace period after the interrupt passed too
-        self.died = False  # the worker's control pipe closed
-        self.cancelled = False  # the host cancelled the call or went away
-        self.violation = ""  # what the code wrote to the control channel
+    reply: dict | None = None  # the worker's reply (see _worker_reply), if one came
+    interrupted: bool = False  # the deadline passed (or a cancel came) and SIGINT was sent
+    hard_killed: bool = False  # the grace period after the interrupt passed too
+    died: bool = False  # the worker's control pipe closed
+    cancelled: bool = False  # the host cancelled the call or went away
+    violation: str = ""  # what the code wrote to the control channel
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a call comes to: its status, the notes appended to its stderr, and whether the interpreter is
+    killed with everything it started and a fresh one started (the session's variables lost)."""
+
+    status: str  # one of STATUSES on the host: "ok", "error", "timeout", "killed"
+    notes: tuple[str, ...] = ()
+    restart: bool = False
+
+
+LOST = "the interpreter was restarted and this session's variables were lost"
+
+
+def call_outcome(
+    end: CallEnd, timeout_s: float, exit_code: int | None = None, memory_hint: str = ""
+) -> Outcome:
+    """The status a call gets, the notes that say why, and whether its interpreter is restarted, from how the
+    wait for its reply ended. exit_code: the worker's, where it died (None: unknown)."""
+    if end.violation:  # whatever the code forged there is the call's error
+        note = f"SandboxError: the code wrote to the sandbox's control channel ({end.violation}); {LOST}"
+        return Outcome("error", (note,), restart=True)
+    if end.hard_killed:
+        what = (
+            "the call was cancelled"
+            if end.cancelled
+            else f"TimeoutError: the code ran past the {timeout_s:g} s limit"
+        )
+        return Outcome("timeout", (f"{what} and did not stop when interrupted; {LOST}",), restart=True)
+    if end.died or end.reply is None:
+        return Outcome("killed", (_death_note(exit_code, memory_hint),), restart=True)
+    status = end.reply["status"]
+    if not (end.interrupted or status == "interrupted"):
+        return Outcome(status)
+    if end.cancelled:
+        note = "CancelledError: the caller cancelled the call and it was interrupted"
+    else:
+        note = f"TimeoutError: the code ran past the {timeout_s:g} s limit and was interrupted"
+    if end.reply["threads"] > 1:  # threads it started run on: the interpreter cannot be trusted to be idle
+        note += f"; threads it started were still running, so {LOST}"
+        return Outcome("timeout", (note,), restart=True)
+    return Outcome("timeout", (note + "; the session's variables are kept",))
+
+
+def compose_reply(
+    outcome: Outcome, out: _Capture, err: _Capture, duration_s: float
+) -> tuple[dict, bytes, bytes]:
+    """The reply frame's header, stdout and stderr: the notes after the code's own stderr; `truncated` when
+    either stream lost its middle."""
+    err_bytes = err.result()
+    if outcome.notes:
+        if err_bytes and not err_bytes.endswith(b"\n"):
+            err_bytes += b"\n"
+        err_bytes += ("\n".join(outcome.notes) + "\n").encode()
+    out_bytes = out.result()
+    header = {
+        "status": outcome.status,
+        "truncated": out.truncated or err.truncated,
+        "duration_s": duration_s,
+        "stdout": len(out_bytes),
+        "stderr": len(err_bytes),
+    }
+    return header, out_bytes, err_bytes
 
 
 class Supervisor:
@@ -1518,9 +1583,9 @@ class Supervisor:
         out, err = _Capture(cap), _Capture(cap)
         pending = self._send_job(request)  # (may restart the worker: its pipes are read after this)
         streams = {self.out_r: out, self.err_r: err}
-        call = self._wait_for_reply(pending, streams, started + timeout_s)
-        status, notes = self._settle(call, streams, timeout_s)  # (may restart the worker again)
-        return self._compose(status, notes, out, err, started)
+        end = self._wait_for_reply(pending, streams, started + timeout_s)
+        outcome = self._settle(end, streams, timeout_s)  # (may restart the worker again)
+        return compose_reply(outcome, out, err, time.monotonic() - started)
 
     def _send_job(self, request: dict) -> memoryview:
         """Start the call: a live worker (restarted if it died), the job frame queued on its control pipe;
@@ -1544,11 +1609,11 @@ class Supervisor:
             pending = pending[os.write(self.ctl_w, pending[: 1 << 16]) :]
         return pending
 
-    def _wait_for_reply(self, pending: memoryview, streams: dict, deadline: float) -> _Call:
+    def _wait_for_reply(self, pending: memoryview, streams: dict, deadline: float) -> CallEnd:
         """Until the worker replies: write the rest of the job, capture its output, and on the deadline (or
         a cancel from the host) interrupt it, then give up after the grace period. A worker that dies or
         writes to the control channel ends the wait at once."""
-        call = _Call()
+        call = CallEnd()
         reply_buf = bytearray()
         watch = [self.ctl_r, self.out_r, self.err_r]
         if not self.host.eof:
@@ -1614,87 +1679,24 @@ class Supervisor:
                 break
         return call
 
-    def _settle(self, call: _Call, streams: dict, timeout_s: float) -> tuple[str, list[str]]:
-        """The call's status and the notes appended to its stderr. A worker that was hard-killed, died or
-        broke the protocol is killed with everything it started and restarted; otherwise the code's stray
-        processes are reaped (and an interrupted call with live threads restarts the interpreter)."""
-        notes: list[str] = []
-        if call.hard_killed or call.died or call.violation:
-            exit_code = None
-            if call.died and self.worker is not None:
-                try:
-                    exit_code = self.worker.wait(timeout=2)
-                except subprocess.TimeoutExpired:
-                    exit_code = None
+    def _settle(self, end: CallEnd, streams: dict, timeout_s: float) -> Outcome:
+        """Act on the call's outcome: an interpreter to restart is killed with everything it started, its
+        output drained and a fresh one started; otherwise the code's stray processes are reaped (locally only
+        after a timeout) before the output pipes are drained, so that a background writer cannot keep the
+        call open."""
+        exit_code = None
+        if end.died and self.worker is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                exit_code = self.worker.wait(timeout=2)
+        outcome = call_outcome(end, timeout_s, exit_code, self.memory_hint)
+        if outcome.restart:
             self.kill_code()
-            self._drain(streams)
-            self.restart_worker()
-            if call.violation:
-                notes.append(
-                    f"SandboxError: the code wrote to the sandbox's control channel ({call.violation}); the "
-                    f"interpreter was restarted and this session's variables were lost"
-                )
-                return "error", notes
-            if call.hard_killed:
-                what = (
-                    "the call was cancelled"
-                    if call.cancelled
-                    else f"TimeoutError: the code ran past the {timeout_s:g} s limit"
-                )
-                notes.append(
-                    f"{what} and did not stop when interrupted; the interpreter was restarted and this "
-                    f"session's variables were lost"
-                )
-                return "timeout", notes
-            notes.append(_death_note(exit_code, self.memory_hint))
-            return "killed", notes
-        status = call.reply["status"]
-        restart = False
-        if call.interrupted or status == "interrupted":
-            status = "timeout"
-            if call.cancelled:
-                message = "CancelledError: the caller cancelled the call and it was interrupted"
-            else:
-                message = f"TimeoutError: the code ran past the {timeout_s:g} s limit and was interrupted"
-            if call.reply["threads"] > 1:
-                restart = True
-                message += (
-                    "; threads it started were still running, so the interpreter was restarted and "
-                    "this session's variables were lost"
-                )
-            else:
-                message += "; the session's variables are kept"
-            notes.append(message)
-        # processes the code left behind end with its call (locally: only after a timeout), before
-        # the pipes are drained, so that a background writer cannot keep the call open
-        if restart:
-            self.kill_code()
-        elif status == "timeout" or self.mode == "docker":
+        elif outcome.status == "timeout" or self.mode == "docker":
             self.reap_next = self.sweep.kill_strays()
         self._drain(streams)
-        if restart:
+        if outcome.restart:
             self.restart_worker()
-        return status, notes
-
-    @staticmethod
-    def _compose(
-        status: str, notes: list[str], out: _Capture, err: _Capture, started: float
-    ) -> tuple[dict, bytes, bytes]:
-        """The reply: header, stdout and stderr (the notes after the code's own stderr)."""
-        err_bytes = err.result()
-        if notes:
-            if err_bytes and not err_bytes.endswith(b"\n"):
-                err_bytes += b"\n"
-            err_bytes += ("\n".join(notes) + "\n").encode()
-        out_bytes = out.result()
-        header = {
-            "status": status,
-            "truncated": out.truncated or err.truncated,
-            "duration_s": time.monotonic() - started,
-            "stdout": len(out_bytes),
-            "stderr": len(err_bytes),
-        }
-        return header, out_bytes, err_bytes
+        return outcome
 
     def _drain(self, streams: dict, budget_s: float = 0.5) -> None:
         """Read what is left in the output pipes (bounded: a live writer could go on forever)."""
