@@ -64,6 +64,12 @@ class Page:
     def close(self) -> None:
         self.page.close()
 
+    def __enter__(self) -> Page:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
 
 def trajectory(group: str, index: int, reward: float, stop: str = "answered") -> tuple[Trajectory, list[str]]:
     tokens = [
@@ -157,8 +163,7 @@ def page_path(run_folder: Path) -> Path:
 
 
 def test_page_renders_offline_with_overview_and_steps(browser, page_path: Path):
-    view = Page(browser, page_path)
-    try:
+    with Page(browser, page_path) as view:
         assert view.page.title().startswith("run-<i>x")
         assert view.page.locator("h1").text_content() == "run-<i>x"
         assert view.page.locator("#overview tbody tr").count() == 2
@@ -174,13 +179,10 @@ def test_page_renders_offline_with_overview_and_steps(browser, page_path: Path):
         )  # tokens are drawn only when a trajectory is opened
         assert view.errors == [] and view.dialogs == []
         assert all(url.startswith("file://") for url in view.requests), view.requests  # no network
-    finally:
-        view.close()
 
 
 def test_filters_by_reward_stop_reason_group_and_status(browser, page_path: Path):
-    view = Page(browser, page_path)
-    try:
+    with Page(browser, page_path) as view:
         view.page.goto(page_path.resolve().as_uri() + "#step=1")
         view.page.wait_for_selector("#trajectories")
         view.page.select_option("#f-stop", "turn_limit")
@@ -198,8 +200,6 @@ def test_filters_by_reward_stop_reason_group_and_status(browser, page_path: Path
         view.page.fill("#f-rmax", "0")
         assert view.rows() == 2
         assert view.errors == []
-    finally:
-        view.close()
 
 
 def open_known(view: Page, page_path: Path):
@@ -212,8 +212,7 @@ def open_known(view: Page, page_path: Path):
 def test_colouring_matches_the_saved_weights(browser, page_path: Path, run_folder: Path):
     saved = read_rollouts(run_folder, step=0)[0]
     assert saved.stare_weights == KNOWN_WEIGHTS
-    view = Page(browser, page_path)
-    try:
+    with Page(browser, page_path) as view:
         detail = open_known(view, page_path)
         spans = detail.locator("span.t")
         actions = [j for j, bit in enumerate(saved.trajectory.action_mask) if bit]
@@ -246,13 +245,10 @@ def test_colouring_matches_the_saved_weights(browser, page_path: Path, run_folde
         group = detail.locator("table.group").text_content()
         assert "0.700" in group and "-0.700" in group
         assert view.errors == []
-    finally:
-        view.close()
 
 
 def test_hostile_text_is_shown_as_text_and_never_run(browser, page_path: Path):
-    view = Page(browser, page_path)
-    try:
+    with Page(browser, page_path) as view:
         detail = open_known(view, page_path)
         detail.locator("summary").click()  # the prompt, which also holds </script>
         text = detail.text_content()
@@ -265,8 +261,6 @@ def test_hostile_text_is_shown_as_text_and_never_run(browser, page_path: Path):
         assert view.page.locator("script").count() == 5
         assert view.page.evaluate("typeof window.pwned") == "undefined"
         assert view.errors == [] and view.dialogs == []
-    finally:
-        view.close()
 
 
 def test_thousands_of_trajectories_render_only_what_is_shown(browser, tmp_path: Path):
@@ -275,8 +269,7 @@ def test_thousands_of_trajectories_render_only_what_is_shown(browser, tmp_path: 
         t, tokens = trajectory(f"g{n // 8}", n % 8, float(n % 2))
         saved.append(SavedRollout(step=7, trajectory=t, status="dropped", tokens=tokens))
     path = write_page(write_step(tmp_path, 7, saved))
-    view = Page(browser, path)
-    try:
+    with Page(browser, path) as view:
         view.page.wait_for_selector("#trajectories")  # a single step opens directly
         assert view.rows() == 100 and view.page.locator("#list span.t").count() == 0
         assert view.page.locator("#f-count").text_content() == "3000 of 3000 shown"
@@ -285,8 +278,6 @@ def test_thousands_of_trajectories_render_only_what_is_shown(browser, tmp_path: 
         view.page.select_option("#f-group", "g17")
         assert view.rows() == 8
         assert view.errors == []
-    finally:
-        view.close()
 
 
 def test_eval_samples_show_as_turns_of_text(browser, tmp_path: Path):
@@ -316,8 +307,7 @@ def test_eval_samples_show_as_turns_of_text(browser, tmp_path: Path):
     }
     path = tmp_path / "samples.jsonl"
     path.write_text(json.dumps(sample) + "\n")
-    view = Page(browser, write_page(path))
-    try:
+    with Page(browser, write_page(path)) as view:
         view.page.wait_for_selector("#trajectories")
         assert view.rows() == 1
         view.page.locator("#trajectories tr.traj").click()
@@ -325,5 +315,3 @@ def test_eval_samples_show_as_turns_of_text(browser, tmp_path: Path):
         assert "tool calls 1 (ok)" in detail.text_content()
         assert "</script><script>window.pwned=1</script>" in detail.locator(".obs").text_content()
         assert view.page.evaluate("typeof window.pwned") == "undefined" and view.errors == []
-    finally:
-        view.close()

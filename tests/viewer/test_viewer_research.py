@@ -184,8 +184,7 @@ def action_spans(detail):
 
 
 def test_entropy_and_mismatch_colour_tokens_on_a_numeric_log_scale(browser, research_page: Path):
-    view = Page(browser, research_page)
-    try:
+    with Page(browser, research_page) as view:
         open_step(view, research_page)
         detail = open_trajectory(view, 0)
         saved = read_rollouts(research_page.parent, step=1)[0]
@@ -220,15 +219,12 @@ def test_entropy_and_mismatch_colour_tokens_on_a_numeric_log_scale(browser, rese
             and alpha_of(low)[1] > 0.2
         )
         assert view.errors == []
-    finally:
-        view.close()
 
 
 def test_the_quantile_scale_ranks_tokens_within_the_step_and_labels_the_quantiles(
     browser, research_page: Path
 ):
-    view = Page(browser, research_page)
-    try:
+    with Page(browser, research_page) as view:
         open_step(view, research_page)
         detail = open_trajectory(view, 0)
         view.page.select_option("#f-mode", "entropy")
@@ -254,8 +250,6 @@ def test_the_quantile_scale_ranks_tokens_within_the_step_and_labels_the_quantile
             assert alpha_of(span)[1] == pytest.approx(0.9 * rank, abs=0.005)
         assert "quantile scale" in view.page.locator("#scale-box").text_content()
         assert view.errors == []
-    finally:
-        view.close()
 
 
 def test_a_missing_per_token_field_is_said_plainly(browser, tmp_path: Path):
@@ -263,8 +257,7 @@ def test_a_missing_per_token_field_is_said_plainly(browser, tmp_path: Path):
     for s in saved:
         s.learner_entropy = None  # a run whose learner did not record entropies
     page = write_page(write_step(tmp_path, 0, saved))
-    view = Page(browser, page)
-    try:
+    with Page(browser, page) as view:
         view.page.wait_for_selector("#trajectories")
         labels = view.page.locator("#f-mode option").all_text_contents()
         assert any(label.startswith("entropy") and "(not saved)" in label for label in labels), labels
@@ -283,13 +276,10 @@ def test_a_missing_per_token_field_is_said_plainly(browser, tmp_path: Path):
             in dropped.locator(".field-note").text_content()
         )
         assert view.errors == []
-    finally:
-        view.close()
 
 
 def test_staress_selection_cutoff_is_shown_per_step_and_trajectory(browser, research_page: Path):
-    view = Page(browser, research_page)
-    try:
+    with Page(browser, research_page) as view:
         open_step(view, research_page)
         # L+ of the positive trajectory: 1.5 and 3.0 nats (cut-off 1.5); L- of the negative: 3.0
         cells = view.page.locator("#overview td.cut").all_text_contents()
@@ -311,13 +301,10 @@ def test_staress_selection_cutoff_is_shown_per_step_and_trajectory(browser, rese
         )
         assert marks == [1.5, 3.0]
         assert view.errors == []
-    finally:
-        view.close()
 
 
 def test_bidi_and_zero_width_characters_are_shown_as_marked_glyphs(browser, research_page: Path):
-    view = Page(browser, research_page)
-    try:
+    with Page(browser, research_page) as view:
         open_step(view, research_page)
         detail = open_trajectory(view, 0)
         detail.locator("summary").click()
@@ -335,13 +322,10 @@ def test_bidi_and_zero_width_characters_are_shown_as_marked_glyphs(browser, rese
         assert RLO not in view.page.title() and "\u27e8U+202E\u27e9" in view.page.title()
         assert view.page.locator("h1 span.ctl").count() == 1
         assert view.errors == []
-    finally:
-        view.close()
 
 
 def test_the_entropy_curve_has_axes_the_target_band_and_both_entropies(browser, research_page: Path):
-    view = Page(browser, research_page)
-    try:
+    with Page(browser, research_page) as view:
         curve = view.page.locator("#entropy-curve")
         assert curve.locator(".x-axis text.tick").all_text_contents() == ["0", "1", "2"]
         y_ticks = [float(t) for t in curve.locator(".y-axis text.tick").all_text_contents()]
@@ -361,8 +345,6 @@ def test_the_entropy_curve_has_axes_the_target_band_and_both_entropies(browser, 
         top, height = float(band.get_attribute("y")), float(band.get_attribute("height"))
         assert height > 0 and top > 0
         assert view.errors == []
-    finally:
-        view.close()
 
 
 def test_a_run_without_the_all_sampled_entropy_says_it_was_not_logged(browser, tmp_path: Path):
@@ -370,21 +352,17 @@ def test_a_run_without_the_all_sampled_entropy_says_it_was_not_logged(browser, t
     (tmp_path / "metrics.jsonl").write_text(
         json.dumps({"kind": "rl", "step": 0, "learner/entropy": 0.4}) + "\n"
     )
-    view = Page(browser, write_page(tmp_path))
-    try:
+    with Page(browser, write_page(tmp_path)) as view:
         legend = view.page.locator("#entropy-curve text.legend.all").text_content()
         assert legend == "all sampled trajectories: not logged"
         assert view.page.locator("#entropy-curve circle.all").count() == 0
         assert view.page.locator("#entropy-curve circle.trained").count() == 1
-    finally:
-        view.close()
 
 
 def test_search_finds_text_in_tokens_prompts_and_grading_and_takes_a_payload_literally(
     browser, research_page: Path
 ):
-    view = Page(browser, research_page)
-    try:
+    with Page(browser, research_page) as view:
         open_step(view, research_page)
         view.page.fill("#f-q", "WORD-gB1-s1")  # one trajectory's own token, any case
         assert view.rows() == 1 and view.page.locator("#trajectories tr.traj").get_attribute("data-i") == "3"
@@ -401,13 +379,10 @@ def test_search_finds_text_in_tokens_prompts_and_grading_and_takes_a_payload_lit
         view.page.fill("#f-q", "")
         assert view.rows() == 4
         assert view.errors == [] and view.dialogs == []
-    finally:
-        view.close()
 
 
 def test_sorting_by_reward_advantage_and_length(browser, research_page: Path):
-    view = Page(browser, research_page)
-    try:
+    with Page(browser, research_page) as view:
         open_step(view, research_page)
 
         def order() -> list[int]:
@@ -438,13 +413,10 @@ def test_sorting_by_reward_advantage_and_length(browser, research_page: Path):
         view.page.select_option("#f-sort", "")
         assert order() == [0, 1, 2, 3]
         assert view.errors == []
-    finally:
-        view.close()
 
 
 def test_grading_details_are_shown_as_text(browser, research_page: Path):
-    view = Page(browser, research_page)
-    try:
+    with Page(browser, research_page) as view:
         open_step(view, research_page)
         grading = open_trajectory(view, 0).locator(".grading")
         assert grading.locator("tr[data-key='extracted'] td").text_content() == "7"
@@ -458,8 +430,6 @@ def test_grading_details_are_shown_as_text(browser, research_page: Path):
             grading.locator("img").count() == 0 and view.page.evaluate("typeof window.pwned") == "undefined"
         )
         assert view.errors == [] and view.dialogs == []
-    finally:
-        view.close()
 
 
 def test_eval_samples_keep_their_grading_details(tmp_path: Path):
@@ -485,8 +455,7 @@ def test_eval_samples_keep_their_grading_details(tmp_path: Path):
 
 
 def test_a_link_opens_its_trajectory(browser, research_page: Path, tmp_path: Path):
-    view = Page(browser, research_page)
-    try:
+    with Page(browser, research_page) as view:
         open_step(view, research_page, "step=2&traj=3")
         detail = view.page.locator(".detail[data-i='3']")
         assert detail.count() == 1 and detail.is_visible()
@@ -500,27 +469,21 @@ def test_a_link_opens_its_trajectory(browser, research_page: Path, tmp_path: Pat
         view.page.wait_for_selector(".detail[data-i='2']")
         assert view.page.locator("#f-group").input_value() == ""
         assert view.errors == []
-    finally:
-        view.close()
     # past the first page of 100 rows
     many = []
     for n in range(250):
         t, tokens = research_trajectory(f"g{n}", 0, 0.0, [])
         many.append(SavedRollout(step=5, trajectory=t, status="dropped", tokens=tokens))
     page = write_page(write_step(tmp_path, 5, many))
-    view = Page(browser, page)
-    try:
+    with Page(browser, page) as view:
         view.page.goto(page.resolve().as_uri() + "#step=5&traj=230")
         view.page.wait_for_selector(".detail[data-i='230']")
         assert view.rows() == 250  # the list grew past its first 100 rows to show it
         assert view.errors == []
-    finally:
-        view.close()
 
 
 def test_a_prompt_across_training_steps(browser, research_page: Path):
-    view = Page(browser, research_page)
-    try:
+    with Page(browser, research_page) as view:
         open_step(view, research_page)
         detail = open_trajectory(view, 0)
         prompt_link = detail.locator("a.prompt-link")
@@ -546,13 +509,10 @@ def test_a_prompt_across_training_steps(browser, research_page: Path):
         view.page.wait_for_selector("#trajectories")
         assert view.page.locator(".detail[data-i='0']").count() == 1
         assert view.page.evaluate("typeof window.pwned") == "undefined" and view.errors == []
-    finally:
-        view.close()
 
 
 def test_no_stray_null_text_node_under_a_short_list(browser, research_page: Path):
-    view = Page(browser, research_page)
-    try:
+    with Page(browser, research_page) as view:
         open_step(view, research_page)
         assert view.rows() == 4
         texts = view.page.evaluate(
@@ -560,8 +520,6 @@ def test_no_stray_null_text_node_under_a_short_list(browser, research_page: Path
         )
         assert texts == []
         assert "null" not in view.page.locator("#app").inner_text()
-    finally:
-        view.close()
 
 
 def test_prompts_are_stored_once_in_the_page(research_run: Path):
