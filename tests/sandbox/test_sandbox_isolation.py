@@ -9,6 +9,7 @@ when it is missing.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import gc
 import json
@@ -283,19 +284,29 @@ def test_closing_a_session_mid_call_keeps_results_apart(box):
     assert_next_session_sees_nothing(box)
 
 
-def test_lost_runners_are_replaced_once_and_the_pool_never_grows(box):
-    client = docker_client()
+@contextlib.contextmanager
+def counting_containers(box: DockerSandbox, every_s: float):
+    """The number of `box`'s containers, sampled every `every_s` on a thread while the block runs."""
     seen: list[int] = []
     stop = threading.Event()
 
     def sample() -> None:
         while not stop.is_set():
             seen.append(len(containers(box)))
-            time.sleep(0.02)
+            time.sleep(every_s)
 
     sampler = threading.Thread(target=sample)
     sampler.start()
     try:
+        yield seen
+    finally:
+        stop.set()
+        sampler.join()
+
+
+def test_lost_runners_are_replaced_once_and_the_pool_never_grows(box):
+    client = docker_client()
+    with counting_containers(box, 0.02) as seen:
         for _ in range(3):
             s = box.session()
             caller = threading.Thread(target=s.run, args=(SLOW,))
@@ -314,9 +325,6 @@ def test_lost_runners_are_replaced_once_and_the_pool_never_grows(box):
             # the next session finds the container dead (if the cancel won the race, only then) and
             # gets a fresh one
             assert_next_session_sees_nothing(box)
-    finally:
-        stop.set()
-        sampler.join()
     assert max(seen) <= box.pool_size, seen
 
 
@@ -457,7 +465,6 @@ def test_many_sessions_some_closed_or_timed_out_mid_call_each_result_is_its_own(
     Every output must be the thread's own."""
     require_runtime(runtime)
     pool_size = 3
-    seen: list[int] = []
     results: dict[int, tuple[str, str, str]] = {}
 
     def one(box: DockerSandbox, i: int) -> None:
@@ -480,22 +487,12 @@ def test_many_sessions_some_closed_or_timed_out_mid_call_each_result_is_its_own(
         results[i] = (first, second, third)
 
     with DockerSandbox(pool_size=pool_size, limits=LIMITS, runtime=runtime) as box:
-        done = threading.Event()
-
-        def sample() -> None:
-            while not done.is_set():
-                seen.append(len(containers(box)))
-                time.sleep(0.05)
-
-        sampler = threading.Thread(target=sample)
-        sampler.start()
-        threads = [threading.Thread(target=one, args=(box, i)) for i in range(24)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-        done.set()
-        sampler.join()
+        with counting_containers(box, 0.05) as seen:
+            threads = [threading.Thread(target=one, args=(box, i)) for i in range(24)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(120)
         assert not any(t.is_alive() for t in threads)
         wait_for_pool(box)
     expected = {
