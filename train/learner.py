@@ -47,9 +47,9 @@ from stare_agents.train.policy import (
     PRECISIONS,
     MicroBatch,
     OptimizerConfig,
+    PolicyCore,
     PolicyModel,
     TokenStats,
-    build_optimizer,
     load_causal_lm,
     optimizer_step,
     split_step,
@@ -251,20 +251,18 @@ class Learner:
         self.config = config or LearnerConfig()
         self.algorithm = algorithm
         self.collective = collective or Collective()
-        self.device = torch.device(self.config.device)
-        model.to(self.device)
-        if self.config.gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self.policy = PolicyModel(
+        c = self.config
+        self.device, self.policy, self.optimizer, self.scheduler = PolicyCore.build(
             model,
-            precision=self.config.precision,
-            head_chunk_rows=self.config.head_chunk_rows,
-            temperature=self.config.temperature,
-            fp32_head=self.config.fp32_head,
+            c.optimizer,
+            device=c.device,
+            precision=c.precision,
+            head_chunk_rows=c.head_chunk_rows,
+            gradient_checkpointing=c.gradient_checkpointing,
+            temperature=c.temperature,
+            fp32_head=c.fp32_head,
+            shard=shard,
         )
-        if shard is not None:
-            shard(self.policy)
-        self.optimizer, self.scheduler = build_optimizer(model, self.config.optimizer)
         # the token reweighting (STARE, or a control; None: none), and what selects L+/L- for the
         # diagnostics (without a reweighting: what STARE's defaults would select)
         self.reweighting = build_reweighting(algorithm.reweighting, algorithm.stare, seed=self.config.seed)

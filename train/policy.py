@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal, NamedTuple, get_args
 
 import torch
 from torch import Tensor, nn
@@ -106,6 +106,46 @@ def clip_and_step(
     else:
         optimizer.zero_grad(set_to_none=True)
     return grad_norm
+
+
+class PolicyCore(NamedTuple):
+    """What the RL learner and SFT both train: the device, the policy (the model behind the chunked LM head, in
+    its precision, wrapped in place by `shard` when given: FSDP), its AdamW and its LR schedule."""
+
+    device: torch.device
+    policy: PolicyModel
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+
+    @classmethod
+    def build(
+        cls,
+        model: nn.Module,
+        optimizer: OptimizerConfig,
+        *,
+        device: str,
+        precision: str,
+        head_chunk_rows: int,
+        gradient_checkpointing: bool = False,
+        temperature: float = 1.0,
+        fp32_head: bool = False,
+        shard: Any = None,
+    ) -> PolicyCore:
+        """`shard`, when given, wraps the policy in place before the optimiser is built."""
+        target = torch.device(device)
+        model.to(target)
+        if gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        policy = PolicyModel(
+            model,
+            precision=precision,
+            head_chunk_rows=head_chunk_rows,
+            temperature=temperature,
+            fp32_head=fp32_head,
+        )
+        if shard is not None:
+            shard(policy)
+        return cls(target, policy, *build_optimizer(model, optimizer))
 
 
 def optimizer_step(

@@ -27,8 +27,8 @@ from stare_agents.train.learner import Collective
 from stare_agents.train.policy import (
     PRECISIONS,
     OptimizerConfig,
+    PolicyCore,
     PolicyModel,
-    build_optimizer,
     load_causal_lm,
     optimizer_step,
     split_step,
@@ -96,16 +96,16 @@ class SFTTrainer:
         self.config = config or SFTConfig()
         self.pad_token_id = pad_token_id
         self.collective = collective or Collective()
-        self.device = torch.device(self.config.device)
-        model.to(self.device)
-        if self.config.gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self.policy = PolicyModel(
-            model, precision=self.config.precision, head_chunk_rows=self.config.head_chunk_rows
+        c = self.config
+        self.device, self.policy, self.optimizer, self.scheduler = PolicyCore.build(
+            model,
+            c.optimizer,
+            device=c.device,
+            precision=c.precision,
+            head_chunk_rows=c.head_chunk_rows,
+            gradient_checkpointing=c.gradient_checkpointing,
+            shard=shard,
         )
-        if shard is not None:
-            shard(self.policy)
-        self.optimizer, self.scheduler = build_optimizer(model, self.config.optimizer)
         self.epochs_done = 0
         self.steps_done = 0
 
