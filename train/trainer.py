@@ -199,7 +199,8 @@ class Trainer:
                 if not self.progress.get("sft_done"):
                     self.supervised_fine_tuning(base_dir, rl_start)
                 if "sft" not in self.progress.get("accuracy", {}):
-                    self._sync_from_dir(rl_start)
+                    if config.eval.num_tasks:  # else nothing reads the engines before RL's first sync
+                        self._sync_from_dir(rl_start)
                     self._record_accuracy("sft")
             for name, folder in runs.items():
                 algorithm = (

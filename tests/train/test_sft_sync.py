@@ -1,0 +1,41 @@
+"""Which syncs the trainer makes between SFT and RL (issue 29, item 5)."""
+
+from __future__ import annotations
+
+import pytest
+
+from stare_agents.train.config import load_config
+from stare_agents.train.trainer import Trainer
+
+
+class _Workers:
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(("num_tasks", "syncs"), [(0, 0), (2, 1)])
+def test_sft_model_goes_to_the_engines_only_for_a_held_out_evaluation(
+    tmp_path, monkeypatch, num_tasks, syncs
+):
+    """With no held-out evaluation after SFT nothing reads the engines before RL's first sync (which loads
+    the SFT model anyway): no sync of the whole model through the driver (it made one)."""
+    config = load_config(
+        recipe="tiny",
+        overrides=[f"out_dir={tmp_path / 'run'}", "rollout.sandbox=none", f"eval.num_tasks={num_tasks}"],
+    )
+    assert config.sft.enabled
+    trainer = Trainer(config)
+    synced, evaluated, reinforced = [], [], []
+    monkeypatch.setattr(trainer, "_start_workers", lambda model_dir: _Workers())
+    monkeypatch.setattr(
+        trainer, "supervised_fine_tuning", lambda base, out: trainer.progress.update(sft_done=True)
+    )
+    monkeypatch.setattr(trainer, "_sync_from_dir", synced.append)
+    monkeypatch.setattr(
+        trainer, "evaluate", lambda n=None: evaluated.append(n) or {"per_task": {"t0": 1.0}, "tasks": 1}
+    )
+    monkeypatch.setattr(trainer, "reinforce", lambda start, algorithm, folder, key: reinforced.append(start))
+    monkeypatch.setattr(trainer, "write_summary", lambda compare: {})
+    trainer.run()
+    assert len(synced) == syncs
+    assert reinforced == [trainer.folder / "sft_model"]  # RL starts from the SFT model and syncs it first
