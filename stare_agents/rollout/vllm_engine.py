@@ -109,6 +109,7 @@ class _Request:
 
 CPU_BLOCK_SIZE = 32  # KV-cache block (tokens) on CPUs; see VLLMEngine.__init__
 SYNC_EXTENSION = "stare_agents.rollout.weight_sync.VLLMSyncExtension"  # vLLM worker_extension_cls
+WEIGHTS_FILE = "model.safetensors"  # a driver-path sync's weights, in /dev/shm until the engine loaded them
 
 
 class VLLMEngine:
@@ -265,12 +266,15 @@ class VLLMEngine:
         """Load new weights (Hugging Face names) between two engine steps, reset the prefix cache and bump
         the weight version. Requests in flight continue with the new weights."""
         if self.multiprocess:
-            folder = str(self._write_weights(state_dict))
+            folder = self._write_weights(state_dict)
 
             def reload() -> None:
-                self.llm.collective_rpc(
-                    "reload_weights", kwargs={"weights_path": folder, "is_checkpoint_format": True}
-                )
+                try:
+                    self.llm.collective_rpc(
+                        "reload_weights", kwargs={"weights_path": str(folder), "is_checkpoint_format": True}
+                    )
+                finally:  # loaded (or failed): the model-sized file leaves shared memory now, not at close
+                    (folder / WEIGHTS_FILE).unlink(missing_ok=True)
                 self._refresh_tied_head()
                 self.llm.reset_prefix_cache()
 
@@ -328,14 +332,15 @@ class VLLMEngine:
 
     def _write_weights(self, state_dict: Mapping[str, torch.Tensor]) -> Path:
         """A model folder for `reload_weights(weights_path=...)`: the model's config files (linked once)
-        and the new weights as one safetensors file, in shared memory where there is some."""
+        and the new weights as one safetensors file, in shared memory where there is some (`update_weights`
+        deletes it once the engine loaded it)."""
         if self._weights_dir is None:
             base = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
             self._weights_dir = Path(tempfile.mkdtemp(prefix="stare-weights-", dir=base))
             for source in Path(self.model).iterdir():
                 if source.is_file() and not source.name.endswith((".safetensors", ".bin", ".pt")):
                     (self._weights_dir / source.name).symlink_to(source.resolve())
-        write_safetensors(state_dict, self._weights_dir / "model.safetensors")
+        write_safetensors(state_dict, self._weights_dir / WEIGHTS_FILE)
         return self._weights_dir
 
     def close(self) -> None:

@@ -171,6 +171,7 @@ def test_vllm_multiprocess_engine_syncs_weights_through_a_file(vllm_engine, tiny
     try:
         assert engine.multiprocess and not vllm_engine.multiprocess
         assert load_weights(engine, toolcaller_model) == 1
+        assert not (engine._weights_dir / "model.safetensors").exists()  # deleted once loaded
         prompt = chat_prompt(engine.tokenizer, "What is 6 times 7?")
         greedy = asyncio.run(engine.generate(prompt, SamplingParams(0.0, max_tokens=40), StopOnToolCall()))
         assert engine.tokenizer.decode(greedy.token_ids) == CODE_TURN
