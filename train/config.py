@@ -170,8 +170,10 @@ class RolloutSection:
     num_cpus_per_worker: float = 1.0
     num_gpus_per_worker: float = 0.0  # 1 on a GPU cluster: one rollout worker per GPU
     timeout_s: float | None = 10800.0  # one step's rollout; episodes unfinished by then fail (engine_error)
-    # vLLM on GPUs: the share of each GPU's memory the engine may take (weights, activations, KV cache)
-    gpu_memory_utilization: float = 0.5
+    # vLLM on GPUs: the share of each GPU's memory the engine may take (weights, activations, KV cache). None:
+    # 0.9 when each engine has whole GPUs of its own (num_gpus_per_worker >= 1, the learner elsewhere), 0.9 x its
+    # share on a GPU share (num_gpus_per_worker 0.5: 0.45), 0.5 with no Ray GPU (an engine beside the learner)
+    gpu_memory_utilization: float | None = None
     tensor_parallel_size: int = 1  # vLLM: GPUs one engine shards the model over (num_gpus_per_worker too)
     max_num_seqs: int | None = None  # vLLM: sequences in one engine step (None: vLLM's default)
     # anything else for vllm.LLM / EngineArgs, e.g. {enable_chunked_prefill: true}; checked against vLLM's
@@ -207,7 +209,7 @@ class RolloutSection:
             raise ValueError(
                 f"rollout.weight_sync_bucket_mb={self.weight_sync_bucket_mb!r}: allowed: a size in MB > 0"
             )
-        if not 0 < self.gpu_memory_utilization <= 1:
+        if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(
                 f"rollout.gpu_memory_utilization={self.gpu_memory_utilization!r}: allowed: a share in (0, 1]"
             )
@@ -308,10 +310,18 @@ class RolloutSection:
             return DEFAULT_BACKEND, {}
         return self.sandbox, self.resolved_sandbox_kwargs()
 
+    def resolved_gpu_memory_utilization(self) -> float:
+        """`gpu_memory_utilization`, or where it is None the default for where the engine runs (see the field)."""
+        if self.gpu_memory_utilization is not None:
+            return self.gpu_memory_utilization
+        if self.num_gpus_per_worker >= 1:
+            return 0.9
+        return round(0.9 * self.num_gpus_per_worker, 3) if self.num_gpus_per_worker > 0 else 0.5
+
     def vllm_kwargs(self) -> dict[str, Any]:
         """The keyword arguments the vLLM engine gets on top of its own (`VLLMEngine(engine_kwargs=...)`)."""
         kwargs: dict[str, Any] = {
-            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "gpu_memory_utilization": self.resolved_gpu_memory_utilization(),
             "tensor_parallel_size": self.tensor_parallel_size,
         }
         if self.max_num_seqs is not None:

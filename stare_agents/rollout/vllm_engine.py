@@ -122,7 +122,8 @@ class VLLMEngine:
         max_model_len: the context window (prompt + response) the engine reserves for.
         kv_cache_gib: CPU only: GiB of KV cache (`VLLM_CPU_KVCACHE_SPACE`).
         gpu_memory_utilization: GPU only: the share of GPU memory vLLM may take (also read from engine_kwargs,
-            where the trainer puts `rollout.gpu_memory_utilization`; left out on CPUs).
+            where the trainer puts `rollout.gpu_memory_utilization`; left out on CPUs). 0.9, vLLM's own
+            default, is for an engine alone on its GPU.
         engine_kwargs: anything else for `vllm.LLM` (the trainer's `rollout.tensor_parallel_size`,
             `rollout.max_num_seqs`, `rollout.engine_kwargs`); they take precedence over the engine's own.
         fp32_head: compute the LM head and the sampling log-probs in fp32 whatever `dtype` is (vLLM's
@@ -141,7 +142,7 @@ class VLLMEngine:
         seed: int = 0,
         max_model_len: int = 4096,
         kv_cache_gib: float = 2.0,
-        gpu_memory_utilization: float = 0.5,
+        gpu_memory_utilization: float = 0.9,
         engine_kwargs: Mapping[str, Any] | None = None,
         multiprocess: bool | None = None,
         fp32_head: bool = False,

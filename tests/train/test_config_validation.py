@@ -269,6 +269,16 @@ def test_gpu_engine_settings_reach_the_vllm_engines_arguments():
         "enable_chunked_prefill": False,
     }
     assert TrainConfig().rollout.vllm_kwargs() == {"gpu_memory_utilization": 0.5, "tensor_parallel_size": 1}
+
+
+@pytest.mark.parametrize(("gpus", "share"), [(1, 0.9), (2, 0.9), (0.5, 0.45), (0.25, 0.225), (0, 0.5)])
+def test_gpu_memory_utilization_defaults_to_what_the_engine_has_of_its_gpu(gpus, share):
+    """An engine with whole GPUs of its own takes vLLM's 0.9 (it took 0.5, half the GPU idle); on a GPU share
+    0.9 x the share; without a Ray GPU (an engine beside the learner on the driver's GPU) 0.5; a set value wins."""
+    config = load_config(overrides=[f"rollout.num_gpus_per_worker={gpus}"])
+    assert config.rollout.vllm_kwargs()["gpu_memory_utilization"] == share
+    override = [f"rollout.num_gpus_per_worker={gpus}", "rollout.gpu_memory_utilization=0.7"]
+    assert load_config(overrides=override).rollout.vllm_kwargs()["gpu_memory_utilization"] == 0.7
     pytest.importorskip("vllm")
     with pytest.raises(ValueError) as caught:
         load_config(overrides=["rollout.engine_kwargs.enable_chunky_prefill=true"])
