@@ -17,6 +17,7 @@ members that are left (or a replaced worker) and sends again.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import ipaddress
 import math
@@ -110,6 +111,34 @@ class GroupAddress:
             raise ValueError(f"a sync group needs the sender and at least one engine, got {self.world_size}")
 
 
+class SyncError(RuntimeError):
+    """A sync group's collective failed (a timeout, a lost member); the message names the group and the remedy."""
+
+
+# NCCL's default (TORCH_NCCL_ASYNC_ERROR_HANDLING=3) kills the whole process when a collective times out: the
+# learner's rank 0 with its optimiser state. A sync group's communicator is aborted instead, and its wait
+# raises (blocking wait), unless the environment chose otherwise. Both are read when a group is constructed.
+NCCL_SYNC_ERROR_HANDLING = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2", "TORCH_NCCL_BLOCKING_WAIT": "1"}
+
+
+@contextlib.contextmanager
+def nccl_errors_raise() -> Iterator[None]:
+    """Around the construction of an NCCL group: NCCL_SYNC_ERROR_HANDLING where the environment sets neither
+    name (nor NCCL's older spelling without TORCH_), restored afterwards."""
+    added = [
+        name
+        for name in NCCL_SYNC_ERROR_HANDLING
+        if name not in os.environ and name.removeprefix("TORCH_") not in os.environ
+    ]
+    for name in added:
+        os.environ[name] = NCCL_SYNC_ERROR_HANDLING[name]
+    try:
+        yield
+    finally:
+        for name in added:
+            os.environ.pop(name, None)
+
+
 class SyncGroup:
     """One member of a sync group: a process group made from its own store, outside torch.distributed's
     default group (a learner rank keeps its data-parallel group; an engine process has none). The sender
@@ -138,12 +167,25 @@ class SyncGroup:
         else:
             options = dist.ProcessGroupNCCL.Options()
             options._timeout = timeout
-            self.group = dist.ProcessGroupNCCL(self.store, rank, address.world_size, options)
+            with nccl_errors_raise():
+                self.group = dist.ProcessGroupNCCL(self.store, rank, address.world_size, options)
             self.device = torch.device("cuda", torch.cuda.current_device())
 
     def broadcast(self, tensor: torch.Tensor) -> None:
-        """From rank 0 to everyone, in place; raises when the group's timeout passes."""
-        self.group.broadcast([tensor], dist.BroadcastOptions()).wait()
+        """From rank 0 to everyone, in place; raises `SyncError` when the group's timeout passes (this process
+        and its other groups go on; the group itself is unusable)."""
+        try:
+            self.group.broadcast([tensor], dist.BroadcastOptions()).wait()
+        except RuntimeError as error:  # gloo's and NCCL's timeouts and lost peers (DistBackendError included)
+            a = self.address
+            raise SyncError(
+                f"weight sync: the {a.backend} group at {a.host}:{a.port} (rank 0 the learner, ranks 1-"
+                f"{a.world_size - 1} the engines' processes) failed at rank {self.rank} within its "
+                f"{a.timeout_s:g} s timeout: {error}. A member did not take part: an engine that died or hangs "
+                "(its worker's log says), or a network path between the nodes that does not carry it (a "
+                "firewall, or NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME naming the wrong interface; the driver's "
+                "log names where each side binds). The group is left; the next sync forms a new one"
+            ) from error
 
     def close(self) -> None:
         self.group = None
@@ -341,8 +383,9 @@ class VLLMSyncExtension:
                 received += 1
                 yield name, tensor
 
-        self.model_runner.reload_weights(weights_iterator=counted(), is_checkpoint_format=True)
-        self.stare_refresh_tied_head()
+        with self._stare_vllm_config():
+            self.model_runner.reload_weights(weights_iterator=counted(), is_checkpoint_format=True)
+            self.stare_refresh_tied_head()
         expected = len(plan["names"])
         if received != expected:  # the loader stopped early: the engine holds a mix of old and new weights
             raise RuntimeError(
@@ -367,8 +410,17 @@ class VLLMSyncExtension:
         method = getattr(head, "quant_method", None)
         if method is None or not hasattr(method, "process_weights_after_loading"):
             return False
-        method.process_weights_after_loading(head)
+        with self._stare_vllm_config():
+            method.process_weights_after_loading(head)
         return True
+
+    def _stare_vllm_config(self) -> contextlib.AbstractContextManager:
+        """vLLM's config context, as vLLM's own `Worker.reload_weights` sets it: a layer that reads the config
+        while loading (`get_current_vllm_config`, e.g. a custom op or a quantization method) raises outside."""
+        from vllm.config import set_current_vllm_config
+
+        config = getattr(self, "vllm_config", None)
+        return set_current_vllm_config(config) if config is not None else contextlib.nullcontext()
 
     def stare_sync_member(self) -> dict[str, Any] | None:
         """This worker's place in its sync group (None outside one): its process, rank and the group's port."""
