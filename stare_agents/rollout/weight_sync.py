@@ -299,7 +299,8 @@ class WeightsPlan:
 
 def send_weights(group: SyncGroup, plan: WeightsPlan, tensors: Iterable[torch.Tensor]) -> None:
     """Rank 0: broadcast `tensors` (in the plan's order, any dtype and device) bucket by bucket, each cast to
-    the wire dtype while it is copied into the bucket's flat buffer."""
+    the wire dtype while it is copied into the bucket's flat buffer. A failed broadcast raises `SyncError`
+    after the rest of `tensors` was drawn, so that the learner's other ranks leave their gathers too."""
     if group.rank != 0:
         raise ValueError("only rank 0 sends")
     source = iter(tensors)
@@ -316,7 +317,12 @@ def send_weights(group: SyncGroup, plan: WeightsPlan, tensors: Iterable[torch.Te
                 )
             flat[offset : offset + plan.numels[i]].copy_(tensor.detach().reshape(-1))
             offset += plan.numels[i]
-        group.broadcast(flat)
+        try:
+            group.broadcast(flat)
+        except SyncError:  # under FSDP each tensor is a gather the other learner ranks wait in: finish them
+            for _ in source:
+                pass
+            raise
     if next(source, None) is not None:
         raise ValueError("more weights than the plan has")
 

@@ -73,3 +73,30 @@ def test_an_nccl_sync_group_aborts_its_communicator_and_raises_instead_of_killin
     monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # the user's choice stays
     SyncGroup(address, 0, store=store)
     assert _FakeNCCL.seen[-1] == {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "TORCH_NCCL_BLOCKING_WAIT": "1"}
+
+
+def test_a_failed_send_draws_the_rest_of_the_weights_so_the_other_learner_ranks_are_not_left_waiting():
+    """Under FSDP each tensor the sender draws is a gather every learner rank takes part in: a sender that
+    stopped at the failed bucket left the others in their gather until the data-parallel group's timeout."""
+
+    class Failing:
+        rank = 0
+        device = torch.device("cpu")
+
+        def broadcast(self, tensor):
+            raise SyncError("the group failed")
+
+    plan = WeightsPlan.of(
+        [(f"w{i}", (4,)) for i in range(6)], dtype=torch.float32, version=1, bucket_mb=16e-6
+    )
+    assert len(plan.buckets) > 2
+    drawn = []
+
+    def tensors():
+        for i in range(6):
+            drawn.append(i)
+            yield torch.zeros(4)
+
+    with pytest.raises(SyncError):
+        weight_sync.send_weights(Failing(), plan, tensors())
+    assert drawn == list(range(6))
