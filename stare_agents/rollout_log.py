@@ -19,7 +19,7 @@ import gzip
 import hashlib
 import os
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -309,19 +309,21 @@ class RolloutLog:
         trajectories: Sequence[Trajectory],
         kept: Sequence[Trajectory],
         advantages: Any,
-        learner: Any = None,
+        token_data: Mapping[int, Any] | None = None,
         *,
+        gate_on: bool | None = None,
         void_dropped: bool = False,
     ) -> Path | None:
         """Save one step: every trajectory it collected; `kept` (in step-batch order) with `advantages` ([K]
-        or [K, R] tensor or list) and, when `learner` recorded them, its per-token outputs. Trajectories not
-        in `kept` are saved as failed, void_turn (when `void_dropped`: rl.drop_void_turns) or dropped."""
+        or [K, R] tensor or list) and the learner's per-token records of the step (`token_data`: step-batch row
+        -> its TokenRecord, when it recorded them) and whether it reweighted the step (`gate_on`). Trajectories
+        not in `kept` are saved as failed, void_turn (when `void_dropped`: rl.drop_void_turns) or dropped."""
         self.last_saved = []
         if self.fraction <= 0.0:
             return None
         rows = {id(t): i for i, t in enumerate(kept)}
-        token_data = (getattr(learner, "last_token_data", None) or {}) if kept else {}
-        gate = getattr(learner, "gate_on", None) if kept else None  # a Learner or a LearnerGroup
+        token_data = (token_data or {}) if kept else {}
+        gate = gate_on if kept else None
         adv = advantages.tolist() if hasattr(advantages, "tolist") else list(advantages)
         saved = []
         for t in trajectories:

@@ -36,12 +36,15 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from stare_agents.algo import AlgorithmConfig
+from stare_agents.models import SHARDS_DIR
 from stare_agents.rollout.local_ray import forwarded_env
 from stare_agents.rollout.weight_sync import GroupAddress, WeightsPlan, is_loopback
+from stare_agents.train.checkpoint import save_checkpoint
 from stare_agents.train.learner import Collective, Learner, LearnerConfig, TokenRecord
 from stare_agents.train.policy import (
     MicroBatch,
     PolicyModel,
+    TokenStats,
     load_causal_lm,
     row_lengths,
     slice_batch,
@@ -488,9 +491,23 @@ class LearnerGroup:
             ]
         )
 
-    def step(self, batch: Batch, advantages: Tensor) -> dict[str, float]:
-        """One training step on the whole step batch; returns rank 0's LEARNER_METRICS."""
+    scores_batches = False  # token_stats would need every worker's forward: the all-sampled entropy is absent
+
+    def token_stats(self, batch: Batch) -> TokenStats:
+        raise NotImplementedError(
+            "a data-parallel learner group does not score batches outside its steps (learner/entropy_all is "
+            "absent with rl.learner_workers > 1)"
+        )
+
+    def step(
+        self, batch: Batch, advantages: Tensor, *, others_entropy: tuple[float, float] | None = None
+    ) -> dict[str, float]:
+        """One training step on the whole step batch; returns rank 0's LEARNER_METRICS. A gate reading every
+        sampled trajectory (`others_entropy`) is refused where the config loads."""
         import ray
+
+        if others_entropy is not None:
+            raise ValueError("rl.stare.gate_input other than 'trained' needs one learner worker")
 
         plan = split_step(
             batch,
@@ -574,6 +591,25 @@ class LearnerGroup:
         import ray
 
         return ray.get([w.model_state_dict.remote() for w in self.workers])[0]
+
+    def hf_model(self, model_dir: Path) -> nn.Module:
+        """The trained policy gathered from the workers into a model of `model_dir`'s architecture."""
+        model = load_causal_lm(model_dir)
+        model.load_state_dict(self.model_state_dict())
+        return model
+
+    def save_checkpoint(self, state: dict[str, Any], path: Path, *, tokenizer_dir: Path) -> None:
+        """Each worker writes its own shards (nothing of them passes through the driver); the HF model is
+        exported at the end of the run."""
+        save_checkpoint(
+            state | {"sharded": True}, path, shards=self.save_shards, tokenizer_dir=tokenizer_dir
+        )
+
+    def resume(self, checkpoint: Path, state: dict[str, Any]) -> None:
+        if state.get("sharded"):  # each worker reads its own shards
+            self.load_shards(checkpoint / SHARDS_DIR, state["learner"])
+        else:
+            self.load_state_dict(state["learner"])
 
     def close(self) -> None:
         _close_workers(self.workers, self._placement, self._address)

@@ -27,7 +27,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -42,6 +42,7 @@ from stare_agents.algo import (
 from stare_agents.algo.importance import ImportanceConfig, importance_weights, mismatch_sums
 from stare_agents.algo.reweighting import NO_REWEIGHTING, build_reweighting, diagnostic_selector
 from stare_agents.rollout.weight_sync import GroupAddress, SyncGroup, WeightsPlan, open_group, send_weights
+from stare_agents.train.checkpoint import save_checkpoint
 from stare_agents.train.policy import (
     PACKINGS,
     PRECISIONS,
@@ -215,6 +216,40 @@ class TokenRecord:
     entropy: list[float] = field(default_factory=list)  # the pre-update policy's entropy at each position
 
 
+class TrainingLearner(Protocol):
+    """What the trainer asks of a learner: `Learner` (this process) and `LearnerGroup` (data-parallel workers as
+    Ray actors, `stare_agents.train.distributed`) both have it, so the trainer never asks which one it holds."""
+
+    record_tokens: bool  # keep each step's per-token records (TokenRecord) for the saved rollouts
+    last_token_data: dict[int, TokenRecord]  # the last step's, by step-batch row
+    scores_batches: bool  # whether `token_stats` scores a batch here (the entropy over every sampled trajectory)
+
+    @property
+    def gate_on(self) -> bool | None: ...
+
+    def step(
+        self, batch: Batch, advantages: Tensor, *, others_entropy: tuple[float, float] | None = None
+    ) -> dict[str, float]: ...
+
+    def token_stats(self, batch: Batch) -> TokenStats: ...
+
+    def model_state_dict(self) -> dict[str, Tensor]: ...
+
+    def hf_model(self, model_dir: Path) -> nn.Module:
+        """The trained policy as a Hugging Face model (its config and tokenizer from `model_dir`)."""
+        ...
+
+    def save_checkpoint(self, state: dict[str, Any], path: Path, *, tokenizer_dir: Path) -> None:
+        """`state` (the trainer's) and this learner's own into the checkpoint `path`."""
+        ...
+
+    def resume(self, checkpoint: Path, state: dict[str, Any]) -> None:
+        """Read back what `save_checkpoint` wrote (`state`: the checkpoint's trainer state)."""
+        ...
+
+    def close(self) -> None: ...
+
+
 class Collective:
     """How the learner combines numbers across data-parallel workers. This one is a single worker;
     `stare_agents.train.distributed` has the torch.distributed one."""
@@ -275,6 +310,8 @@ class Learner:
         self.last_token_data: dict[int, TokenRecord] = {}
         self._sync_groups: dict[int, SyncGroup] = {}  # weight-sync groups this learner sends to, by port
         self._sync_stores: dict[int, Any] = {}  # the stores of groups opened here and not yet joined
+
+    scores_batches = True  # token_stats scores any batch in this process
 
     @classmethod
     def from_pretrained(
@@ -746,6 +783,29 @@ class Learner:
             state["cuda_rng"] = torch.cuda.get_rng_state_all()
         return state
 
+    def hf_model(self, model_dir: Path) -> nn.Module:
+        return self.model  # this process holds it
+
+    def save_checkpoint(self, state: dict[str, Any], path: Path, *, tokenizer_dir: Path) -> None:
+        """Model, optimiser and the rest in one checkpoint, beside a model folder `stare-agents eval --model`
+        takes (and resume reads)."""
+        save_checkpoint(
+            {**state, "learner": self.state_dict()}, path, model=self.model, tokenizer_dir=tokenizer_dir
+        )
+
+    def resume(self, checkpoint: Path, state: dict[str, Any]) -> None:
+        if state.get("sharded"):
+            raise ValueError(
+                f"{checkpoint} holds a data-parallel learner's shards (rl.learner_workers > 1): resume it with "
+                "the settings it was trained with"
+            )
+        self.load_state_dict(state["learner"])  # model, optimiser, schedule, gate, RNG states
+
+    def close(self) -> None:
+        """Leave the weight-sync groups this learner sends to."""
+        for port in list(self._sync_groups) + list(self._sync_stores):
+            self.sync_leave(port)
+
     def load_state_dict(self, state: dict) -> None:
         if self.collective.shards_gradients:
             from torch.distributed.checkpoint.state_dict import (
@@ -768,9 +828,9 @@ class Learner:
         if (state["stare"] is None) != (self.reweighting is None):
             uses = "uses" if self.reweighting is not None else "does not use"
             raise ValueError(
-                f"checkpoint {'has no' if state['stare'] is None else 'has a'} token-reweighting (STARE gate) state "
-                f"but the algorithm {self.algorithm.name!r} {uses} a token reweighting: resume with the algorithm "
-                "the checkpoint was trained with"
+                f"checkpoint {'has no' if state['stare'] is None else 'has a'} STARE gate state (a token "
+                f"reweighting's) but the algorithm {self.algorithm.name!r} {uses} a token reweighting: resume with "
+                "the algorithm the checkpoint was trained with"
             )
         if self.reweighting is not None:
             self.reweighting.load_state_dict(state["stare"])

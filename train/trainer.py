@@ -45,16 +45,14 @@ from stare_agents.eval import (
 from stare_agents.jsonl import dumps
 from stare_agents.rollout import RolloutConfig, RolloutTask, RolloutWorkerGroup, WorkerSpec
 from stare_agents.rollout.summary import check_failed_share, summarize
+from stare_agents.train.checkpoint import checkpoint_path as checkpoint_file
 from stare_agents.train.checkpoint import (
-    SHARDS_DIR,
     latest_checkpoint,
     load_checkpoint,
     prune_checkpoints,
-    save_checkpoint,
 )
-from stare_agents.train.checkpoint import checkpoint_path as checkpoint_file
 from stare_agents.train.config import TrainConfig, check_run, resolved_weight_sync, save_config
-from stare_agents.train.learner import LEARNER_METRICS, Learner
+from stare_agents.train.learner import LEARNER_METRICS, Learner, TrainingLearner
 from stare_agents.train.run_folder import (
     EVALS_DIR,
     FINAL_MODEL,
@@ -562,7 +560,7 @@ class Trainer:
             for j in range(c.rl.samples_per_prompt)
         ]
 
-    def make_learner(self, model_dir: Path, algorithm: AlgorithmConfig) -> Any:
+    def make_learner(self, model_dir: Path, algorithm: AlgorithmConfig) -> TrainingLearner:
         c = self.config
         learner_config = c.rl.learner
         if torch.cuda.is_available() and learner_config.device == "cpu":
@@ -601,10 +599,7 @@ class Trainer:
         latest = latest_checkpoint(folder) if self.resume else None
         if latest is not None:
             state = load_checkpoint(latest)
-            if state.get("sharded"):  # each data-parallel worker reads its own shards
-                learner.load_shards(latest / SHARDS_DIR, state["learner"])
-            else:
-                learner.load_state_dict(state["learner"])  # model, optimiser, schedule, gate, RNG states
+            learner.resume(latest, state)  # model, optimiser, schedule, gate, RNG states
             start, version = int(state["next_step"]), int(state["weight_version"])
             self.data_position = int(state["data_position"])
             if state.get("ahead") is not None:  # a pipelined run's next batch, sampled before the checkpoint
@@ -670,32 +665,11 @@ class Trainer:
                         "weight_version": self.workers.weight_version,
                         "ahead": self._ahead.to_state() if self._ahead is not None else None,
                     }
-                    if isinstance(
-                        learner, Learner
-                    ):  # a folder `stare-agents eval --model` takes, and resume reads
-                        state["learner"] = learner.state_dict()
-                        save_checkpoint(
-                            state,
-                            checkpoint_file(folder, step + 1),
-                            model=learner.model,
-                            tokenizer_dir=start_dir,
-                        )
-                    else:  # data-parallel: each worker writes its shards; the HF model is exported at the end
-                        save_checkpoint(
-                            state | {"sharded": True},
-                            checkpoint_file(folder, step + 1),
-                            shards=learner.save_shards,
-                            tokenizer_dir=start_dir,  # config and tokenizer, for `stare-agents eval --model`
-                        )
+                    learner.save_checkpoint(state, checkpoint_file(folder, step + 1), tokenizer_dir=start_dir)
                     prune_checkpoints(folder, c.checkpoint.keep_last)
                     self._timed("checkpoint", time.perf_counter() - started)
             started = time.perf_counter()
-            model = (
-                learner.model
-                if isinstance(learner, Learner)
-                else load_with_state(start_dir, learner.model_state_dict())
-            )
-            save_hf_model(model, start_dir, folder / FINAL_MODEL)  # for `stare-agents eval --model`
+            save_hf_model(learner.hf_model(start_dir), start_dir, folder / FINAL_MODEL)  # for `eval --model`
             self._timed("save_model", time.perf_counter() - started)
             self.progress[f"{key}_done"] = True
             self.progress.setdefault("rl_logs", {})[key] = str(log.path)
@@ -707,10 +681,9 @@ class Trainer:
             if bar is not None:
                 bar.close()
             log.close()
-            if hasattr(learner, "close"):
-                learner.close()
+            learner.close()
 
-    def _sync(self, learner: Any, version: int | None = None) -> float:
+    def _sync(self, learner: TrainingLearner, version: int | None = None) -> float:
         assert self.workers is not None
         started = time.perf_counter()
         if (
@@ -729,15 +702,19 @@ class Trainer:
         return resolved_weight_sync(self.config, driver_has_gpu=torch.cuda.is_available())
 
     def _entropy_of_all(
-        self, learner: Any, trajectories: list[Trajectory], kept: list[Trajectory], algorithm: AlgorithmConfig
+        self,
+        learner: TrainingLearner,
+        trajectories: list[Trajectory],
+        kept: list[Trajectory],
+        algorithm: AlgorithmConfig,
     ) -> tuple[float, float]:
         """(sum, count) of the current policy's entropy over the action tokens of every trajectory that ran.
         With token-mean aggregation the kept ones are left out here (the learner's pre-update pass measures
-        them). (nan, 0) unless `logging.entropy_all`, and for a learner without `token_stats` (the
+        them). (nan, 0) unless `logging.entropy_all`, and for a learner that does not score batches (the
         data-parallel group)."""
         stare = algorithm.stare
         gate_needs_it = stare is not None and stare.gate_input != "trained"
-        if not (self.config.logging.entropy_all or gate_needs_it) or not hasattr(learner, "token_stats"):
+        if not (self.config.logging.entropy_all or gate_needs_it) or not learner.scores_batches:
             return float("nan"), 0.0
         token_mean = algorithm.loss.aggregation == "token-mean"
         kept_ids = {id(t) for t in kept} if token_mean else set()
@@ -750,7 +727,7 @@ class Trainer:
         return float(stats.entropy[mask].sum()), float(mask.sum())
 
     def rl_step(
-        self, step: int, learner: Any, algorithm: AlgorithmConfig, rollout_config: RolloutConfig
+        self, step: int, learner: TrainingLearner, algorithm: AlgorithmConfig, rollout_config: RolloutConfig
     ) -> dict:
         """One RL step, as named stages: sample groups (refilled under dynamic sampling) and their advantages
         -> the learner's update (gate, STARE weights, loss) -> weight sync -> saved rollouts -> the record."""
@@ -775,11 +752,10 @@ class Trainer:
             entropy_all = self._entropy_of_all(learner, sampled.trajectories, sampled.kept, algorithm)
             if sampled.kept:  # padding is masked out of attention and loss: any pad id works
                 batch = collate(sampled.kept, pad_token_id=0)
-                if algorithm.stare is not None and algorithm.stare.gate_input != "trained":
-                    # the gate reads every sampled trajectory: the learner adds the kept ones to these
-                    metrics = learner.step(batch, sampled.advantages, others_entropy=entropy_all)
-                else:
-                    metrics = learner.step(batch, sampled.advantages)
+                # a gate reading every sampled trajectory gets the others' entropy (the learner adds the kept)
+                reads_all = algorithm.stare is not None and algorithm.stare.gate_input != "trained"
+                others = entropy_all if reads_all else None
+                metrics = learner.step(batch, sampled.advantages, others_entropy=others)
             else:  # every group had equal rewards (or failed): nothing to learn from this step
                 metrics = dict.fromkeys(LEARNER_METRICS, float("nan"))
         warning = mismatch_warning(
@@ -802,7 +778,8 @@ class Trainer:
                     sampled.trajectories,
                     sampled.kept,
                     sampled.advantages,
-                    learner,
+                    learner.last_token_data,
+                    gate_on=learner.gate_on,
                     void_dropped=void_dropped,
                 )
         for stage, value in timer.seconds.items():

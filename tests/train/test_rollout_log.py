@@ -157,7 +157,13 @@ def test_step_file_round_trip_with_statuses(tmp_path):
     )
     log = RolloutLog(tmp_path, tokenizer_dir=None)
     path = log.write(
-        12, [*kept, dropped, failed, void], kept, torch.tensor([0.5, -0.5]), learner, void_dropped=True
+        12,
+        [*kept, dropped, failed, void],
+        kept,
+        torch.tensor([0.5, -0.5]),
+        learner.last_token_data,
+        gate_on=True,
+        void_dropped=True,
     )
     assert path == step_file(tmp_path, 12) and path.name == "step-000012.jsonl.gz"
     assert saved_steps(tmp_path) == [12]
