@@ -288,15 +288,7 @@ class Learner:
         self.collective = collective or Collective()
         c = self.config
         self.device, self.policy, self.optimizer, self.scheduler = PolicyCore.build(
-            model,
-            c.optimizer,
-            device=c.device,
-            precision=c.precision,
-            head_chunk_rows=c.head_chunk_rows,
-            gradient_checkpointing=c.gradient_checkpointing,
-            temperature=c.temperature,
-            fp32_head=c.fp32_head,
-            shard=shard,
+            model, c, temperature=c.temperature, fp32_head=c.fp32_head, shard=shard
         )
         # the token reweighting (STARE, or a control; None: none), and what selects L+/L- for the
         # diagnostics (without a reweighting: what STARE's defaults would select)

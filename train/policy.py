@@ -121,31 +121,28 @@ class PolicyCore(NamedTuple):
     def build(
         cls,
         model: nn.Module,
-        optimizer: OptimizerConfig,
+        config: Any,
         *,
-        device: str,
-        precision: str,
-        head_chunk_rows: int,
-        gradient_checkpointing: bool = False,
         temperature: float = 1.0,
         fp32_head: bool = False,
         shard: Any = None,
     ) -> PolicyCore:
-        """`shard`, when given, wraps the policy in place before the optimiser is built."""
-        target = torch.device(device)
+        """From a learner's or SFT's config (its `optimizer`, `device`, `precision`, `head_chunk_rows` and
+        `gradient_checkpointing`). `shard`, when given, wraps the policy in place before the optimiser is built."""
+        target = torch.device(config.device)
         model.to(target)
-        if gradient_checkpointing:
+        if config.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         policy = PolicyModel(
             model,
-            precision=precision,
-            head_chunk_rows=head_chunk_rows,
+            precision=config.precision,
+            head_chunk_rows=config.head_chunk_rows,
             temperature=temperature,
             fp32_head=fp32_head,
         )
         if shard is not None:
             shard(policy)
-        return cls(target, policy, *build_optimizer(model, optimizer))
+        return cls(target, policy, *build_optimizer(model, config.optimizer))
 
 
 def optimizer_step(

@@ -96,15 +96,8 @@ class SFTTrainer:
         self.config = config or SFTConfig()
         self.pad_token_id = pad_token_id
         self.collective = collective or Collective()
-        c = self.config
         self.device, self.policy, self.optimizer, self.scheduler = PolicyCore.build(
-            model,
-            c.optimizer,
-            device=c.device,
-            precision=c.precision,
-            head_chunk_rows=c.head_chunk_rows,
-            gradient_checkpointing=c.gradient_checkpointing,
-            shard=shard,
+            model, self.config, shard=shard
         )
         self.epochs_done = 0
         self.steps_done = 0
