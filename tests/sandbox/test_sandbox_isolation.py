@@ -34,6 +34,17 @@ from stare_agents.sandbox.docker_backend import docker_client, sandbox_container
 pytestmark = pytest.mark.docker
 
 LIMITS = DockerLimits(memory_mb=256, pids=64, cpus=1.0, tmpfs_mb=16)
+# Under gVisor the sentry's own memory and its file cache count against the container's limit: idle with numpy
+# and sympy preimported a runsc container used 178 MiB of 256 MiB here and peaked near 250 MiB while a worker
+# was replaced, and an OOM kill then ended calls these tests expect to finish. runsc gets the default 512 MB;
+# runc keeps 256 MB, which the IPC attack's 120 MB pin is sized against.
+GVISOR_LIMITS = DockerLimits(memory_mb=512, pids=64, cpus=1.0, tmpfs_mb=16)
+
+
+def limits_for(runtime: str) -> DockerLimits:
+    return GVISOR_LIMITS if runtime == "runsc" else LIMITS
+
+
 RUNTIMES = ("runc", "runsc")
 KEY = 0x53544152  # SysV key of the IPC objects the attack leaves
 
@@ -52,7 +63,11 @@ def box(request):
     """One container (pool_size=1), so that every next session lands on the attacked container."""
     require_runtime(request.param)
     sandbox = DockerSandbox(
-        pool_size=1, limits=LIMITS, runtime=request.param, default_timeout_s=10, host_slack_s=3
+        pool_size=1,
+        limits=limits_for(request.param),
+        runtime=request.param,
+        default_timeout_s=10,
+        host_slack_s=3,
     )
     sandbox.start()
     yield sandbox
@@ -486,7 +501,7 @@ def test_many_sessions_some_closed_or_timed_out_mid_call_each_result_is_its_own(
                 third = s.run(f"print('v' in globals(), {i} + 1)").stdout
         results[i] = (first, second, third)
 
-    with DockerSandbox(pool_size=pool_size, limits=LIMITS, runtime=runtime) as box:
+    with DockerSandbox(pool_size=pool_size, limits=limits_for(runtime), runtime=runtime) as box:
         with counting_containers(box, 0.05) as seen:
             threads = [threading.Thread(target=one, args=(box, i)) for i in range(24)]
             for t in threads:
