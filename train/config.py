@@ -23,6 +23,7 @@ error naming it), and checks that `sft.data` can be served.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import datetime
 import logging
@@ -49,7 +50,7 @@ from stare_agents.rollout.render import Rendering
 from stare_agents.rollout.weight_sync import WeightSync
 from stare_agents.sandbox import DEFAULT_BACKEND, Backend, backend_class, check_config_kwargs
 from stare_agents.sandbox.runner import MAX_TIMEOUT_S
-from stare_agents.train.learner import LearnerConfig
+from stare_agents.train.learner import DERIVED_FROM, LearnerConfig
 from stare_agents.train.policy import OptimizerConfig, Precision
 
 RECIPES_DIR = Path(__file__).with_name("recipes")
@@ -586,26 +587,14 @@ class TrainConfig:
     logging: LoggingSection = field(default_factory=LoggingSection)
 
     def __post_init__(self) -> None:
-        # one knob for both ends of the LM head's precision: model.fp32_lm_head
-        if self.rl.learner.fp32_head and not self.model.fp32_lm_head:
-            raise ValueError(
-                "rl.learner.fp32_head=true: set model.fp32_lm_head instead (it gives the engine and the learner "
-                "an fp32 head together; one side alone would widen the mismatch it is meant to close)"
-            )
+        # the learner's derived fields (DERIVED_FROM): one knob for both ends of the LM head's precision, and the
+        # learner scores the distribution the rollout sampled from
         self.rl.learner.fp32_head = self.model.fp32_lm_head
+        self.rl.learner.temperature = self.rollout.temperature
         if self.model.fp32_lm_head and self.rollout.engine != "vllm":
             raise ValueError(
                 f"model.fp32_lm_head=true needs rollout.engine=vllm (the {self.rollout.engine} engine computes its "
                 "head in its own dtype)"
-            )
-        # the learner scores what the rollout sampled: one temperature, set under rollout
-        if self.rl.learner.temperature == 1.0:
-            self.rl.learner.temperature = self.rollout.temperature
-        elif self.rl.learner.temperature != self.rollout.temperature:
-            raise ValueError(
-                f"rl.learner.temperature={self.rl.learner.temperature} differs from rollout.temperature="
-                f"{self.rollout.temperature}: the learner must score the distribution the rollout sampled "
-                "from; set rollout.temperature only"
             )
         absolute_paths(self)
         problem = gpu_sharing_problem(self, driver_has_gpu=torch.cuda.is_available())
@@ -621,7 +610,8 @@ class TrainConfig:
         return self.rl.algorithm_config()
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The settings as plain data: every field but those the run derives from another (DERIVED_FROM)."""
+        return settings_dict(self)
 
     def to_yaml(self) -> str:
         """The resolved config as YAML: what `--show-config` prints and a run folder's config.yaml holds;
@@ -846,6 +836,37 @@ def _merge_algorithm_overrides(data: dict[str, Any]) -> None:
         target[path[-1]] = value
 
 
+def settings_dict(value: Any) -> Any:
+    """`value` with its dataclasses as dicts (as dataclasses.asdict), less the fields derived from another."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {
+            f.name: settings_dict(getattr(value, f.name))
+            for f in dataclasses.fields(value)
+            if DERIVED_FROM not in f.metadata
+        }
+    if isinstance(value, list | tuple):
+        return type(value)(settings_dict(v) for v in value)
+    if isinstance(value, dict):
+        return {k: settings_dict(v) for k, v in value.items()}
+    return copy.deepcopy(value)
+
+
+def derived_keys(cls: type, prefix: str = "") -> list[str]:
+    """The dotted keys under dataclass `cls` that the run derives from another setting (not settings)."""
+    keys = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if DERIVED_FROM in f.metadata:
+            keys.append(prefix + f.name)
+            continue
+        hint = hints[f.name]
+        if typing.get_origin(hint) in (typing.Union, types.UnionType):
+            hint = next((a for a in typing.get_args(hint) if a is not type(None)), hint)
+        if dataclasses.is_dataclass(hint):
+            keys += derived_keys(hint, f"{prefix}{f.name}.")
+    return keys
+
+
 def build(cls: type, data: Any, where: str, base: Any = None) -> Any:
     """Build dataclass `cls` from a mapping, checking every key and converting every value to its field's type.
 
@@ -859,7 +880,14 @@ def build(cls: type, data: Any, where: str, base: Any = None) -> Any:
         algorithm = _convert(AlgorithmName, data.get("algorithm", RLSection.algorithm), f"{where}algorithm")
         base = RLSection.preset(algorithm)
     hints = typing.get_type_hints(cls)
-    known = [f.name for f in dataclasses.fields(cls) if f.init]
+    fields_ = [f for f in dataclasses.fields(cls) if f.init]
+    for f in fields_:
+        if DERIVED_FROM in f.metadata and f.name in data:
+            raise ValueError(
+                f"{where}{f.name}={_plain_data(data[f.name])!r}: not a setting; the run derives it from "
+                f"{f.metadata[DERIVED_FROM]} (set that instead)"
+            )
+    known = [f.name for f in fields_ if DERIVED_FROM not in f.metadata]
     unknown = sorted(set(data) - set(known), key=str)
     if unknown:
         section = repr(where.rstrip(".")) if where else "the config"

@@ -142,6 +142,11 @@ LEARNER_METRICS = (
 )
 
 
+# a field whose metadata has this key is not a setting of its own: the run sets it from the setting the value
+# names (the config loader refuses it as a key and leaves it out of a run's config.yaml)
+DERIVED_FROM = "derived_from"
+
+
 @dataclass
 class LearnerConfig:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
@@ -160,17 +165,18 @@ class LearnerConfig:
     # the correction for pi_rollout != pi_old (stare_agents.algo.importance): truncated (cap) and/or masked
     # (mask: (low, high)) importance sampling, per token or per sequence; needs old_logprobs="recompute"
     importance: ImportanceConfig = field(default_factory=ImportanceConfig)
-    # the LM head and its log-softmax in fp32 even under bf16 autocast (the trainer sets it from
-    # model.fp32_lm_head, which also gives the vLLM engine an fp32 head)
-    fp32_head: bool = False
+    # the LM head and its log-softmax in fp32 even under bf16 autocast (one knob for both ends: model.fp32_lm_head
+    # also gives the vLLM engine an fp32 head)
+    fp32_head: bool = field(default=False, metadata={DERIVED_FROM: "model.fp32_lm_head"})
     diagnostics: bool = True  # Phi quadrants and L+/L- shares (also for non-STARE algorithms)
     # one update and at most one micro-batch per worker: the update's forward doubles as the pre-update pass
     fuse_single_micro_batch: bool = True
-    device: str = "cpu"
+    # "cuda" where the trainer's process has a GPU (each data-parallel worker picks its own device)
+    device: str = field(default="cpu", metadata={DERIVED_FROM: "the machine (cuda where the trainer has a GPU)"})
     seed: int = 0  # Clip-Cov's random token choice
     # the rollout's sampling temperature: the learner scores softmax(logits / temperature), what the engine
-    # sampled from (ratios, TIS weights, entropy, surprisal); the trainer sets it from rollout.temperature
-    temperature: float = 1.0
+    # sampled from (ratios, TIS weights, entropy, surprisal)
+    temperature: float = field(default=1.0, metadata={DERIVED_FROM: "rollout.temperature"})
 
     def __post_init__(self) -> None:
         if isinstance(self.optimizer, dict):

@@ -160,9 +160,10 @@ RESUMABLE_CHANGES = ("rl.steps", "logging.", "checkpoint.", "out_dir")  # what a
 def check_same_run(saved: Path, config: TrainConfig) -> None:
     import yaml
 
-    from stare_agents.train.config import _flatten
+    from stare_agents.train.config import TrainConfig, _flatten, derived_keys
 
-    before = _flatten(yaml.safe_load(saved.read_text()) or {})
+    derived = set(derived_keys(TrainConfig))  # a config.yaml written before they were derived holds them
+    before = {k: v for k, v in _flatten(yaml.safe_load(saved.read_text()) or {}).items() if k not in derived}
     now = _flatten(json.loads(json.dumps(config.to_dict())))  # tuples as lists, as YAML reads them
     changed = sorted(
         key

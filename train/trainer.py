@@ -18,6 +18,7 @@ killed at any point (SIGKILL included) continues from its last checkpoint with `
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import json
 import logging
 import math
@@ -562,9 +563,7 @@ class Trainer:
 
     def make_learner(self, model_dir: Path, algorithm: AlgorithmConfig) -> TrainingLearner:
         c = self.config
-        learner_config = c.rl.learner
-        if torch.cuda.is_available() and learner_config.device == "cpu":
-            learner_config.device = "cuda"
+        learner_config = dataclasses.replace(c.rl.learner, device="cuda" if torch.cuda.is_available() else "cpu")
         if c.rl.learner_workers > 1:
             from stare_agents.train.distributed import LearnerGroup
 

@@ -90,7 +90,9 @@ def test_the_learner_follows_the_rollout_temperature_and_top_p_is_refused_for_tr
         load_config(recipe="tiny", overrides=["rollout.top_p=0.9"])
     with pytest.raises(ValueError, match=r"rollout.temperature must be > 0"):
         load_config(recipe="tiny", overrides=["rollout.temperature=0"])
-    with pytest.raises(ValueError, match=r"rl.learner.temperature=0.5 differs from rollout.temperature=0.7"):
-        load_config(recipe="tiny", overrides=["rollout.temperature=0.7", "rl.learner.temperature=0.5"])
+    # not a setting: one set on purpose was once silently replaced by rollout.temperature
+    for value in ("0.5", "1.0", "0.7"):
+        with pytest.raises(ValueError, match=r"rl.learner.temperature=.*not a setting.*rollout.temperature"):
+            load_config(recipe="tiny", overrides=["rollout.temperature=0.7", f"rl.learner.temperature={value}"])
     with pytest.raises(ValueError, match=r"temperature must be finite and > 0"):
         PolicyModel(torch.nn.Linear(2, 2), temperature=0.0)

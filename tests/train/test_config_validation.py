@@ -324,3 +324,44 @@ def test_sandbox_low_priority_is_on_for_cpu_only_workers_and_never_contradicts_t
         RolloutSection(sandbox_low_priority=True, sandbox_kwargs={"limits": {"low_priority": False}})
     with pytest.raises(ValueError, match=r"rollout\.sandbox_low_priority"):
         load_config("smollm2-arith", overrides=["rollout.sandbox_low_priority=maybe"])
+
+
+def test_the_learners_derived_fields_are_not_settings(tmp_path):
+    """rl.learner.temperature, .fp32_head and .device follow rollout.temperature, model.fp32_lm_head and the
+    machine: as keys they are refused with the setting to use (a temperature set on purpose was once silently
+    replaced), they never reach config.yaml, and a config.yaml that still holds them resumes."""
+    import yaml
+
+    from stare_agents.train.config import derived_keys
+    from stare_agents.train.run_folder import check_same_run
+
+    assert sorted(derived_keys(TrainConfig)) == [
+        "rl.learner.device",
+        "rl.learner.fp32_head",
+        "rl.learner.temperature",
+    ]
+    for key, value, source in (
+        ("temperature", "1.0", "rollout.temperature"),
+        ("fp32_head", "true", "model.fp32_lm_head"),
+        ("fp32_head", "false", "model.fp32_lm_head"),
+        ("device", "cuda", "the machine"),
+    ):
+        with pytest.raises(ValueError, match=rf"rl.learner.{key}=.*not a setting.*{source}"):
+            load_config(recipe="tiny", overrides=[f"rl.learner.{key}={value}"])
+    config = load_config(recipe="tiny", overrides=["rollout.temperature=0.6"])
+    assert config.rl.learner.temperature == 0.6 and config.rl.learner.fp32_head is False
+    text = config.to_yaml()
+    learner = yaml.safe_load(text)["rl"]["learner"]
+    assert not {"temperature", "fp32_head", "device"} & set(learner) and "micro_batch_tokens" in learner
+    assert load_config(path=_written(tmp_path / "now.yaml", text)) == config
+    old = yaml.safe_load(text)  # as a run folder written before: the derived values among the settings
+    old["rl"]["learner"].update(temperature=0.6, fp32_head=False, device="cpu")
+    check_same_run(_written(tmp_path / "old.yaml", yaml.safe_dump(old)), config)
+    old["rl"]["learner"]["micro_batch_tokens"] += 1  # a real change is still refused
+    with pytest.raises(FileExistsError, match=r"rl\.learner\.micro_batch_tokens"):
+        check_same_run(_written(tmp_path / "changed.yaml", yaml.safe_dump(old)), config)
+
+
+def _written(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
