@@ -27,7 +27,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, get_args
 
 import torch
 from torch import Tensor, nn
@@ -48,8 +48,10 @@ from stare_agents.train.policy import (
     PRECISIONS,
     MicroBatch,
     OptimizerConfig,
+    Packing,
     PolicyCore,
     PolicyModel,
+    Precision,
     TokenStats,
     load_causal_lm,
     optimizer_step,
@@ -57,7 +59,8 @@ from stare_agents.train.policy import (
 )
 from stare_agents.trajectory import Batch
 
-OLD_LOGPROB_SOURCES = ("recompute", "rollout")
+OldLogprobs = Literal["recompute", "rollout"]  # PPO's pi_old: the pre-update pass or the rollout's
+OLD_LOGPROB_SOURCES: tuple[str, ...] = get_args(OldLogprobs)
 QUADRANTS = ("pos_high", "pos_low", "neg_high", "neg_low")
 
 
@@ -156,12 +159,12 @@ class LearnerConfig:
     # rows, as the official code's dynamic batching does; costs some padding, sometimes one micro-batch
     # more); with several micro-batches this changes the per-micro-batch STARE selection and the
     # "micro-batch" loss normalisation, never the budget
-    micro_batch_packing: str = "longest-first"
+    micro_batch_packing: Packing = "longest-first"
     mini_batches: int = 1  # optimiser updates per training step (contiguous row ranges of the step batch)
-    precision: str = "fp32"  # "fp32" or "bf16" (autocast)
+    precision: Precision = "fp32"  # see train/policy.py: fp32, bf16 (autocast), fast, bf16-emulated
     gradient_checkpointing: bool = False
     head_chunk_rows: int = 1024  # action tokens per chunk of the LM head (memory: rows x vocab floats)
-    old_logprobs: str = "recompute"  # PPO's pi_old: the pre-update pass ("recompute") or the rollout's
+    old_logprobs: OldLogprobs = "recompute"  # PPO's pi_old: the pre-update pass ("recompute") or the rollout's
     # the correction for pi_rollout != pi_old (stare_agents.algo.importance): truncated (cap) and/or masked
     # (mask: (low, high)) importance sampling, per token or per sequence; needs old_logprobs="recompute"
     importance: ImportanceConfig = field(default_factory=ImportanceConfig)

@@ -31,12 +31,10 @@ from stare_agents.trajectory import Batch
 # fp32, to study bf16 on CPUs without bf16 units (train/bf16_emulation.py; as slow as fp32, not faster)
 Precision = Literal["fp32", "bf16", "fast", "bf16-emulated"]
 PRECISIONS: tuple[str, ...] = get_args(Precision)
-LR_SCHEDULES = ("constant", "cosine")
-PACKINGS = (
-    "longest-first",
-    "balanced",
-    "verl",
-)  # how plan_micro_batches packs rows (LearnerConfig.micro_batch_packing)
+LRSchedule = Literal["constant", "cosine"]
+LR_SCHEDULES: tuple[str, ...] = get_args(LRSchedule)
+Packing = Literal["longest-first", "balanced", "verl"]  # how plan_micro_batches packs rows
+PACKINGS: tuple[str, ...] = get_args(Packing)
 
 
 @dataclass
@@ -49,7 +47,7 @@ class OptimizerConfig:
     eps: float = 1e-8
     max_grad_norm: float = 1.0  # <= 0: no clipping (the norm is still measured)
     warmup_steps: int = 0  # the LR rises linearly over this many steps: lr * (step + 1) / warmup_steps
-    schedule: str = "constant"  # after warm-up: "constant" or "cosine" (to min_lr_ratio * lr at total_steps)
+    schedule: LRSchedule = "constant"  # after warm-up: "constant" or "cosine" (to min_lr_ratio * lr at total_steps)
     total_steps: int = 0  # cosine: the step at which the decay ends
     min_lr_ratio: float = 0.0
 

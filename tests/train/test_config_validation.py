@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import re
 import typing
 from pathlib import Path
 
@@ -365,3 +366,17 @@ def test_the_learners_derived_fields_are_not_settings(tmp_path):
 def _written(path: Path, text: str) -> Path:
     path.write_text(text)
     return path
+
+
+@pytest.mark.parametrize(
+    "key, value, allowed",
+    [
+        ("rl.learner.precision", "fp16", "fp32, bf16, fast, bf16-emulated"),
+        ("rl.learner.micro_batch_packing", "shortest-first", "longest-first, balanced, verl"),
+        ("rl.learner.old_logprobs", "engine", "recompute, rollout"),
+        ("rl.learner.optimizer.schedule", "linear", "constant, cosine"),
+    ],
+)
+def test_the_learners_word_sets_are_literals_that_list_what_is_allowed(key, value, allowed):
+    with pytest.raises(ValueError, match=rf"^{re.escape(key)}='{value}': allowed: {re.escape(allowed)}$"):
+        load_config(recipe="tiny", overrides=[f"{key}={value}"])
