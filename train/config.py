@@ -341,6 +341,13 @@ class SFTSection:
     warmup_steps: int = 2
     micro_batch_tokens: int = 4096
     precision: Precision = "fast"  # "fp32", "bf16" (autocast) or "fast" (bf16 where the hardware has it)
+    # a checkpoint of the fit under way every this many optimiser steps (0: none), in the run folder's
+    # sft_checkpoint/; `--resume` goes on from it after a crash, and it is removed once SFT is done
+    checkpoint_every: int = 50
+
+    def __post_init__(self) -> None:
+        if self.checkpoint_every < 0:
+            raise ValueError(f"sft.checkpoint_every must be >= 0 (0: no checkpoints), got {self.checkpoint_every}")
 
 
 @dataclass

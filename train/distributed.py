@@ -305,12 +305,23 @@ class LearnerWorker:
             shard=_fully_shard if fsdp else None,
         )
 
-    def sft_fit(self, trajectories: list[Trajectory]) -> tuple[list[dict], list[dict]]:
-        """Every epoch on the same trajectories (each worker its share of each step's micro-batches):
-        (the epochs' SFT_METRICS, every step's figures)."""
+    def sft_fit(
+        self, trajectories: list[Trajectory], max_steps: int | None = None
+    ) -> tuple[list[dict], list[dict], bool]:
+        """`SFTTrainer.fit` on the same trajectories (each worker its share of each step's micro-batches): (the
+        epochs it finished, every step's figures, whether the fit is still under way)."""
         steps: list[dict] = []
-        history = self.sft.fit(trajectories, on_step=steps.append)
-        return history, steps
+        history = self.sft.fit(trajectories, on_step=steps.append, max_steps=max_steps)
+        return history, steps, self.sft.fitting
+
+    def sft_save_shards(self, folder: str) -> dict | None:
+        """Every worker writes its shards; rank 0 returns the rest of the SFT state (schedule, the fit)."""
+        self.sft.save_shards(folder)
+        return self.sft.small_state_dict() if self.rank == 0 else None
+
+    def sft_load_shards(self, folder: str, small: dict) -> None:
+        self.sft.load_shards(folder)
+        self.sft.load_small_state_dict(small)
 
     def sft_model_state_dict(self) -> dict[str, Tensor] | None:
         if self.sft.collective.shards_gradients:
@@ -643,26 +654,56 @@ class SFTGroup:
                 for w in self.workers
             ]
         )
+        self.fitting = False  # a fit stopped by max_steps (or resumed mid-fit) is under way
+        self._data: tuple[Sequence[Trajectory], Any] | None = None  # the trajectories and their object ref
 
     def fit(
-        self, trajectories: Sequence[Trajectory], *, on_step: Callable[[dict], None] | None = None
+        self,
+        trajectories: Sequence[Trajectory],
+        *,
+        on_step: Callable[[dict], None] | None = None,
+        max_steps: int | None = None,
     ) -> list[dict[str, float]]:
         """As `SFTTrainer.fit` (rank 0's figures, which cover the whole batch); `on_step` gets each step's
-        figures once the fit is done."""
+        figures once the call's steps are done."""
         import ray
 
         if not trajectories:
             raise ValueError("SFT needs at least one trajectory")
-        ref = ray.put(list(trajectories))
-        history, steps = ray.get([w.sft_fit.remote(ref) for w in self.workers])[0]
+        if self._data is None or self._data[0] is not trajectories:  # sent to the object store once
+            self._data = (trajectories, ray.put(list(trajectories)))
+        results = ray.get([w.sft_fit.remote(self._data[1], max_steps) for w in self.workers])
+        history, steps, self.fitting = results[0]
         for record in steps if on_step is not None else ():
             on_step(record)
         return history
+
+    def save_checkpoint(self, state: dict[str, Any], path: Path, *, tokenizer_dir: Path) -> None:
+        """Each worker writes its own shards of the model and optimiser; rank 0's SFT state goes beside them."""
+        import ray
+
+        def shards(folder: Path) -> dict:
+            return ray.get([w.sft_save_shards.remote(str(folder)) for w in self.workers])[0]
+
+        save_checkpoint(state | {"sharded": True}, path, shards=shards, tokenizer_dir=tokenizer_dir)
+
+    def resume(self, checkpoint: Path, state: dict[str, Any]) -> None:
+        import ray
+
+        folder, small = str(checkpoint / SHARDS_DIR), state["learner"]
+        ray.get([w.sft_load_shards.remote(folder, small) for w in self.workers])
+        self.fitting = small.get("fit") is not None
 
     def model_state_dict(self) -> dict[str, Tensor]:
         import ray
 
         return ray.get([w.sft_model_state_dict.remote() for w in self.workers])[0]
+
+    def hf_model(self, model_dir: Path) -> nn.Module:
+        """The fine-tuned policy gathered from the workers into a model of `model_dir`'s architecture."""
+        model = load_causal_lm(model_dir)
+        model.load_state_dict(self.model_state_dict())
+        return model
 
     def close(self) -> None:
         _close_workers(self.workers, self._placement, self._address)

@@ -54,7 +54,9 @@ from stare_agents.train.policy import (
     Precision,
     TokenStats,
     load_causal_lm,
+    load_policy_shards,
     optimizer_step,
+    save_policy_shards,
     split_step,
 )
 from stare_agents.trajectory import Batch
@@ -723,25 +725,11 @@ class Learner:
     # ---- checkpoints --------------------------------------------------------------------------------
 
     def save_shards(self, folder: str | Path) -> None:
-        """The model and optimiser as this worker holds them (its FSDP shards; a replica's copy is written once),
-        with torch.distributed.checkpoint: every data-parallel worker calls it, on storage they all reach."""
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict
-
-        model_state, optimizer_state = get_state_dict(self.policy, self.optimizer)
-        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(folder))
+        """The model and optimiser as this worker holds them (see `save_policy_shards`)."""
+        save_policy_shards(self.policy, self.optimizer, folder)
 
     def load_shards(self, folder: str | Path) -> None:
-        """Read back what `save_shards` wrote, each worker its own shards (every worker calls it)."""
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
-        model_state, optimizer_state = get_state_dict(self.policy, self.optimizer)  # the layout to fill
-        state = {"model": model_state, "optimizer": optimizer_state}
-        dcp.load(state, checkpoint_id=str(folder))
-        set_state_dict(
-            self.policy, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
-        )
+        load_policy_shards(self.policy, self.optimizer, folder)
 
     def model_state_dict(self) -> dict[str, Tensor]:
         """The model's full weights (gathered from the shards under FSDP): what rollout workers load."""

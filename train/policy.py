@@ -559,3 +559,24 @@ def load_causal_lm(path: str | Path, device: str | torch.device = "cpu") -> nn.M
         )
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     return model.to(device)
+
+
+def save_policy_shards(policy: nn.Module, optimizer: torch.optim.Optimizer, folder: str | Path) -> None:
+    """The model and optimiser as this worker holds them (its FSDP shards; a replica's copy is written once),
+    with torch.distributed.checkpoint: every data-parallel worker calls it, on storage they all reach."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optimizer_state = get_state_dict(policy, optimizer)
+    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(folder))
+
+
+def load_policy_shards(policy: nn.Module, optimizer: torch.optim.Optimizer, folder: str | Path) -> None:
+    """Read back what `save_policy_shards` wrote, each worker its own shards (every worker calls it)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_state, optimizer_state = get_state_dict(policy, optimizer)  # the layout to fill
+    state = {"model": model_state, "optimizer": optimizer_state}
+    dcp.load(state, checkpoint_id=str(folder))
+    set_state_dict(policy, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])

@@ -24,6 +24,7 @@ from stare_agents.jsonl import dumps_line, finite, read_lines, report_unread
 from stare_agents.train.config import TrainConfig
 
 PROGRESS_FILE = "progress.json"
+SFT_CHECKPOINT = "sft_checkpoint"  # the SFT fit under way (sft.checkpoint_every), removed once it is done
 SFT_MODEL = "sft_model"
 EVALS_DIR = "evals"  # eval.benchmarks during RL: <run>/evals/step-NNNNNN/<name>/ (eval harness folders)
 FINAL_MODEL = "final_model"  # the trained policy as a Hugging Face folder, in each RL run's folder
@@ -57,6 +58,20 @@ class RunLog:
             self.writer = SummaryWriter(str(folder / "tensorboard"), purge_step=purge_from)
         self.wandb = _open_wandb(folder, config) if config.logging.wandb_project else None
         self._wandb_kinds: set[str] = set()
+
+    def forget(self, kind: str, after: int) -> None:
+        """Drop the records of `kind` past step `after` from metrics.jsonl: what a killed stage logged after the
+        checkpoint it resumes from (it logs those steps again)."""
+        if not self.path.exists():
+            return
+        records, unread = read_lines(self.path)
+        report_unread(unread, None, "metrics lines")
+        kept = [
+            dumps_line(r)
+            for _, r in records
+            if isinstance(r, dict) and not (r.get("kind") == kind and int(r.get("step", 0)) > after)
+        ]
+        self.path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
 
     def log(self, record: dict[str, Any]) -> None:
         """Append `record` to every sink. A figure that is not a finite number (not measured: NaN) is left out

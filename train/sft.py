@@ -3,6 +3,11 @@
     sft = SFTTrainer(model, SFTConfig(epochs=2), pad_token_id=tokenizer.pad_token_id)
     history = sft.fit(trajectories)      # one dict of SFT_METRICS per epoch
 
+A fit can stop and go on: `fit(..., max_steps=n)` returns after n optimiser steps (the epochs it finished), and
+while `sft.fitting` the next `fit` call continues where it stopped, also in a new process from a checkpoint
+(`save_checkpoint` / `resume`): the epoch's order, its figures so far and the schedule come back with it, so a
+fit cut into pieces (or killed and resumed) takes the same steps as one in a single call.
+
 The data are `Trajectory` objects: a trace rendered into prompt ids and response ids, with `action_mask`
 1 on the tokens the model should learn to write (its reasoning, code, final answer) and 0 on what the
 environment inserted (tool output). The loss is the negative log-likelihood of the action tokens only,
@@ -12,17 +17,21 @@ micro-batches, chunked LM head, AdamW and schedule as the RL learner.
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import math
 import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
 from stare_agents.algo import aggregate
+from stare_agents.train.checkpoint import save_checkpoint
 from stare_agents.train.learner import Collective
 from stare_agents.train.policy import (
     PRECISIONS,
@@ -30,7 +39,9 @@ from stare_agents.train.policy import (
     PolicyCore,
     PolicyModel,
     load_causal_lm,
+    load_policy_shards,
     optimizer_step,
+    save_policy_shards,
     split_step,
 )
 from stare_agents.trajectory import Trajectory, collate
@@ -49,6 +60,17 @@ SFT_METRICS = (
     "time_s",
     "tokens_per_s",
 )
+
+
+def traces_fingerprint(trajectories: Sequence[Trajectory]) -> str:
+    """A digest of the SFT data as the model sees it (token ids and loss mask, in order): a checkpoint taken on
+    other traces must not be continued on these."""
+    digest = hashlib.sha256()
+    for t in trajectories:
+        for part in (t.prompt_ids, t.response_ids, t.action_mask):
+            digest.update(len(part).to_bytes(8, "little"))
+            digest.update(b"".join(int(v).to_bytes(8, "little", signed=True) for v in part))
+    return digest.hexdigest()
 
 
 @dataclass
@@ -101,6 +123,13 @@ class SFTTrainer:
         )
         self.epochs_done = 0
         self.steps_done = 0
+        self._fit: dict | None = None  # the fit under way: {"end_epoch": the epoch count it ends at}
+        self._epoch: dict | None = None  # the epoch under way: steps taken, their totals, seconds, last lr
+
+    @property
+    def fitting(self) -> bool:
+        """A fit stopped by `max_steps` (or resumed from a checkpoint taken mid-fit) is under way."""
+        return self._fit is not None
 
     @classmethod
     def from_pretrained(
@@ -167,47 +196,90 @@ class SFTTrainer:
         }
 
     def fit(
-        self, trajectories: Sequence[Trajectory], *, progress: bool = False, on_step: Callable | None = None
+        self,
+        trajectories: Sequence[Trajectory],
+        *,
+        progress: bool = False,
+        on_step: Callable | None = None,
+        max_steps: int | None = None,
     ) -> list[dict[str, float]]:
-        """`config.epochs` epochs over the trajectories; one dict of SFT_METRICS per epoch. `on_step`, when
-        given, receives each optimiser step's figures (what `step` returns)."""
+        """`config.epochs` epochs over the trajectories; one dict of SFT_METRICS per epoch finished in this call.
+        `on_step`, when given, receives each optimiser step's figures (what `step` returns). `max_steps`: stop
+        after that many optimiser steps (then `fitting` says whether the fit is over; the next call goes on)."""
         if not trajectories:
             raise ValueError("SFT needs at least one trajectory")
+        if max_steps is not None and max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1 or None, got {max_steps}")
+        if self._fit is None:
+            self._fit = {"end_epoch": self.epochs_done + self.config.epochs}
+        stop_at = None if max_steps is None else self.steps_done + max_steps
         history = []
-        for _ in range(self.config.epochs):
-            history.append(self.epoch(trajectories, progress=progress, on_step=on_step))
+        while self.epochs_done < self._fit["end_epoch"]:
+            left = None if stop_at is None else stop_at - self.steps_done
+            if left == 0:
+                break
+            record = self.epoch(trajectories, progress=progress, on_step=on_step, max_steps=left)
+            if record is None:  # stopped mid-epoch
+                break
+            history.append(record)
+        if self.epochs_done >= self._fit["end_epoch"]:
+            self._fit = None
         return history
 
-    def epoch(
-        self, trajectories: Sequence[Trajectory], *, progress: bool = False, on_step: Callable | None = None
-    ) -> dict[str, float]:
-        start = time.perf_counter()
-        order = list(range(len(trajectories)))
+    def _epoch_order(self, size: int) -> list[list[int]]:
+        """The step batches (row indices) of the epoch under way: a new order each epoch, from the seed."""
+        order = list(range(size))
         if self.config.shuffle:
             gen = torch.Generator().manual_seed(self.config.seed * 1_000_003 + self.epochs_done)
-            order = torch.randperm(len(trajectories), generator=gen).tolist()
-        batches = [
-            order[i : i + self.config.batch_size] for i in range(0, len(order), self.config.batch_size)
-        ]
-        totals = dict.fromkeys(("nll", "entropy", "action_tokens", "tokens", "grad_norm", "skipped"), 0.0)
-        lr = float("nan")
-        iterator = batches
+            order = torch.randperm(size, generator=gen).tolist()
+        return [order[i : i + self.config.batch_size] for i in range(0, size, self.config.batch_size)]
+
+    def epoch(
+        self,
+        trajectories: Sequence[Trajectory],
+        *,
+        progress: bool = False,
+        on_step: Callable | None = None,
+        max_steps: int | None = None,
+    ) -> dict[str, float] | None:
+        """The rest of the epoch under way (a whole one when none is): its SFT_METRICS, or None when
+        `max_steps` stopped it before its end (the next call goes on with it)."""
+        if self._epoch is None:
+            totals = dict.fromkeys(("nll", "entropy", "action_tokens", "tokens", "grad_norm", "skipped"), 0.0)
+            self._epoch = {"steps": 0, "totals": totals, "seconds": 0.0, "lr": float("nan")}
+        part = self._epoch
+        totals = part["totals"]
+        batches = self._epoch_order(len(trajectories))
+        todo = batches[part["steps"] :]
+        if max_steps is not None:
+            todo = todo[:max_steps]
+        iterator: Any = todo
         if progress:
             from tqdm import tqdm
 
-            iterator = tqdm(batches, desc=f"SFT epoch {self.epochs_done + 1}", unit="step")
+            iterator = tqdm(
+                todo, desc=f"SFT epoch {self.epochs_done + 1}", unit="step", initial=part["steps"], total=len(batches)
+            )
+        started = time.perf_counter()
         for rows in iterator:
             out = self.step([trajectories[i] for i in rows])
-            if on_step is not None:
-                on_step(out)
             if out["action_tokens"]:
                 totals["nll"] += out["loss"] * out["action_tokens"]
                 totals["entropy"] += out["entropy"] * out["action_tokens"]
             for key in ("action_tokens", "tokens", "grad_norm", "skipped"):
                 totals[key] += out[key]
-            lr = out["lr"]
+            part["lr"] = out["lr"]
+            part["steps"] += 1
+            now = time.perf_counter()
+            part["seconds"] += now - started  # current at every step: a checkpoint taken now holds it
+            started = now
+            if on_step is not None:
+                on_step(out)
+        if part["steps"] < len(batches):
+            return None
+        self._epoch = None
         self.epochs_done += 1
-        elapsed = time.perf_counter() - start
+        elapsed = part["seconds"]
         actions = totals["action_tokens"]
         metrics = {
             "epoch": float(self.epochs_done),
@@ -219,9 +291,9 @@ class SFTTrainer:
             "tokens": totals["tokens"],
             "action_tokens": actions,
             "grad_norm": totals["grad_norm"] / len(batches),
-            "lr": lr,
+            "lr": part["lr"],
             "time_s": elapsed,
-            "tokens_per_s": totals["tokens"] / elapsed,
+            "tokens_per_s": totals["tokens"] / elapsed if elapsed > 0 else float("nan"),
         }
         return {name: float(metrics[name]) for name in SFT_METRICS}
 
@@ -241,17 +313,47 @@ class SFTTrainer:
         return nll / actions if actions else float("nan")
 
     def state_dict(self) -> dict:
-        return {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "epochs_done": self.epochs_done,
-            "steps_done": self.steps_done,
-        }
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), **self.small_state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        self.load_small_state_dict(state)
+
+    def small_state_dict(self) -> dict:
+        """The state without the model and the optimiser: the schedule, the counters, the fit under way."""
+        return {
+            "scheduler": self.scheduler.state_dict(),
+            "epochs_done": self.epochs_done,
+            "steps_done": self.steps_done,
+            "fit": copy.deepcopy(self._fit),
+            "epoch": copy.deepcopy(self._epoch),
+        }
+
+    def load_small_state_dict(self, state: dict) -> None:
         self.scheduler.load_state_dict(state["scheduler"])
         self.epochs_done = int(state["epochs_done"])
         self.steps_done = int(state["steps_done"])
+        self._fit = copy.deepcopy(state.get("fit"))  # a state saved before fits could stop holds none
+        self._epoch = copy.deepcopy(state.get("epoch"))
+
+    def save_shards(self, folder: str | Path) -> None:
+        """The model and optimiser as this data-parallel worker holds them (see `save_policy_shards`)."""
+        save_policy_shards(self.policy, self.optimizer, folder)
+
+    def load_shards(self, folder: str | Path) -> None:
+        load_policy_shards(self.policy, self.optimizer, folder)
+
+    def save_checkpoint(self, state: dict[str, Any], path: Path, *, tokenizer_dir: Path) -> None:
+        """Model, optimiser and the fit under way in one checkpoint folder (the model as a Hugging Face folder)."""
+        save_checkpoint({**state, "learner": self.state_dict()}, path, model=self.model, tokenizer_dir=tokenizer_dir)
+
+    def resume(self, checkpoint: Path, state: dict[str, Any]) -> None:
+        """Read back what `save_checkpoint` wrote (`state`: `load_checkpoint(checkpoint)`)."""
+        self.load_state_dict(state["learner"])
+
+    def hf_model(self, model_dir: Path) -> nn.Module:
+        return self.model  # this process holds it
+
+    def close(self) -> None:
+        pass

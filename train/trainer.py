@@ -58,14 +58,15 @@ from stare_agents.train.run_folder import (
     EVALS_DIR,
     FINAL_MODEL,
     PROGRESS_FILE,
+    SFT_CHECKPOINT,
     SFT_MODEL,
     RunLog,
     StageTimer,
     check_same_run,
-    load_with_state,
     save_hf_model,
 )
 from stare_agents.train.run_summary import accuracy_estimate, write_summary
+from stare_agents.train.sft import SFTConfig, SFTTrainer, traces_fingerprint
 from stare_agents.trajectory import Trajectory, collate, learning_trajectories, policy_text
 
 logger = logging.getLogger("stare_agents.train")
@@ -468,7 +469,6 @@ class Trainer:
 
         from stare_agents.rollout.engine import eos_token_ids
         from stare_agents.train.policy import OptimizerConfig, load_causal_lm
-        from stare_agents.train.sft import SFTConfig, SFTTrainer
         from stare_agents.train.traces import conversation_traces, solver_traces
 
         c = self.config
@@ -514,33 +514,55 @@ class Trainer:
             device="cuda" if torch.cuda.is_available() else "cpu",
         )
         pad = tokenizer.pad_token_id or 0
-        if (
-            c.rl.learner_workers > 1
-        ):  # the same data-parallel (FSDP) workers as RL: a model one device cannot fit
+        if c.rl.learner_workers > 1:  # the same data-parallel (FSDP) workers as RL: a model one device cannot fit
             from stare_agents.train.distributed import SFTGroup
 
             del model
             sft: Any = SFTGroup(base_dir, sft_config, self._distributed_config(), pad_token_id=pad)
         else:
             sft = SFTTrainer(model, sft_config, pad_token_id=pad)
-        log, steps = self.run_log(), iter(range(1, 1 << 62))  # sft-step: one record per optimiser step
-
-        def log_step(out: dict[str, float]) -> None:
-            log.log({"kind": "sft-step", "step": next(steps), **out})
-
         try:
-            for record in sft.fit(traces, on_step=log_step):
-                log.log({"kind": "sft", "step": int(record["epoch"]), "traces": len(traces), **record})
-                logger.info("SFT epoch %d: loss %.4f", record["epoch"], record["loss"])
-            trained = sft.model if isinstance(sft, SFTTrainer) else load_with_state(base_dir, sft.model_state_dict())
+            trained = self._fit_sft(sft, traces, base_dir)
         finally:
-            if not isinstance(sft, SFTTrainer):
-                sft.close()
+            sft.close()
         save_hf_model(trained, base_dir, out)
         self._timed("sft", time.perf_counter() - started)
         self.progress["sft_done"] = True
         self.progress["sft_traces"] = len(traces)
         self._save_progress()
+        shutil.rmtree(self.folder / SFT_CHECKPOINT, ignore_errors=True)
+
+    def _fit_sft(self, sft: Any, traces: list[Trajectory], base_dir: Path) -> Any:
+        """Fit `sft` (an SFTTrainer or SFTGroup) on the traces with a checkpoint every sft.checkpoint_every steps,
+        going on from the last one under `--resume`; returns the fine-tuned Hugging Face model."""
+        c = self.config
+        log, path = self.run_log(), self.folder / SFT_CHECKPOINT
+        fingerprint, done_steps = traces_fingerprint(traces), 0
+        if self.resume and path.is_dir():
+            state = load_checkpoint(path)
+            if state.get("traces") == fingerprint:
+                sft.resume(path, state)
+                done_steps = int(state["learner"]["steps_done"])
+                log.forget("sft-step", done_steps)
+                log.forget("sft", int(state["learner"]["epochs_done"]))
+                logger.info("SFT goes on from its checkpoint after step %d", done_steps)
+            else:  # the traces came out otherwise this time (a solver trace that failed to verify, new data)
+                logger.warning(
+                    "%s was taken on other SFT traces than this run's %d: SFT starts over", path, len(traces)
+                )
+        steps = iter(range(done_steps + 1, 1 << 62))  # sft-step: one record per optimiser step
+
+        def log_step(out: dict[str, float]) -> None:
+            log.log({"kind": "sft-step", "step": next(steps), **out})
+
+        every = c.sft.checkpoint_every or None
+        while True:
+            for record in sft.fit(traces, on_step=log_step, max_steps=every):
+                log.log({"kind": "sft", "step": int(record["epoch"]), "traces": len(traces), **record})
+                logger.info("SFT epoch %d: loss %.4f", record["epoch"], record["loss"])
+            if not sft.fitting:
+                return sft.hf_model(base_dir)
+            sft.save_checkpoint({"traces": fingerprint}, path, tokenizer_dir=base_dir)
 
     # ---- RL ----
     def training_tasks(self, position: int, prompts: int | None = None) -> list[RolloutTask]:

@@ -110,6 +110,43 @@ def test_sft_on_two_gloo_workers_takes_the_same_steps_as_one_trainer(ray_cluster
         group.close()
 
 
+@pytest.mark.parametrize("fsdp", [False, True])
+def test_data_parallel_sft_resumes_from_its_sharded_checkpoint(ray_cluster, tiny_model_dir, tmp_path, fsdp):
+    """A group's fit stopped mid-epoch (max_steps), its sharded checkpoint read into a new group (as after a
+    crash), goes on to the weights and epoch figures of one trainer's uninterrupted fit."""
+    from stare_agents.train.checkpoint import load_checkpoint
+    from stare_agents.train.distributed import SFTGroup
+    from stare_agents.train.sft import SFTConfig, SFTTrainer
+
+    trajectories = rollouts(3, groups=3, group_size=5)  # 15 traces: 2 steps an epoch
+    config = SFTConfig(
+        optimizer=OptimizerConfig(lr=1e-3, eps=1e-5), epochs=2, batch_size=8, micro_batch_tokens=60
+    )
+    single = SFTTrainer.from_pretrained(tiny_model_dir, config)
+    expected = single.fit(trajectories)
+    path = tmp_path / "sft_checkpoint"
+    first = SFTGroup(tiny_model_dir, config, DistributedConfig(num_workers=2, fsdp=fsdp))
+    try:
+        history = first.fit(trajectories, max_steps=3)  # epoch 1 and the first step of epoch 2
+        assert [h["epoch"] for h in history] == [1.0] and first.fitting
+        first.save_checkpoint({"traces": "x"}, path, tokenizer_dir=tiny_model_dir)
+    finally:
+        first.close()
+    second = SFTGroup(tiny_model_dir, config, DistributedConfig(num_workers=2, fsdp=fsdp))
+    try:
+        second.resume(path, load_checkpoint(path))
+        assert second.fitting
+        rest = second.fit(trajectories)
+        assert [h["epoch"] for h in rest] == [2.0] and not second.fitting
+        for key in ("loss", "entropy", "action_tokens", "tokens", "grad_norm"):
+            assert rest[0][key] == pytest.approx(expected[1][key], rel=1e-5), key
+        replica = make_learner()
+        replica.model.load_state_dict(second.model_state_dict())
+        assert max_param_diff(single.model, replica.model) < 2e-6
+    finally:
+        second.close()
+
+
 def test_micro_batches_are_dealt_round_robin_and_padded_for_fsdp():
     _, batch, advantages = step_inputs(15)
     plan = split_step(batch, advantages, mini_batches=1, micro_batch_tokens=60)

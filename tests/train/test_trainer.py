@@ -401,3 +401,63 @@ def test_refill_rounds_draw_a_multiple_of_the_batch_and_a_short_step_says_so(tmp
     for recipe in paper:
         rl = load_config(recipe=recipe).rl  # the official refill: 10 rounds of 3 x the batch
         assert (rl.sampling_rounds, rl.sampling_batch_factor) == (10, 3), recipe
+
+
+def test_a_run_that_dies_mid_sft_goes_on_from_its_sft_checkpoint(tmp_path, monkeypatch):
+    """sft.checkpoint_every=1: a run killed after its second SFT checkpoint (mid-epoch 2 of 2) resumes from it:
+    the same SFT steps and epoch figures once each (what the killed attempt logged after the checkpoint is
+    gone), the same SFT model as an uninterrupted run, and the checkpoint removed once SFT is done."""
+    from stare_agents.train.run_folder import SFT_CHECKPOINT, SFT_MODEL
+    from stare_agents.train.sft import SFTTrainer
+
+    args = ["sft.epochs=2", "sft.checkpoint_every=1", "rl.steps=0", "eval.num_tasks=0"]
+    reference = tmp_path / "reference"
+    train(tiny(reference, *args))
+    assert not (reference / SFT_CHECKPOINT).exists()
+    stopped = tmp_path / "stopped"
+    original, saves = SFTTrainer.save_checkpoint, []
+
+    def dies_after_the_second_save(self, *a, **k):
+        original(self, *a, **k)
+        saves.append(self.steps_done)
+        if len(saves) == 2:
+            raise KeyboardInterrupt("killed after the step-2 SFT checkpoint")
+
+    monkeypatch.setattr(SFTTrainer, "save_checkpoint", dies_after_the_second_save)
+    with pytest.raises(KeyboardInterrupt):
+        train(tiny(stopped, *args))
+    monkeypatch.setattr(SFTTrainer, "save_checkpoint", original)
+    assert saves == [1, 2] and (stopped / SFT_CHECKPOINT).is_dir() and not (stopped / SFT_MODEL).exists()
+    with open(stopped / "metrics.jsonl", "a") as log:  # as if the killed attempt had logged step 3 already
+        log.write(json.dumps({"kind": "sft-step", "step": 3, "loss": 123.0}) + "\n")
+    train(tiny(stopped, *args), resume=True)
+    assert not (stopped / SFT_CHECKPOINT).exists()
+    for kind in ("sft-step", "sft"):
+        first = [comparable(r) for r in read_records(reference / "metrics.jsonl", kind)]
+        second = [comparable(r) for r in read_records(stopped / "metrics.jsonl", kind)]
+        assert [r["step"] for r in second] == ([1, 2, 3, 4] if kind == "sft-step" else [1, 2])
+        drop = ("time_s", "tokens_per_s")
+        assert [{k: v for k, v in r.items() if k not in drop} for r in second] == [
+            {k: v for k, v in r.items() if k not in drop} for r in first
+        ]
+    a, b = load_causal_lm(reference / SFT_MODEL), load_causal_lm(stopped / SFT_MODEL)
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
+
+
+def test_an_sft_checkpoint_taken_on_other_traces_is_not_continued(tmp_path, monkeypatch, caplog):
+    """A checkpoint whose traces fingerprint differs from this run's (the solver's traces came out otherwise)
+    is set aside with a warning and SFT starts over, never continued on other data."""
+    from stare_agents.train.checkpoint import save_checkpoint
+    from stare_agents.train.run_folder import SFT_CHECKPOINT
+
+    args = ["sft.checkpoint_every=1", "rl.steps=0", "eval.num_tasks=0"]
+    out = tmp_path / "run"
+    train(tiny(out, *args))
+    save_checkpoint({"traces": "other", "learner": {"steps_done": 1, "epochs_done": 0}}, out / SFT_CHECKPOINT)
+    (out / "progress.json").write_text(
+        json.dumps({**json.loads((out / "progress.json").read_text()), "sft_done": False, "accuracy": {}})
+    )
+    with caplog.at_level("WARNING", logger="stare_agents.train"):
+        train(tiny(out, *args), resume=True)
+    assert "taken on other SFT traces" in caplog.text
+    assert [r["step"] for r in read_records(out / "metrics.jsonl", "sft-step")][-2:] == [1, 2]
