@@ -40,7 +40,7 @@ from stare_agents.models import SHARDS_DIR
 from stare_agents.rollout.local_ray import forwarded_env
 from stare_agents.rollout.weight_sync import GroupAddress, WeightsPlan, is_loopback
 from stare_agents.train.checkpoint import save_checkpoint
-from stare_agents.train.learner import Collective, Learner, LearnerConfig, TokenRecord
+from stare_agents.train.learner import Collective, Learner, LearnerConfig, StepResult, TokenRecord
 from stare_agents.train.policy import (
     MicroBatch,
     PolicyModel,
@@ -340,9 +340,8 @@ class LearnerWorker:
     ) -> tuple[dict[str, float], dict[int, TokenRecord], bool | None]:
         """The step on this worker's micro-batches: (metrics, this worker's per-token records when asked,
         whether STARE reweighted)."""
-        self.learner.record_tokens = record_tokens
-        metrics = self.learner.step_micro_batches(plan)
-        return metrics, (self.learner.last_token_data if record_tokens else {}), self.learner.gate_on
+        result = self.learner.step_micro_batches(plan, record_tokens=record_tokens)
+        return dict(result), result.token_records, result.gate_on
 
     # the sender's end of a weight-sync group (stare_agents.rollout.weight_sync): rank 0 sends; under FSDP
     # every rank takes part in gathering each tensor from the shards
@@ -489,11 +488,7 @@ class LearnerGroup:
         self.distributed = distributed or DistributedConfig()
         d = self.distributed
         self.workers, self._placement = _start_workers(d)
-        # as `Learner`: per-token records of the last step (step-batch row -> TokenRecord, from every worker)
-        # when `record_tokens` is set, and whether STARE reweighted it
-        self.record_tokens = False
-        self.last_token_data: dict[int, TokenRecord] = {}
-        self.gate_on: bool | None = None
+        self.gate_on: bool | None = None  # as `Learner`: whether the last step reweighted the tokens
         address = self._address = ray.get(self.workers[0].address.remote())
         ray.get(
             [
@@ -511,10 +506,16 @@ class LearnerGroup:
         )
 
     def step(
-        self, batch: Batch, advantages: Tensor, *, others_entropy: tuple[float, float] | None = None
-    ) -> dict[str, float]:
-        """One training step on the whole step batch; returns rank 0's LEARNER_METRICS. A gate reading every
-        sampled trajectory (`others_entropy`) is refused where the config loads."""
+        self,
+        batch: Batch,
+        advantages: Tensor,
+        *,
+        others_entropy: tuple[float, float] | None = None,
+        record_tokens: bool = False,
+    ) -> StepResult:
+        """One training step on the whole step batch; returns rank 0's LEARNER_METRICS, with every worker's
+        token records when `record_tokens`. A gate reading every sampled trajectory (`others_entropy`) is
+        refused where the config loads."""
         import ray
 
         if others_entropy is not None:
@@ -536,11 +537,11 @@ class LearnerGroup:
         else:
             parts = deal_micro_batches(plan, len(self.workers), equal_counts=self.distributed.fsdp)
         results = ray.get(
-            [w.step.remote(part, self.record_tokens) for w, part in zip(self.workers, parts, strict=True)]
+            [w.step.remote(part, record_tokens) for w, part in zip(self.workers, parts, strict=True)]
         )
-        self.last_token_data = {row: record for _, records, _ in results for row, record in records.items()}
+        records = {row: record for _, rows, _ in results for row, record in rows.items()}
         metrics, _, self.gate_on = results[0]
-        return metrics
+        return StepResult(metrics, records, self.gate_on)
 
     # ---- the sender's end of a weight-sync group (see LearnerWorker) ----
     def sync_address(

@@ -210,7 +210,7 @@ class LearnerConfig:
 
 @dataclass
 class TokenRecord:
-    """What the learner did to one trajectory's response tokens in its last step (opt-in: `Learner.record_tokens`).
+    """What the learner did to one trajectory's response tokens in a step (opt-in: `step(..., record_tokens=True)`).
     Lists run over the response (action and observation tokens alike); 0 / 1 / 0 where action_mask is 0.
 
     learner_logprobs: log pi_old(a) of the pre-update policy (what the gate and the diagnostics saw).
@@ -227,20 +227,39 @@ class TokenRecord:
     entropy: list[float] = field(default_factory=list)  # the pre-update policy's entropy at each position
 
 
+class StepResult(dict):
+    """What one learner step returns: its figures (every name in LEARNER_METRICS) as a mapping, with
+    `token_records` (step-batch row -> TokenRecord: what it did to each token; empty unless the step was asked
+    to record them) and `gate_on` (whether it reweighted the tokens; None without a token reweighting)."""
+
+    def __init__(
+        self,
+        metrics: dict[str, float],
+        token_records: dict[int, TokenRecord] | None = None,
+        gate_on: bool | None = None,
+    ) -> None:
+        super().__init__(metrics)
+        self.token_records: dict[int, TokenRecord] = token_records or {}
+        self.gate_on = gate_on
+
+
 class TrainingLearner(Protocol):
     """What the trainer asks of a learner: `Learner` (this process) and `LearnerGroup` (data-parallel workers as
     Ray actors, `stare_agents.train.distributed`) both have it, so the trainer never asks which one it holds."""
 
-    record_tokens: bool  # keep each step's per-token records (TokenRecord) for the saved rollouts
-    last_token_data: dict[int, TokenRecord]  # the last step's, by step-batch row
     scores_batches: bool  # whether `token_stats` scores a batch here (the entropy over every sampled trajectory)
 
     @property
     def gate_on(self) -> bool | None: ...
 
     def step(
-        self, batch: Batch, advantages: Tensor, *, others_entropy: tuple[float, float] | None = None
-    ) -> dict[str, float]: ...
+        self,
+        batch: Batch,
+        advantages: Tensor,
+        *,
+        others_entropy: tuple[float, float] | None = None,
+        record_tokens: bool = False,
+    ) -> StepResult: ...
 
     def token_stats(self, batch: Batch) -> TokenStats: ...
 
@@ -259,6 +278,26 @@ class TrainingLearner(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def token_records(
+    mb: MicroBatch, pre: TokenStats, top_pos: Tensor | None, top_neg: Tensor | None, weights: Tensor | None
+) -> dict[int, TokenRecord]:
+    """Each row's learner log-probs, STARE weights and L+/L- selection in a micro-batch (see TokenRecord)."""
+    lengths = mb.batch.attention_mask[:, mb.batch.prompt_length :].sum(-1).tolist()
+    logprob = pre.logprob.detach().float().cpu()
+    entropy = pre.entropy.detach().float().cpu()
+    weight = weights.detach().float().cpu() if weights is not None else None
+    chosen = (top_pos.long() - top_neg.long()).cpu() if top_pos is not None else None
+    return {
+        row: TokenRecord(
+            learner_logprobs=logprob[j, :n].tolist(),
+            stare_weights=weight[j, :n].tolist() if weight is not None else [1.0] * n,
+            selection=chosen[j, :n].tolist() if chosen is not None else [],
+            entropy=entropy[j, :n].tolist(),
+        )
+        for j, (row, n) in enumerate(zip(mb.rows, lengths, strict=True))
+    }
 
 
 class Collective:
@@ -308,9 +347,6 @@ class Learner:
         self.generator = torch.Generator().manual_seed(self.config.seed)
         self.step_count = 0
         self.skipped_updates = 0
-        # opt-in, for the saved rollouts: after each step, step-batch row -> TokenRecord (this worker's rows)
-        self.record_tokens = False
-        self.last_token_data: dict[int, TokenRecord] = {}
         self._sync_groups: dict[int, SyncGroup] = {}  # weight-sync groups this learner sends to, by port
         self._sync_stores: dict[int, Any] = {}  # the stores of groups opened here and not yet joined
 
@@ -344,12 +380,18 @@ class Learner:
     # ---- the step -------------------------------------------------------------------------------------
 
     def step(
-        self, batch: Batch, advantages: Tensor, *, others_entropy: tuple[float, float] | None = None
-    ) -> dict[str, float]:
+        self,
+        batch: Batch,
+        advantages: Tensor,
+        *,
+        others_entropy: tuple[float, float] | None = None,
+        record_tokens: bool = False,
+    ) -> StepResult:
         """One training step on a step batch (`collate(...)` of the kept trajectories) with per-sequence
-        [B] (or per-token [B, R]) advantages. Returns every name in LEARNER_METRICS. `others_entropy`: (sum,
-        count) of the current policy's entropy over the action tokens of the step's sampled trajectories that
-        are not in `batch`, for a STARE gate that reads every sampled trajectory (stare.gate_input)."""
+        [B] (or per-token [B, R]) advantages. Returns every name in LEARNER_METRICS, with each row's
+        TokenRecord when `record_tokens` (for the saved rollouts). `others_entropy`: (sum, count) of the current
+        policy's entropy over the action tokens of the step's sampled trajectories that are not in `batch`, for
+        a STARE gate that reads every sampled trajectory (stare.gate_input)."""
         plan = split_step(
             batch,
             advantages,
@@ -357,15 +399,20 @@ class Learner:
             micro_batch_tokens=self.config.micro_batch_tokens,
             packing=self.config.micro_batch_packing,
         )
-        return self.step_micro_batches(plan, others_entropy=others_entropy)
+        return self.step_micro_batches(plan, others_entropy=others_entropy, record_tokens=record_tokens)
 
     def step_micro_batches(
-        self, plan: list[list[MicroBatch]], *, others_entropy: tuple[float, float] | None = None
-    ) -> dict[str, float]:
+        self,
+        plan: list[list[MicroBatch]],
+        *,
+        others_entropy: tuple[float, float] | None = None,
+        record_tokens: bool = False,
+    ) -> StepResult:
         """The step on this worker's micro-batches, grouped by optimiser update (see `split_step`). With
-        several workers each holds some micro-batches of every update, and all call this together."""
+        several workers each holds some micro-batches of every update, and all call this together (the
+        token records are then this worker's rows)."""
         start = time.perf_counter()
-        self.last_token_data = {}
+        records: dict[int, TokenRecord] | None = {} if record_tokens else None
         plan = [[mb.to(self.device) for mb in update] for update in plan]
         micro_batches = [mb for update in plan for mb in update]
 
@@ -423,14 +470,15 @@ class Learner:
             self.optimizer.zero_grad(set_to_none=True)
             for item in work[at : at + len(update)]:
                 sums += self._update_micro_batch(
-                    item, self._normalizer(item.mb, normalizer, rows), reweighted
+                    item, self._normalizer(item.mb, normalizer, rows), reweighted, records
                 )
             at += len(update)
             grad_norms.append(self._apply_gradients())
         self.scheduler.step()
         self.step_count += 1
         sums = sums.all_reduced(self.collective)
-        return self._metrics(totals, sums, grad_norms, lr, entropy, reweighted, start, pre_update_s)
+        metrics = self._metrics(totals, sums, grad_norms, lr, entropy, reweighted, start, pre_update_s)
+        return StepResult(metrics, records, self.gate_on)
 
     def _score(self, mb: MicroBatch, *, want_collision: bool = False) -> TokenStats:
         return self.policy(mb.batch, want_collision=want_collision)
@@ -521,8 +569,15 @@ class Learner:
             offset += n
         return out
 
-    def _update_micro_batch(self, work: MicroBatchWork, normalizer: float, reweighted: bool) -> UpdateSums:
-        """Forward (unless fused with the pre-update pass) + backward of one micro-batch; its sums."""
+    def _update_micro_batch(
+        self,
+        work: MicroBatchWork,
+        normalizer: float,
+        reweighted: bool,
+        records: dict[int, TokenRecord] | None = None,
+    ) -> UpdateSums:
+        """Forward (unless fused with the pre-update pass) + backward of one micro-batch; its sums. `records`:
+        where its rows' TokenRecords go (None: none kept)."""
         mb, pre, advantages = work.mb, work.pre, work.advantages
         mask = mb.batch.action_mask
         num_actions = int((mask > 0).sum())
@@ -536,8 +591,8 @@ class Learner:
         elif reweighted or self.config.diagnostics:  # the current policy's surprisal, over this micro-batch
             top_pos, top_neg = self.selector.selection(-stats.logprob.detach(), advantages, mask)
         weights = self.reweighting.weights_from_selection(top_pos, top_neg) if reweighted else None
-        if self.record_tokens and not mb.filler:
-            self._record_tokens(mb, pre, top_pos, top_neg, weights)
+        if records is not None and not mb.filler:
+            records.update(token_records(mb, pre, top_pos, top_neg, weights))
         old = pre.logprob if self.config.old_logprobs == "recompute" else mb.batch.rollout_logprobs
         correction = None
         if self.config.importance.active:  # pi_old / pi_rollout, truncated and/or masked
@@ -573,23 +628,6 @@ class Learner:
             sums.lplus = float(top_pos.sum())
             sums.lminus = float(top_neg.sum())
         return sums
-
-    def _record_tokens(
-        self, mb: MicroBatch, pre: TokenStats, top_pos: Tensor | None, top_neg: Tensor | None, weights
-    ) -> None:
-        """Keep each row's learner log-probs, STARE weights and L+/L- selection (see TokenRecord)."""
-        lengths = mb.batch.attention_mask[:, mb.batch.prompt_length :].sum(-1).tolist()
-        logprob = pre.logprob.detach().float().cpu()
-        entropy = pre.entropy.detach().float().cpu()
-        weight = weights.detach().float().cpu() if weights is not None else None
-        chosen = (top_pos.long() - top_neg.long()).cpu() if top_pos is not None else None
-        for j, (row, n) in enumerate(zip(mb.rows, lengths, strict=True)):
-            self.last_token_data[row] = TokenRecord(
-                learner_logprobs=logprob[j, :n].tolist(),
-                stare_weights=weight[j, :n].tolist() if weight is not None else [1.0] * n,
-                selection=chosen[j, :n].tolist() if chosen is not None else [],
-                entropy=entropy[j, :n].tolist(),
-            )
 
     def _apply_gradients(self) -> float:
         grad_norm = optimizer_step(

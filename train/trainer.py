@@ -53,7 +53,7 @@ from stare_agents.train.checkpoint import (
     prune_checkpoints,
 )
 from stare_agents.train.config import TrainConfig, check_run, resolved_weight_sync, save_config
-from stare_agents.train.learner import LEARNER_METRICS, Learner, TrainingLearner
+from stare_agents.train.learner import LEARNER_METRICS, Learner, StepResult, TrainingLearner
 from stare_agents.train.run_folder import (
     EVALS_DIR,
     FINAL_MODEL,
@@ -637,7 +637,6 @@ class Trainer:
             if c.logging.rollouts
             else None
         )
-        learner.record_tokens = c.logging.rollouts > 0  # per-token learner outputs for rollouts/
         rollout_config = self.rollout_config()
         bar = None
         if c.logging.progress:
@@ -776,9 +775,15 @@ class Trainer:
                 # a gate reading every sampled trajectory gets the others' entropy (the learner adds the kept)
                 reads_all = algorithm.stare is not None and algorithm.stare.gate_input != "trained"
                 others = entropy_all if reads_all else None
-                metrics = learner.step(batch, sampled.advantages, others_entropy=others)
+                # per-token learner outputs for rollouts/ when rollouts are saved
+                metrics = learner.step(
+                    batch,
+                    sampled.advantages,
+                    others_entropy=others,
+                    record_tokens=self.config.logging.rollouts > 0,
+                )
             else:  # every group had equal rewards (or failed): nothing to learn from this step
-                metrics = dict.fromkeys(LEARNER_METRICS, float("nan"))
+                metrics = StepResult(dict.fromkeys(LEARNER_METRICS, float("nan")), gate_on=learner.gate_on)
         warning = mismatch_warning(
             metrics, corrected=c.rl.learner.importance.active, fp32_head=c.model.fp32_lm_head
         )
@@ -799,8 +804,8 @@ class Trainer:
                     sampled.trajectories,
                     sampled.kept,
                     sampled.advantages,
-                    learner.last_token_data,
-                    gate_on=learner.gate_on,
+                    metrics.token_records,
+                    gate_on=metrics.gate_on,
                     void_dropped=void_dropped,
                 )
         for stage, value in timer.seconds.items():

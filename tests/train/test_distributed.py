@@ -45,13 +45,15 @@ def test_two_gloo_workers_take_the_same_update_as_one_learner(ray_cluster, tiny_
         for step in range(3):  # later steps start from the synchronised replicas
             if step == 2:  # and a checkpoint round trip on the workers changes nothing
                 group.load_state_dict(group.state_dict())
-            single.record_tokens = group.record_tokens = step == 1  # per-token records for saved rollouts
-            expected = single.step(batch, advantages)
-            got = group.step(batch, advantages)
+            record = step == 1  # per-token records for saved rollouts
+            expected = single.step(batch, advantages, record_tokens=record)
+            got = group.step(batch, advantages, record_tokens=record)
             assert got["learner/micro_batches"] >= 3 and got["stare/gate_on"] == 1.0
             assert_same_metrics(expected, got, rel=1e-5)
             assert group.gate_on is single.gate_on is True
-            assert_same_token_records(single.last_token_data, group.last_token_data)
+            assert got.gate_on is expected.gate_on is True
+            assert bool(got.token_records) is record
+            assert_same_token_records(expected.token_records, got.token_records)
         replica = make_learner(algorithm)
         replica.model.load_state_dict(group.model_state_dict())
         assert max_param_diff(single.model, replica.model) < 2e-6

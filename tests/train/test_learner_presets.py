@@ -88,8 +88,7 @@ def test_the_random_token_control_reweights_as_many_tokens_as_stare_but_other_on
         algorithm = AlgorithmConfig.preset(name)
         algorithm.stare.target_entropy = 5.0  # the gate opens
         learner = make_learner(algorithm, model=peaked_model(), old_logprobs="rollout")
-        learner.record_tokens = True  # keep each token's selection
-        runs[name] = learner, learner.step(*step_data)
+        runs[name] = learner, learner.step(*step_data, record_tokens=True)  # keep each token's selection
     (stare, stare_metrics), (control, control_metrics) = runs["stare"], runs["stare-random"]
     assert control_metrics["stare/gate_on"] == 1.0 and control_metrics["stare/w"] == stare_metrics["stare/w"]
     assert control_metrics["stare/lplus_share"] == stare_metrics["stare/lplus_share"] > 0  # as many tokens
@@ -98,16 +97,16 @@ def test_the_random_token_control_reweights_as_many_tokens_as_stare_but_other_on
     picked = {
         name: {
             (row, j)
-            for row, r in learner.last_token_data.items()
+            for row, r in result.token_records.items()
             for j, c in enumerate(r.selection)
             if c == 1
         }
-        for name, (learner, _) in runs.items()
+        for name, (_, result) in runs.items()
     }
     assert picked["stare"] != picked["stare-random"]
     surprisal = {}  # STARE takes the highest-surprisal T+ tokens: the control's are no higher on average
-    for name, (learner, _) in runs.items():
-        values = [-learner.last_token_data[row].learner_logprobs[j] for row, j in picked[name]]
+    for name, (_, result) in runs.items():
+        values = [-result.token_records[row].learner_logprobs[j] for row, j in picked[name]]
         surprisal[name] = sum(values) / len(values)
     assert surprisal["stare"] > surprisal["stare-random"]
 

@@ -38,3 +38,20 @@ def test_the_trainer_never_asks_which_learner_it_holds():
     assert asks == []
     assert "isinstance(learner" not in (ROOT / "stare_agents" / "rollout_log.py").read_text()
     assert "getattr(learner" not in (ROOT / "stare_agents" / "rollout_log.py").read_text()
+
+
+def test_both_sft_trainers_have_what_the_trainer_uses_and_it_never_asks_which():
+    """SFTTrainer (this process) and SFTGroup (data-parallel workers) answer the same calls: a fit in pieces,
+    its checkpoint and resume, the fine-tuned model."""
+    from stare_agents.train.distributed import SFTGroup
+    from stare_agents.train.sft import SFTTrainer
+
+    for name in ("fit", "fitting", "save_checkpoint", "resume", "hf_model", "close"):
+        for cls in (SFTTrainer, SFTGroup):
+            source = inspect.getsource(cls)
+            assert hasattr(cls, name) or re.search(rf"self\.{name}\b\s*(:[^=]*)?=", source), (cls, name)
+    for name in ("fit", "save_checkpoint", "resume", "hf_model"):
+        a = [p for p in inspect.signature(getattr(SFTTrainer, name)).parameters if p != "progress"]
+        assert a == list(inspect.signature(getattr(SFTGroup, name)).parameters), name
+    source = (ROOT / "train" / "trainer.py").read_text()
+    assert re.findall(r"(?:isinstance|hasattr|getattr)\(\s*sft\b", source) == []

@@ -33,22 +33,22 @@ def stare_always_on() -> AlgorithmConfig:
 def test_learner_records_tokens_only_when_asked():
     _, batch, advantages = step_inputs()
     learner = make_learner(stare_always_on(), model=peaked_model())
-    learner.step(batch, advantages)
-    assert learner.last_token_data == {}  # opt-in: nothing kept by default
+    result = learner.step(batch, advantages)
+    assert result.token_records == {} and result.gate_on is True  # opt-in: nothing kept by default
+    assert not hasattr(learner, "last_token_data")  # the step returns its records, never leaves them
 
 
 def test_learner_token_records_match_the_step():
     trajectories, batch, advantages = step_inputs()
     algorithm = stare_always_on()
     learner = make_learner(algorithm, model=peaked_model(), micro_batch_tokens=200)  # several micro-batches
-    learner.record_tokens = True
     pre = learner.token_stats(batch)  # the pre-update policy's log-probs, before the step changes it
-    metrics = learner.step(batch, advantages)
+    metrics = learner.step(batch, advantages, record_tokens=True)
     assert metrics["stare/gate_on"] == 1.0
-    assert sorted(learner.last_token_data) == list(range(len(trajectories)))
+    assert sorted(metrics.token_records) == list(range(len(trajectories)))
     lplus = lminus = 0
     for row, t in enumerate(trajectories):
-        record = learner.last_token_data[row]
+        record = metrics.token_records[row]
         n = len(t.response_ids)
         assert len(record.learner_logprobs) == len(record.stare_weights) == len(record.selection) == n
         assert len(record.entropy) == n
@@ -82,8 +82,7 @@ def test_recording_leaves_the_update_unchanged():
     _, batch, advantages = step_inputs()
     a = make_learner(stare_always_on(), model=peaked_model())
     b = make_learner(stare_always_on(), model=peaked_model())
-    a.record_tokens = True
-    a.step(batch, advantages)
+    a.step(batch, advantages, record_tokens=True)
     b.step(batch, advantages)
     for (name, x), y in zip(a.model.state_dict().items(), b.model.state_dict().values(), strict=True):
         assert torch.equal(x, y), name
@@ -134,12 +133,12 @@ def hostile_trajectory(group: str = "g0", reward: float = 1.0, index: int = 0) -
 
 
 class Recorded:
-    """What a Learner leaves after a step, for RolloutLog.write (the real thing is tested above)."""
+    """A step's token records, for RolloutLog.write (the real thing is tested above)."""
 
     def __init__(self, data):
         from stare_agents.train.learner import TokenRecord
 
-        self.last_token_data = {row: TokenRecord(*fields) for row, fields in data.items()}
+        self.token_records = {row: TokenRecord(*fields) for row, fields in data.items()}
 
 
 def test_step_file_round_trip_with_statuses(tmp_path):
@@ -161,7 +160,7 @@ def test_step_file_round_trip_with_statuses(tmp_path):
         [*kept, dropped, failed, void],
         kept,
         torch.tensor([0.5, -0.5]),
-        learner.last_token_data,
+        learner.token_records,
         gate_on=True,
         void_dropped=True,
     )

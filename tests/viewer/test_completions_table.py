@@ -173,9 +173,9 @@ def test_the_rollout_log_keeps_what_it_saved_and_the_learners_entropy(tmp_path: 
     record = types.SimpleNamespace(
         learner_logprobs=[-0.1, -0.2], stare_weights=[1.0, 1.1], selection=[0, 1], entropy=[0.3, 0.4]
     )
-    learner = types.SimpleNamespace(last_token_data={0: record}, gate_on=True)
+    learner = types.SimpleNamespace(token_records={0: record}, gate_on=True)
     log = RolloutLog(tmp_path, tokenizer_dir=None)
-    log.write(5, [first, second], [first], [0.5], learner.last_token_data, gate_on=learner.gate_on)
+    log.write(5, [first, second], [first], [0.5], learner.token_records, gate_on=learner.gate_on)
     back = read_rollouts(tmp_path, step=5)
     assert [s.learner_entropy for s in back] == [[0.3, 0.4], None]
     assert [s.status for s in log.last_saved] == ["trained", "dropped"]
@@ -185,5 +185,5 @@ def test_the_rollout_log_keeps_what_it_saved_and_the_learners_entropy(tmp_path: 
         (0.0, None, "dropped"),
     ]
     del record.entropy  # a learner that does not record entropies
-    log.write(6, [first], [first], [0.5], learner.last_token_data, gate_on=learner.gate_on)
+    log.write(6, [first], [first], [0.5], learner.token_records, gate_on=learner.gate_on)
     assert read_rollouts(tmp_path, step=6)[0].learner_entropy is None
