@@ -35,7 +35,7 @@ from stare_agents.algo import AlgorithmConfig, compute_advantages
 from stare_agents.algo.importance import mismatch_warning
 from stare_agents.completions_table import log_completions
 from stare_agents.envs.registration import split_kwargs
-from stare_agents.envs.tasks import Task
+from stare_agents.envs.tasks import Task, unique_tasks
 from stare_agents.eval import (
     EvalConfig,
     evaluate_on_workers,
@@ -44,16 +44,29 @@ from stare_agents.eval import (
     reflection_counts,
 )
 from stare_agents.jsonl import dumps
-from stare_agents.rollout import RolloutConfig, RolloutTask, RolloutWorkerGroup, WorkerSpec
+from stare_agents.models import prepare_model
+from stare_agents.rollout import RolloutConfig, RolloutTask, RolloutWorkerGroup, WorkerSpec, make_env
+from stare_agents.rollout.engine import eos_token_ids
+from stare_agents.rollout.local_ray import init_ray
 from stare_agents.rollout.summary import check_failed_share, summarize
+from stare_agents.rollout_log import RolloutLog
+from stare_agents.sandbox import DEFAULT_BACKEND, backend_class, check_backend, make_sandbox
 from stare_agents.train.checkpoint import checkpoint_path as checkpoint_file
 from stare_agents.train.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
     prune_checkpoints,
 )
-from stare_agents.train.config import TrainConfig, check_run, resolved_weight_sync, save_config
+from stare_agents.train.config import (
+    TrainConfig,
+    benchmark_protocol,
+    check_run,
+    resolved_weight_sync,
+    save_config,
+)
+from stare_agents.train.distributed import DistributedConfig, LearnerGroup, SFTGroup
 from stare_agents.train.learner import LEARNER_METRICS, Learner, StepResult, TrainingLearner
+from stare_agents.train.policy import OptimizerConfig, load_causal_lm
 from stare_agents.train.run_folder import (
     EVALS_DIR,
     FINAL_MODEL,
@@ -67,6 +80,7 @@ from stare_agents.train.run_folder import (
 )
 from stare_agents.train.run_summary import accuracy_estimate, write_summary
 from stare_agents.train.sft import SFTConfig, SFTTrainer, traces_fingerprint
+from stare_agents.train.traces import conversation_traces, solver_traces
 from stare_agents.trajectory import Trajectory, collate, learning_trajectories, policy_text
 
 logger = logging.getLogger("stare_agents.train")
@@ -165,8 +179,6 @@ class Trainer:
     # ---- the run ----
     def run(self, *, compare: str | None = None) -> dict[str, Any]:
         """All stages. `compare`: also train this algorithm preset (e.g. "grpo-ds") from the same SFT model."""
-        from stare_agents.models import prepare_model
-        from stare_agents.sandbox import check_backend
 
         config = self.config
         check_run(
@@ -262,7 +274,6 @@ class Trainer:
         return workers
 
     def _sync_from_dir(self, model_dir: Path) -> None:
-        from stare_agents.train.policy import load_causal_lm
 
         assert self.workers is not None
         self.workers.update_weights(load_causal_lm(model_dir).state_dict())
@@ -289,9 +300,6 @@ class Trainer:
         if self._heldout is None:
             import gymnasium as gym
 
-            from stare_agents.envs.registration import split_kwargs
-            from stare_agents.envs.tasks import unique_tasks
-
             env = gym.make(c.env.id, **split_kwargs(c.env.id, c.env.make_kwargs(), "heldout"))
             try:
                 self._heldout = unique_tasks(env, needed, first_seed=c.env.eval_seed)
@@ -303,7 +311,6 @@ class Trainer:
         """The held-out tasks can be drawn and are not training tasks: an environment with a `split` gets
         "train" for training and "heldout" here (its own choice: a dataset environment without a held-out
         part refuses); `env.kwargs.split` would make both the same, so it is refused."""
-        from stare_agents.envs.registration import split_kwargs
 
         c = self.config
         if "split" in c.env.kwargs and "split" in split_kwargs(c.env.id, {}, "train"):
@@ -363,8 +370,6 @@ class Trainer:
         """`eval.benchmarks` on the workers' current weights (the policy after `steps_done` RL steps), each with
         the eval harness into `folder/evals/step-NNNNNN/<name>/` (samples.jsonl, results.json, ...); returns
         the figures for the step's record: `benchmark/<name>/avg@k` with its 95% interval, pass@1, pass@k."""
-        from stare_agents.sandbox import DEFAULT_BACKEND, backend_class
-        from stare_agents.train.config import benchmark_protocol
 
         c = self.config
         assert self.workers is not None
@@ -432,7 +437,6 @@ class Trainer:
     def benchmarks(self) -> list[Any]:
         """The loaded `eval.benchmarks` (read once per run; a Hugging Face id is fetched here)."""
         if getattr(self, "_benchmarks", None) is None:
-            from stare_agents.sandbox import backend_class
 
             c = self.config
             runs_code = backend_class(c.rollout.sandbox).runs_code
@@ -452,8 +456,6 @@ class Trainer:
     # ---- SFT cold start ----
     def _observation_format(self) -> str:
         """How the training environment splices tool output into an inline episode (its own setting)."""
-        from stare_agents.rollout import make_env
-        from stare_agents.sandbox import make_sandbox
 
         c = self.config
         with make_sandbox("none") as sandbox:
@@ -467,17 +469,12 @@ class Trainer:
     def supervised_fine_tuning(self, base_dir: Path, out: Path) -> None:
         from transformers import AutoTokenizer
 
-        from stare_agents.rollout.engine import eos_token_ids
-        from stare_agents.train.policy import OptimizerConfig, load_causal_lm
-        from stare_agents.train.traces import conversation_traces, solver_traces
-
         c = self.config
         started = time.perf_counter()
         tokenizer = AutoTokenizer.from_pretrained(base_dir)
         model = load_causal_lm(base_dir)
         eos_ids = eos_token_ids(tokenizer, model.generation_config)
         if c.sft.data == "solver":
-            from stare_agents.sandbox import make_sandbox
 
             seeds = [c.env.train_seed + 10_000_000 + i for i in range(c.sft.num_examples)]  # apart from RL's
             # the solver's code must run to be verified: "none" still uses Docker here, never the host
@@ -515,7 +512,6 @@ class Trainer:
         )
         pad = tokenizer.pad_token_id or 0
         if c.rl.learner_workers > 1:  # the same data-parallel (FSDP) workers as RL: a model one device cannot fit
-            from stare_agents.train.distributed import SFTGroup
 
             del model
             sft: Any = SFTGroup(base_dir, sft_config, self._distributed_config(), pad_token_id=pad)
@@ -587,7 +583,6 @@ class Trainer:
         c = self.config
         learner_config = dataclasses.replace(c.rl.learner, device="cuda" if torch.cuda.is_available() else "cpu")
         if c.rl.learner_workers > 1:
-            from stare_agents.train.distributed import LearnerGroup
 
             return LearnerGroup(model_dir, algorithm, learner_config, self._distributed_config())
         return Learner.from_pretrained(model_dir, algorithm, learner_config)
@@ -595,8 +590,6 @@ class Trainer:
     def _distributed_config(self) -> Any:
         """The learner group's settings; attaches to the Ray cluster (rollout.ray_address) or starts a local Ray
         (loopback only) when this process has none yet, e.g. with rollout.use_ray=false."""
-        from stare_agents.rollout.local_ray import init_ray
-        from stare_agents.train.distributed import DistributedConfig
 
         c = self.config
         init_ray(c.rollout.ray_address)
@@ -630,7 +623,6 @@ class Trainer:
             learner, version
         )  # the workers start from the learner's weights (the SFT model, or the checkpoint)
         log = RunLog(folder, c, purge_from=start)
-        from stare_agents.rollout_log import RolloutLog
 
         self.rollout_log = (
             RolloutLog(folder, tokenizer_dir=start_dir, fraction=c.logging.rollouts)
@@ -967,7 +959,6 @@ class Trainer:
 def train(config: TrainConfig, *, resume: bool = False, compare: str | None = None) -> dict[str, Any]:
     """Run (or resume) a training run; returns its summary (also in summary.json). A sandbox that cannot be
     used stops it before the run folder is written."""
-    from stare_agents.sandbox import check_backend
 
     check_backend(config.rollout.sandbox, **config.rollout.sandbox_kwargs)
     return Trainer(config, resume=resume).run(compare=compare)

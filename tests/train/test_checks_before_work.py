@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 import stare_agents.models
 import stare_agents.rollout
+import stare_agents.train.trainer
 from stare_agents.cli import app
 from stare_agents.sandbox import ALLOW_LOCAL_ENV, SandboxError
 from stare_agents.train.config import load_config
@@ -55,8 +56,10 @@ def nothing_may_start(monkeypatch) -> list[str]:
 
     import ray
 
-    monkeypatch.setattr(stare_agents.models, "prepare_model", refuse("prepare_model"))
-    monkeypatch.setattr(stare_agents.rollout, "RolloutWorkerGroup", refuse("RolloutWorkerGroup"))
+    for module in (stare_agents.models, stare_agents.train.trainer):  # where defined, and where the trainer uses it
+        monkeypatch.setattr(module, "prepare_model", refuse("prepare_model"))
+    for module in (stare_agents.rollout, stare_agents.train.trainer):
+        monkeypatch.setattr(module, "RolloutWorkerGroup", refuse("RolloutWorkerGroup"))
     monkeypatch.setattr(ray, "init", refuse("ray.init"))
     return started
 

@@ -238,6 +238,7 @@ def test_a_run_with_a_typo_stops_before_the_model_or_the_base_evaluation(tmp_pat
         raise AssertionError("work started before the config was checked")
 
     monkeypatch.setattr("stare_agents.models.prepare_model", no_work)
+    monkeypatch.setattr(trainer_module, "prepare_model", no_work)  # where the trainer uses it
     monkeypatch.setattr(trainer_module.Trainer, "_record_accuracy", no_work)
     for extra, expected in (
         (["env.kwargs.digitz=3"], "digitz"),

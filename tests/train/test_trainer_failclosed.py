@@ -122,7 +122,7 @@ def test_the_sft_solver_sandbox_gets_the_rollout_workers_kwargs(tmp_path, monkey
         started.append((backend, kwargs))
         raise Started
 
-    monkeypatch.setattr(stare_agents.sandbox, "make_sandbox", make_sandbox)
+    monkeypatch.setattr(stare_agents.train.trainer, "make_sandbox", make_sandbox)  # where the trainer uses it
     with pytest.raises(Started):
         Trainer(config).supervised_fine_tuning(prepare_model("tiny"), tmp_path / "sft")
     assert started == [expected]
