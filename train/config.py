@@ -52,6 +52,7 @@ from stare_agents.sandbox import DEFAULT_BACKEND, Backend, backend_class, check_
 from stare_agents.sandbox.runner import MAX_TIMEOUT_S
 from stare_agents.train.learner import DERIVED_FROM, LearnerConfig
 from stare_agents.train.policy import OptimizerConfig, Precision
+from stare_agents.train.sft import SFTConfig
 
 RECIPES_DIR = Path(__file__).with_name("recipes")
 logger = logging.getLogger("stare_agents.train")
@@ -345,9 +346,24 @@ class SFTSection:
     # sft_checkpoint/; `--resume` goes on from it after a crash, and it is removed once SFT is done
     checkpoint_every: int = 50
 
+    # the fields the trainer reads itself (what to train on, whether, and its checkpoints); sft_config has the rest
+    TRAINER_FIELDS = ("enabled", "data", "num_examples", "checkpoint_every")
+
     def __post_init__(self) -> None:
         if self.checkpoint_every < 0:
             raise ValueError(f"sft.checkpoint_every must be >= 0 (0: no checkpoints), got {self.checkpoint_every}")
+
+    def sft_config(self, *, seed: int, device: str) -> SFTConfig:
+        """The SFT trainer's settings (train/sft.py) from this section, the run's seed and the device."""
+        return SFTConfig(
+            optimizer=OptimizerConfig(lr=self.lr, warmup_steps=self.warmup_steps),
+            epochs=self.epochs,
+            batch_size=self.batch_size,
+            micro_batch_tokens=self.micro_batch_tokens,
+            precision=self.precision,
+            seed=seed,
+            device=device,
+        )
 
 
 @dataclass

@@ -66,7 +66,7 @@ from stare_agents.train.config import (
 )
 from stare_agents.train.distributed import DistributedConfig, LearnerGroup, SFTGroup
 from stare_agents.train.learner import LEARNER_METRICS, Learner, StepResult, TrainingLearner
-from stare_agents.train.policy import OptimizerConfig, load_causal_lm
+from stare_agents.train.policy import load_causal_lm
 from stare_agents.train.run_folder import (
     EVALS_DIR,
     FINAL_MODEL,
@@ -79,7 +79,7 @@ from stare_agents.train.run_folder import (
     save_hf_model,
 )
 from stare_agents.train.run_summary import accuracy_estimate, write_summary
-from stare_agents.train.sft import SFTConfig, SFTTrainer, traces_fingerprint
+from stare_agents.train.sft import SFTTrainer, traces_fingerprint
 from stare_agents.train.traces import conversation_traces, solver_traces
 from stare_agents.trajectory import Trajectory, collate, learning_trajectories, policy_text
 
@@ -501,15 +501,7 @@ class Trainer:
             raise RuntimeError(f"SFT: no usable traces from {c.sft.data!r} for {c.env.id}")
         self._timed("sft_data", time.perf_counter() - started)
         started = time.perf_counter()
-        sft_config = SFTConfig(
-            optimizer=OptimizerConfig(lr=c.sft.lr, warmup_steps=c.sft.warmup_steps),
-            epochs=c.sft.epochs,
-            batch_size=c.sft.batch_size,
-            micro_batch_tokens=c.sft.micro_batch_tokens,
-            precision=c.sft.precision,
-            seed=c.seed,
-            device="cuda" if torch.cuda.is_available() else "cpu",
-        )
+        sft_config = c.sft.sft_config(seed=c.seed, device="cuda" if torch.cuda.is_available() else "cpu")
         pad = tokenizer.pad_token_id or 0
         if c.rl.learner_workers > 1:  # the same data-parallel (FSDP) workers as RL: a model one device cannot fit
 

@@ -381,3 +381,36 @@ def _written(path: Path, text: str) -> Path:
 def test_the_learners_word_sets_are_literals_that_list_what_is_allowed(key, value, allowed):
     with pytest.raises(ValueError, match=rf"^{re.escape(key)}='{value}': allowed: {re.escape(allowed)}$"):
         load_config(recipe="tiny", overrides=[f"{key}={value}"])
+
+
+def test_every_sft_setting_reaches_the_sft_trainer_or_the_trainer():
+    """Each sft.* field is either in the SFT trainer's config (sft_config) or one the trainer reads itself
+    (SFTSection.TRAINER_FIELDS): a field neither uses would be a knob that does nothing."""
+    from stare_agents.train.config import SFTSection
+    from stare_agents.train.policy import OptimizerConfig
+    from stare_agents.train.sft import SFTConfig
+
+    changed = {
+        "epochs": 3,
+        "batch_size": 5,
+        "lr": 1.25e-4,
+        "warmup_steps": 7,
+        "micro_batch_tokens": 777,
+        "precision": "bf16",
+    }
+    section = SFTSection(**changed)
+    assert set(changed) | set(SFTSection.TRAINER_FIELDS) == {f.name for f in dataclasses.fields(SFTSection)}
+    built = section.sft_config(seed=11, device="cpu")
+    assert built == SFTConfig(
+        optimizer=OptimizerConfig(lr=1.25e-4, warmup_steps=7),
+        epochs=3,
+        batch_size=5,
+        micro_batch_tokens=777,
+        precision="bf16",
+        seed=11,
+        device="cpu",
+    )
+    default = SFTSection().sft_config(seed=0, device="cpu")
+    for name in changed:  # every one of them changes what is built
+        one = SFTSection(**{name: changed[name]}).sft_config(seed=0, device="cpu")
+        assert one != default, name
