@@ -475,6 +475,33 @@ class BenchmarkEval:
     max_tokens_per_turn: int | None = None
     max_total_tokens: int | None = None
 
+    def eval_config(self, run: TrainConfig) -> Any:
+        """The eval harness's settings (`stare_agents.eval.EvalConfig`) for this benchmark during run `run`: its own
+        protocol, k, limit and overrides, and the run's engine, rendering, sandbox, seed and intervals."""
+        from stare_agents.eval import EvalConfig
+
+        return EvalConfig(
+            protocol=self.protocol,
+            samples=self.k,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            max_turns=self.max_turns,
+            max_tokens_per_turn=self.max_tokens_per_turn,
+            max_total_tokens=self.max_total_tokens,
+            limit=self.limit,
+            data_dir=run.eval.data_dir,
+            engine=run.rollout.engine,
+            dtype=run.model.rollout_dtype,
+            rendering=run.rollout.rendering,
+            # the workers' sandbox runs the tools; with one that runs none only single-turn protocols run
+            # (see Trainer.benchmarks), and the settings name the sandbox a tool protocol would get
+            sandbox=run.rollout.sandbox if backend_class(run.rollout.sandbox).runs_code else DEFAULT_BACKEND,
+            max_concurrency=run.rollout.max_concurrency,
+            max_model_len=run.model.max_model_len,
+            seed=run.seed,
+            bootstrap=run.eval.bootstrap,
+        )
+
 
 @dataclass
 class EvalSection:

@@ -37,7 +37,6 @@ from stare_agents.completions_table import log_completions
 from stare_agents.envs.registration import split_kwargs
 from stare_agents.envs.tasks import Task, unique_tasks
 from stare_agents.eval import (
-    EvalConfig,
     evaluate_on_workers,
     get_protocol,
     load_benchmark,
@@ -50,7 +49,7 @@ from stare_agents.rollout.engine import eos_token_ids
 from stare_agents.rollout.local_ray import init_ray
 from stare_agents.rollout.summary import check_failed_share, summarize
 from stare_agents.rollout_log import RolloutLog
-from stare_agents.sandbox import DEFAULT_BACKEND, backend_class, check_backend, make_sandbox
+from stare_agents.sandbox import backend_class, check_backend, make_sandbox
 from stare_agents.train.checkpoint import checkpoint_path as checkpoint_file
 from stare_agents.train.checkpoint import (
     latest_checkpoint,
@@ -376,27 +375,7 @@ class Trainer:
         started = time.perf_counter()
         figures: dict[str, Any] = {}
         for entry, benchmark in zip(c.eval.benchmarks, self.benchmarks(), strict=True):
-            config = EvalConfig(
-                protocol=entry.protocol,
-                samples=entry.k,
-                temperature=entry.temperature,
-                top_p=entry.top_p,
-                max_turns=entry.max_turns,
-                max_tokens_per_turn=entry.max_tokens_per_turn,
-                max_total_tokens=entry.max_total_tokens,
-                limit=entry.limit,
-                data_dir=c.eval.data_dir,
-                engine=c.rollout.engine,
-                dtype=c.model.rollout_dtype,
-                rendering=c.rollout.rendering,
-                # the workers' sandbox runs the tools; with one that runs none only single-turn protocols run
-                # here (see `benchmarks`), and the settings name the sandbox a tool protocol would get
-                sandbox=c.rollout.sandbox if backend_class(c.rollout.sandbox).runs_code else DEFAULT_BACKEND,
-                max_concurrency=c.rollout.max_concurrency,
-                max_model_len=c.model.max_model_len,
-                seed=c.seed,
-                bootstrap=c.eval.bootstrap,
-            )
+            config = entry.eval_config(c)
             out = folder / EVALS_DIR / f"step-{steps_done:06d}" / benchmark.name
             shutil.rmtree(out, ignore_errors=True)  # a repeated step (resume) evaluates afresh
             identity = {

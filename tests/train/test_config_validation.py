@@ -414,3 +414,26 @@ def test_every_sft_setting_reaches_the_sft_trainer_or_the_trainer():
     for name in changed:  # every one of them changes what is built
         one = SFTSection(**{name: changed[name]}).sft_config(seed=0, device="cpu")
         assert one != default, name
+
+
+def test_every_benchmark_setting_reaches_the_eval_harness():
+    """Each eval.benchmarks[i] field but the benchmark's name (which load_benchmark reads) changes the harness
+    settings that BenchmarkEval.eval_config builds, and the run's engine, sandbox and seed come with them."""
+    from stare_agents.train.config import BenchmarkEval
+
+    run = load_config(recipe="tiny", overrides=["seed=5", "rollout.sandbox=local"])
+    changed = {
+        "protocol": "cot",
+        "k": 4,
+        "limit": 3,
+        "temperature": 0.5,
+        "top_p": 0.9,
+        "max_turns": 2,
+        "max_tokens_per_turn": 64,
+        "max_total_tokens": 256,
+    }
+    assert set(changed) | {"benchmark"} == {f.name for f in dataclasses.fields(BenchmarkEval)}
+    default = BenchmarkEval(benchmark="x").eval_config(run)
+    assert (default.engine, default.sandbox, default.seed) == ("hf", "local", 5)
+    for name, value in changed.items():
+        assert BenchmarkEval(benchmark="x", **{name: value}).eval_config(run) != default, name
