@@ -44,6 +44,7 @@ from stare_agents.algo.config import ALGORITHMS, AlgorithmName
 from stare_agents.algo.losses import PolicyLossConfig
 from stare_agents.algo.reweighting import ReweightingName
 from stare_agents.algo.stare import StareConfig
+from stare_agents.rollout import RolloutConfig, WorkerSpec
 from stare_agents.rollout.engine import Dtype, EngineName
 from stare_agents.rollout.placement import Placement, check_custom_resources
 from stare_agents.rollout.render import Rendering
@@ -129,6 +130,10 @@ class EnvSection:
 
 @dataclass
 class RolloutSection:
+    # the fields the trainer reads itself (how many workers, where, how weights reach them); TrainConfig's
+    # worker_spec and rollout_config take the rest
+    TRAINER_FIELDS = ("use_ray", "ray_address", "workers", "weight_sync", "weight_sync_bucket_mb")
+
     engine: EngineName = "vllm"
     use_ray: bool = True  # False: one in-process worker (no Ray)
     # the Ray cluster to attach to: HOST:PORT of its head; "auto": the one `ray start` runs on this node (an
@@ -658,6 +663,46 @@ class TrainConfig:
     def algorithm(self) -> AlgorithmConfig:
         """The RL algorithm: preset `rl.algorithm` with the algorithm keys under `rl` as set."""
         return self.rl.algorithm_config()
+
+    def worker_spec(self, model_dir: str | Path) -> WorkerSpec:
+        """What each rollout worker builds (engine, sandbox, placement) to serve `model_dir`."""
+        m, r = self.model, self.rollout
+        return WorkerSpec(
+            model=str(model_dir),
+            engine=r.engine,
+            dtype=m.rollout_dtype,
+            seed=self.seed,
+            max_model_len=m.max_model_len,
+            kv_cache_gib=r.kv_cache_gib,
+            sandbox=r.sandbox,
+            sandbox_pool_size=r.sandbox_pool_size,
+            sandbox_kwargs=r.resolved_sandbox_kwargs(),
+            multiprocess=r.multiprocess,
+            env_processes=r.resolved_env_processes(),
+            env_cpus=list(r.env_cpus),
+            num_cpus=r.num_cpus_per_worker,
+            num_gpus=r.num_gpus_per_worker,
+            imports=list(self.env.imports),
+            engine_kwargs=r.vllm_kwargs() if r.engine == "vllm" else {},
+            placement=r.placement,
+            resources=dict(r.resources_per_worker),
+            fp32_head=m.fp32_lm_head,
+        )
+
+    def rollout_config(self, *, evaluation: bool = False) -> RolloutConfig:
+        """How episodes are sampled: for training (rollout.*), or for held-out evaluation (eval.temperature,
+        the full distribution, no step deadline)."""
+        r = self.rollout
+        return RolloutConfig(
+            temperature=self.eval.temperature if evaluation else r.temperature,
+            top_p=1.0 if evaluation else r.top_p,
+            max_tokens_per_turn=r.max_tokens_per_turn,
+            max_total_tokens=r.max_total_tokens,
+            rendering=r.rendering,
+            max_concurrency=r.max_concurrency,
+            seed=self.seed,
+            timeout_s=None if evaluation else r.timeout_s,  # a hung engine or sandbox cannot hold a step
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """The settings as plain data: every field but those the run derives from another (DERIVED_FROM)."""

@@ -44,7 +44,7 @@ from stare_agents.eval import (
 )
 from stare_agents.jsonl import dumps
 from stare_agents.models import prepare_model
-from stare_agents.rollout import RolloutConfig, RolloutTask, RolloutWorkerGroup, WorkerSpec, make_env
+from stare_agents.rollout import RolloutConfig, RolloutTask, RolloutWorkerGroup, make_env
 from stare_agents.rollout.engine import eos_token_ids
 from stare_agents.rollout.local_ray import init_ray
 from stare_agents.rollout.summary import check_failed_share, summarize
@@ -232,27 +232,7 @@ class Trainer:
 
     def _start_workers(self, model_dir: Path) -> RolloutWorkerGroup:
         c = self.config
-        spec = WorkerSpec(
-            model=str(model_dir),
-            engine=c.rollout.engine,
-            dtype=c.model.rollout_dtype,
-            seed=c.seed,
-            max_model_len=c.model.max_model_len,
-            kv_cache_gib=c.rollout.kv_cache_gib,
-            sandbox=c.rollout.sandbox,
-            sandbox_pool_size=c.rollout.sandbox_pool_size,
-            sandbox_kwargs=c.rollout.resolved_sandbox_kwargs(),
-            multiprocess=c.rollout.multiprocess,
-            env_processes=c.rollout.resolved_env_processes(),
-            env_cpus=list(c.rollout.env_cpus),
-            num_cpus=c.rollout.num_cpus_per_worker,
-            num_gpus=c.rollout.num_gpus_per_worker,
-            imports=list(c.env.imports),
-            engine_kwargs=c.rollout.vllm_kwargs() if c.rollout.engine == "vllm" else {},
-            placement=c.rollout.placement,
-            resources=dict(c.rollout.resources_per_worker),
-            fp32_head=c.model.fp32_lm_head,
-        )
+        spec = c.worker_spec(model_dir)
         started = time.perf_counter()
         workers = RolloutWorkerGroup(
             spec, c.rollout.workers, use_ray=c.rollout.use_ray, ray_address=c.rollout.ray_address
@@ -276,19 +256,6 @@ class Trainer:
 
         assert self.workers is not None
         self.workers.update_weights(load_causal_lm(model_dir).state_dict())
-
-    def rollout_config(self, *, evaluation: bool = False) -> RolloutConfig:
-        r = self.config.rollout
-        return RolloutConfig(
-            temperature=self.config.eval.temperature if evaluation else r.temperature,
-            top_p=1.0 if evaluation else r.top_p,
-            max_tokens_per_turn=r.max_tokens_per_turn,
-            max_total_tokens=r.max_total_tokens,
-            rendering=r.rendering,
-            max_concurrency=r.max_concurrency,
-            seed=self.config.seed,
-            timeout_s=None if evaluation else r.timeout_s,  # a hung engine or sandbox cannot hold a step
-        )
 
     # ---- evaluation ----
     def heldout_tasks(self, count: int) -> list[Task]:
@@ -340,7 +307,7 @@ class Trainer:
         ]
         started = time.perf_counter()
         trajectories = self.workers.collect(
-            tasks, self.rollout_config(evaluation=True), progress=c.logging.progress
+            tasks, c.rollout_config(evaluation=True), progress=c.logging.progress
         )
         seconds = time.perf_counter() - started
         self._timed("eval", seconds)
@@ -600,7 +567,7 @@ class Trainer:
             if c.logging.rollouts
             else None
         )
-        rollout_config = self.rollout_config()
+        rollout_config = c.rollout_config()
         bar = None
         if c.logging.progress:
             from tqdm import tqdm

@@ -437,3 +437,52 @@ def test_every_benchmark_setting_reaches_the_eval_harness():
     assert (default.engine, default.sandbox, default.seed) == ("hf", "local", 5)
     for name, value in changed.items():
         assert BenchmarkEval(benchmark="x", **{name: value}).eval_config(run) != default, name
+
+
+# a value other than the default for each rollout.* field (on the tiny recipe with the vLLM engine)
+ROLLOUT_VALUES = {
+    "engine": "hf",
+    "temperature": "0.5",
+    "max_tokens_per_turn": "33",
+    "max_total_tokens": "129",
+    "rendering": "chat",
+    "sandbox": "local",
+    "sandbox_pool_size": "3",
+    "sandbox_kwargs": "{limits: {memory_mb: 1024}}",
+    "max_concurrency": "7",
+    "kv_cache_gib": "3",
+    "multiprocess": "true",
+    "env_processes": "2",
+    "sandbox_low_priority": "false",
+    "num_cpus_per_worker": "2",
+    "num_gpus_per_worker": "0.5",
+    "timeout_s": "99",
+    "gpu_memory_utilization": "0.3",
+    "tensor_parallel_size": "2",
+    "max_num_seqs": "8",
+    "engine_kwargs": "{enforce_eager: true}",
+    "placement": "PACK",
+    "resources_per_worker": "{foo: 1}",
+}
+
+
+def test_every_rollout_setting_reaches_the_workers_or_the_trainer():
+    """Each rollout.* field changes what TrainConfig.worker_spec / rollout_config build, or is one the trainer
+    reads itself (RolloutSection.TRAINER_FIELDS); top_p is refused at any value but 1 for training (the
+    learner scores the full distribution), and env_cpus needs environment processes."""
+    from stare_agents.train.config import RolloutSection
+
+    fields = {f.name for f in dataclasses.fields(RolloutSection)}
+    assert set(ROLLOUT_VALUES) | set(RolloutSection.TRAINER_FIELDS) | {"top_p", "env_cpus"} == fields
+
+    def built(*overrides: str) -> tuple:
+        config = load_config(recipe="tiny", overrides=["rollout.engine=vllm", *overrides])
+        return config.worker_spec("m"), config.rollout_config(), config.rollout_config(evaluation=True)
+
+    default = built()
+    for name, value in ROLLOUT_VALUES.items():
+        assert built(f"rollout.{name}={value}") != default, name
+    with_processes = ("rollout.use_ray=true", "rollout.env_processes=1")
+    assert built(*with_processes, "rollout.env_cpus=[0]") != built(*with_processes)
+    with pytest.raises(ValueError, match="top_p"):
+        built("rollout.top_p=0.9")

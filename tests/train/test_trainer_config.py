@@ -104,9 +104,9 @@ def test_trainer_reads_the_task_and_sampling_fields(tmp_path):
     assert all(
         t.env_id == config.env.id and t.env_kwargs == {**config.env.kwargs, "split": "train"} for t in tasks
     )
-    sampling = trainer.rollout_config()
+    sampling = config.rollout_config()
     assert (sampling.temperature, sampling.top_p, sampling.max_tokens_per_turn) == (0.8, 1.0, 32)
-    assert trainer.rollout_config(evaluation=True).temperature == 0.0
+    assert config.rollout_config(evaluation=True).temperature == 0.0
     with pytest.raises(FileExistsError, match="--resume"):
         (tmp_path / "run" / "x").write_text("")
         Trainer(config)
