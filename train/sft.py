@@ -17,9 +17,11 @@ micro-batches, chunked LM head, AdamW and schedule as the RL learner.
 
 from __future__ import annotations
 
+import array
 import copy
 import hashlib
 import math
+import sys
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -68,8 +70,11 @@ def traces_fingerprint(trajectories: Sequence[Trajectory]) -> str:
     digest = hashlib.sha256()
     for t in trajectories:
         for part in (t.prompt_ids, t.response_ids, t.action_mask):
+            values = array.array("q", part)  # 8-byte signed, little-endian: one copy, not a bytes object a token
+            if sys.byteorder == "big":
+                values.byteswap()
             digest.update(len(part).to_bytes(8, "little"))
-            digest.update(b"".join(int(v).to_bytes(8, "little", signed=True) for v in part))
+            digest.update(values.tobytes())
     return digest.hexdigest()
 
 
