@@ -26,6 +26,7 @@ failed or timed out.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import dataclasses
 import datetime
 import json
@@ -41,6 +42,8 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 STATUSES = ("passed", "failed", "skipped", "timeout")
@@ -632,8 +635,11 @@ def check_pipelined(opts: argparse.Namespace, work: Path) -> dict[str, Any]:
 )
 def check_loop_vs_plain(opts: argparse.Namespace, work: Path) -> dict[str, Any]:
     out = work / "bench_rollout.json"
-    if not shutil.which("docker"):  # the benchmark times the Docker sandbox: no quiet switch to another backend
-        raise RuntimeError("no docker command: provision Docker first (as root: bash scripts/provision_docker.sh)")
+    # the benchmark times the Docker sandbox: no quiet switch to another backend
+    if not shutil.which("docker"):
+        raise RuntimeError(
+            "no docker command: provision Docker first (as root: bash scripts/provision_docker.sh)"
+        )
     command = [sys.executable, str(ROOT / "benchmarks" / "bench_rollout.py"), "--model", "smollm2-135m"]
     command += [
         "--dtype",
@@ -766,7 +772,7 @@ def run_check(found: Check, opts: argparse.Namespace, root: Path) -> dict[str, A
             os.killpg(child.pid, signal.SIGKILL)
             child.wait()
     record["seconds"] = round(time.monotonic() - started, 1)
-    with_children = _end_group(child.pid)
+    with_children = _end_descendants()
     if result.is_file():
         record.update(json.loads(result.read_text()))
     elif record["seconds"] >= deadline_s:
@@ -781,14 +787,46 @@ def run_check(found: Check, opts: argparse.Namespace, root: Path) -> dict[str, A
     return record
 
 
-def _end_group(pgid: int) -> int:
-    """End whatever the check's process group left running (an engine core, a Ray worker); returns how many."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return 0
-    os.killpg(pgid, signal.SIGKILL)
-    return 1
+def _become_subreaper() -> bool:
+    """Make this process the one that inherits whatever a check leaves behind.
+
+    A check starts processes in sessions of their own (a training run it kills as a machine would die, an engine
+    core, a Ray worker). Killing the check's process group does not reach them, and once the check is dead they
+    would be re-parented to init, out of sight. As a child subreaper (Linux), this process inherits them instead,
+    so `_end_descendants` finds and ends them after each check. Returns False where the kernel has no such flag.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+
+
+def _end_descendants() -> int:
+    """SIGKILL every process below this one (checks run one at a time, so all are the last check's) and reap
+    them; returns how many there were. Repeats until none is left, for a process that forked while its parent
+    was being killed."""
+    ended: set[int] = set()
+    for _ in range(100):
+        left = []
+        for process in psutil.Process().children(recursive=True):
+            try:
+                if process.status() != psutil.STATUS_ZOMBIE:
+                    process.kill()
+                    left.append(process)
+            except psutil.NoSuchProcess:
+                pass
+        if not left:
+            break
+        ended |= {p.pid for p in left}
+        psutil.wait_procs(left, timeout=5)
+    while True:  # reap the inherited ones that psutil did not wait for
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid == 0:
+            break
+    return len(ended)
 
 
 def machine() -> dict[str, Any]:
@@ -842,6 +880,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(opts.only) - {c.name for c in CHECKS}
     if unknown:
         parser.error(f"no check named {sorted(unknown)}; known: {[c.name for c in CHECKS]}")
+    _become_subreaper()
     root = Path(tempfile.mkdtemp(prefix="gpu-smoke-"))
     started = time.monotonic()
     report: dict[str, Any] = {

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -85,4 +86,34 @@ def test_a_check_past_its_deadline_is_killed_with_its_processes(tmp_path):
         for p in psutil.process_iter(["cmdline"])
         if p.pid not in before and "gpu-smoke-" in " ".join(p.info["cmdline"] or ())
     ]
+    assert left == []
+
+
+def test_what_a_check_started_in_a_session_of_its_own_is_ended_after_the_check_dies(tmp_path):
+    """A check that starts a training run with start_new_session and is then SIGKILLed leaves that run
+    orphaned, outside the check's process group: the script, a child subreaper, inherits it and ends it."""
+    marker = f"orphan-{tmp_path.name}"
+    program = f"""
+import os, signal, subprocess, sys, time
+sys.path.insert(0, {str(SCRIPT.parent)!r})
+import gpu_smoke
+assert gpu_smoke._become_subreaper()
+check = subprocess.Popen([sys.executable, "-c", '''
+import subprocess, sys, time
+quiet = dict(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", {marker!r}], start_new_session=True, **quiet)
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", {marker!r}], **quiet)
+print("started", flush=True)
+time.sleep(300)
+'''], stdout=subprocess.PIPE, start_new_session=True)
+assert check.stdout.readline() == b"started\\n"
+os.killpg(check.pid, signal.SIGKILL)
+check.wait()
+print(gpu_smoke._end_descendants())
+"""
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout.split()[-1]) >= 1  # the run in its own session, at least, was left and ended
+    time.sleep(0.2)
+    left = [p.pid for p in psutil.process_iter(["cmdline"]) if marker in (p.info["cmdline"] or ())]
     assert left == []
