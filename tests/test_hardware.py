@@ -48,8 +48,10 @@ def test_autocast_follows_the_resolved_precision(cpu) -> None:
     cpu({"avx512_bf16"})
     with autocast(torch.device("cpu"), "fast"):
         assert torch.is_autocast_enabled("cpu")
+    with autocast(torch.device("cpu"), "fp16"):  # fp16 is asked for by name only, never picked by "fast"
+        assert torch.get_autocast_dtype("cpu") == torch.float16
     with pytest.raises(ValueError, match="precision must be one of"):
-        autocast(torch.device("cpu"), "fp16")
+        autocast(torch.device("cpu"), "fp8")
 
 
 def test_this_machine_reads_real_flags() -> None:

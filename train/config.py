@@ -346,7 +346,7 @@ class SFTSection:
     lr: float = 5e-5
     warmup_steps: int = 2
     micro_batch_tokens: int = 4096
-    precision: Precision = "fast"  # "fp32", "bf16" (autocast) or "fast" (bf16 where the hardware has it)
+    precision: Precision = "fast"  # "fp32", "bf16", "fp16" (autocast, fp16 with a loss scale) or "fast"
     # a checkpoint of the fit under way every this many optimiser steps (0: none), in the run folder's
     # sft_checkpoint/; `--resume` goes on from it after a crash, and it is removed once SFT is done
     checkpoint_every: int = 50

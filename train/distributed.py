@@ -42,6 +42,7 @@ from stare_agents.rollout.weight_sync import GroupAddress, WeightsPlan, is_loopb
 from stare_agents.train.checkpoint import save_checkpoint
 from stare_agents.train.learner import Collective, Learner, LearnerConfig, StepResult, TokenRecord
 from stare_agents.train.policy import (
+    HALF_DTYPES,
     MicroBatch,
     PolicyModel,
     TokenStats,
@@ -446,9 +447,9 @@ def _close_workers(workers: list[Any], group: Any, address: str) -> None:
 def _fully_shard(policy: PolicyModel) -> None:
     """FSDP2: each decoder layer, then the whole policy (embeddings, final norm, LM head) as the root.
 
-    With the policy's precision bf16 (or "fast" where that is bf16), FSDP's mixed precision: the float32
-    master weights and optimiser state stay sharded, each layer is all-gathered in bf16 and computes in bf16,
-    and gradients are reduce-scattered in float32 (summing many workers' bf16 gradients would lose bits)."""
+    With the policy's precision bf16 or fp16 (or "fast" where that is bf16), FSDP's mixed precision: the float32
+    master weights and optimiser state stay sharded, each layer is all-gathered in the half dtype and computes in
+    it, and gradients are reduce-scattered in float32 (summing many workers' half gradients would lose bits)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -460,8 +461,9 @@ def _fully_shard(policy: PolicyModel) -> None:
     if layers is None:
         raise ValueError(f"FSDP: {type(policy.decoder).__name__} has no `layers` to shard one by one")
     kwargs: dict = {"mesh": mesh}
-    if resolve_precision(policy.precision, device) == "bf16":
-        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    half = HALF_DTYPES.get(resolve_precision(policy.precision, device))
+    if half is not None:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=half, reduce_dtype=torch.float32)
     for layer in layers:
         fully_shard(layer, **kwargs)
     fully_shard(policy, **kwargs)

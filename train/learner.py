@@ -20,6 +20,7 @@ One step, as the official STARE code does it:
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import sys
 import time
@@ -58,12 +59,21 @@ from stare_agents.train.policy import (
     optimizer_step,
     save_policy_shards,
     split_step,
+    step_schedule,
 )
 from stare_agents.trajectory import Batch
 
 OldLogprobs = Literal["recompute", "rollout"]  # PPO's pi_old: the pre-update pass or the rollout's
 OLD_LOGPROB_SOURCES: tuple[str, ...] = get_args(OldLogprobs)
+logger = logging.getLogger(__name__)
+
 QUADRANTS = ("pos_high", "pos_low", "neg_high", "neg_low")
+
+
+def _finite_mean(values: list[float]) -> float:
+    """The mean of the finite values (a skipped update's norm is not finite), NaN when there are none."""
+    finite = [v for v in values if math.isfinite(v)]
+    return sum(finite) / len(finite) if finite else float("nan")
 
 
 @dataclass
@@ -113,7 +123,7 @@ class MicroBatchWork:
 LEARNER_METRICS = (
     "learner/entropy",  # pre-update entropy of the step's action tokens, aggregated like the loss (gate input)
     "learner/loss",  # the policy loss, mean over the step's optimiser updates
-    "learner/grad_norm",  # total gradient norm before clipping, mean over the step's updates
+    "learner/grad_norm",  # total gradient norm before clipping, mean over the step's updates that were taken
     "learner/lr",  # learning rate used this step
     "learner/tokens",  # non-padding tokens in the step batch (all workers)
     "learner/action_tokens",  # policy-sampled tokens in the step batch (all workers)
@@ -122,6 +132,7 @@ LEARNER_METRICS = (
     "learner/step_s",  # wall time of the step
     "learner/pre_update_s",  # wall time of the pre-update pass (of the shared forward when fused)
     "learner/skipped_updates",  # cumulative optimiser updates skipped for a non-finite gradient norm
+    "learner/loss_scale",  # fp16's dynamic loss scale after the step (1 in every other precision)
     "policy/clipfrac",  # share of action tokens whose gradient a clip stopped
     "policy/approx_kl",  # k3 estimate of KL(old || new) over action tokens
     "policy/ratio_mean",
@@ -163,7 +174,7 @@ class LearnerConfig:
     # "micro-batch" loss normalisation, never the budget
     micro_batch_packing: Packing = "longest-first"
     mini_batches: int = 1  # optimiser updates per training step (contiguous row ranges of the step batch)
-    precision: Precision = "fp32"  # see train/policy.py: fp32, bf16 (autocast), fast, bf16-emulated
+    precision: Precision = "fp32"  # see train/policy.py: fp32, bf16 (autocast), fast, bf16-emulated, fp16
     gradient_checkpointing: bool = False
     head_chunk_rows: int = 1024  # action tokens per chunk of the LM head (memory: rows x vocab floats)
     old_logprobs: OldLogprobs = "recompute"  # PPO's pi_old: the pre-update pass ("recompute") or the rollout's
@@ -337,7 +348,7 @@ class Learner:
         self.algorithm = algorithm
         self.collective = collective or Collective()
         c = self.config
-        self.device, self.policy, self.optimizer, self.scheduler = PolicyCore.build(
+        self.device, self.policy, self.optimizer, self.scheduler, self.scaler = PolicyCore.build(
             model, c, temperature=c.temperature, fp32_head=c.fp32_head, shard=shard
         )
         # the token reweighting (STARE, or a control; None: none), and what selects L+/L- for the
@@ -474,7 +485,7 @@ class Learner:
                 )
             at += len(update)
             grad_norms.append(self._apply_gradients())
-        self.scheduler.step()
+        step_schedule(self.scheduler)
         self.step_count += 1
         sums = sums.all_reduced(self.collective)
         metrics = self._metrics(totals, sums, grad_norms, lr, entropy, reweighted, start, pre_update_s)
@@ -612,7 +623,8 @@ class Learner:
             normalizer=normalizer,
             generator=self.generator,
         )
-        (loss * self.collective.loss_scale if self.collective.loss_scale != 1.0 else loss).backward()
+        scale = self.collective.loss_scale * self.scaler.scale  # data-parallel share, fp16's loss scale
+        (loss * scale if scale != 1.0 else loss).backward()
         sums.loss = float(loss.detach())
         sums.clipfrac = float(metrics["policy/clipfrac"]) * num_actions
         sums.approx_kl = float(metrics["policy/approx_kl"]) * num_actions
@@ -630,11 +642,20 @@ class Learner:
         return sums
 
     def _apply_gradients(self) -> float:
+        scale = self.scaler.scale
         grad_norm = optimizer_step(
-            self.optimizer, self.model, self.config.optimizer.max_grad_norm, self.collective
+            self.optimizer, self.model, self.config.optimizer.max_grad_norm, self.collective, self.scaler
         )
         if not math.isfinite(grad_norm):
             self.skipped_updates += 1
+            if self.scaler.enabled and scale > self.scaler.min_scale:  # fp16: an overflow; the scale is halved
+                logger.info(
+                    "learner step %d: fp16 gradients overflowed at loss scale %g; update skipped, scale now %g",
+                    self.step_count,
+                    scale,
+                    self.scaler.scale,
+                )
+                return grad_norm
             warnings.warn(
                 f"learner step {self.step_count}: gradient norm is {grad_norm}; the optimiser update is skipped "
                 f"({self.skipped_updates} so far). Lower the learning rate or check the rewards",
@@ -654,7 +675,7 @@ class Learner:
         metrics = {
             "learner/entropy": entropy,
             "learner/loss": s.loss / len(grad_norms),
-            "learner/grad_norm": sum(grad_norms) / len(grad_norms),
+            "learner/grad_norm": _finite_mean(grad_norms),
             "learner/lr": lr,
             "learner/tokens": totals["tokens"],
             "learner/action_tokens": actions,
@@ -663,6 +684,7 @@ class Learner:
             "learner/step_s": step_s,
             "learner/pre_update_s": pre_update_s,
             "learner/skipped_updates": float(self.skipped_updates),
+            "learner/loss_scale": float(self.scaler.scale),
             "policy/clipfrac": per_action(s.clipfrac),
             "policy/approx_kl": per_action(s.approx_kl),
             "policy/ratio_mean": per_action(s.ratio_mean),
@@ -803,6 +825,7 @@ class Learner:
             "stare": self.reweighting.state_dict() if self.reweighting is not None else None,
             "step_count": self.step_count,
             "skipped_updates": self.skipped_updates,
+            "loss_scaler": self.scaler.state_dict(),
             "generator": self.generator.get_state(),
             "torch_rng": torch.get_rng_state(),
         }
@@ -863,6 +886,7 @@ class Learner:
             self.reweighting.load_state_dict(state["stare"])
         self.step_count = int(state["step_count"])
         self.skipped_updates = int(state["skipped_updates"])
+        self.scaler.load_state_dict(state.get("loss_scaler"))
         self.generator.set_state(state["generator"])
         torch.set_rng_state(state["torch_rng"])
         if "cuda_rng" in state and torch.cuda.is_available():

@@ -28,9 +28,12 @@ from stare_agents.trajectory import Batch
 
 # bf16: autocast around the model, fp32 master weights and optimiser state; "fast": bf16 where the device
 # computes it fast, else fp32 (stare_agents.hardware); "bf16-emulated": bf16 autocast's rounding computed in
-# fp32, to study bf16 on CPUs without bf16 units (train/bf16_emulation.py; as slow as fp32, not faster)
-Precision = Literal["fp32", "bf16", "fast", "bf16-emulated"]
+# fp32, to study bf16 on CPUs without bf16 units (train/bf16_emulation.py; as slow as fp32, not faster);
+# "fp16": fp16 autocast with fp32 master weights and a dynamic loss scale (`LossScaler`), as the official STARE
+# runs train (fp16's 11 significant bits round logits and log-probs 8x finer than bf16's 8, in a range of 6.5e4)
+Precision = Literal["fp32", "bf16", "fast", "bf16-emulated", "fp16"]
 PRECISIONS: tuple[str, ...] = get_args(Precision)
+HALF_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}  # the autocast dtype of each half precision
 LRSchedule = Literal["constant", "cosine"]
 LR_SCHEDULES: tuple[str, ...] = get_args(LRSchedule)
 Packing = Literal["longest-first", "balanced", "verl"]  # how plan_micro_batches packs rows
@@ -92,28 +95,107 @@ def build_optimizer(
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, config.lr_factor)
 
 
+@dataclass
+class LossScaler:
+    """Dynamic loss scaling for fp16 (what `torch.amp.GradScaler` does, written for the learner's own step and its
+    data-parallel reduction): the loss is multiplied by `scale` before backward, so that small fp16 gradients do
+    not flush to zero; the gradients are divided by it before clipping. A step whose gradient norm is not finite
+    (an fp16 overflow) is skipped and the scale halved; after `growth_interval` finite steps in a row it doubles.
+    Disabled (scale 1, never changes) for every precision but fp16."""
+
+    enabled: bool = False
+    scale: float = 2.0**16
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 1000
+    min_scale: float = 1.0  # an overflow at this scale is one of the gradients themselves: the callers warn
+    finite_steps: int = 0  # finite steps since the last change
+    overflows: int = 0  # steps skipped for an overflow, in all
+
+    def __post_init__(self) -> None:
+        if not self.enabled:
+            self.scale = 1.0
+        if not (self.scale > 0 and self.growth_factor > 1 and 0 < self.backoff_factor < 1):
+            raise ValueError(
+                f"a loss scaler needs scale > 0, growth_factor > 1 and 0 < backoff_factor < 1, got {self}"
+            )
+
+    @classmethod
+    def for_precision(cls, precision: str) -> LossScaler:
+        return cls(enabled=precision == "fp16")
+
+    def unscale_(self, params: Sequence[nn.Parameter]) -> None:
+        if self.enabled and self.scale != 1.0:
+            for p in params:
+                if p.grad is not None:
+                    p.grad.div_(self.scale)
+
+    def update(self, finite: bool) -> None:
+        """After a step: back off on an overflow, grow after `growth_interval` clean steps."""
+        if not self.enabled:
+            return
+        if not finite:
+            self.overflows += 1
+            self.finite_steps = 0
+            self.scale = max(self.min_scale, self.scale * self.backoff_factor)
+            return
+        self.finite_steps += 1
+        if self.finite_steps >= self.growth_interval:
+            self.scale *= self.growth_factor
+            self.finite_steps = 0
+
+    def state_dict(self) -> dict[str, float]:
+        return {"scale": self.scale, "finite_steps": self.finite_steps, "overflows": self.overflows}
+
+    def load_state_dict(self, state: dict[str, float] | None) -> None:
+        if state is None:  # a checkpoint from before the scaler: the start values
+            return
+        self.scale = float(state["scale"])
+        self.finite_steps, self.overflows = int(state["finite_steps"]), int(state["overflows"])
+
+
 def clip_and_step(
-    optimizer: torch.optim.Optimizer, params: list[nn.Parameter], max_grad_norm: float
+    optimizer: torch.optim.Optimizer,
+    params: list[nn.Parameter],
+    max_grad_norm: float,
+    scaler: LossScaler | None = None,
 ) -> float:
-    """Clip the gradients to `max_grad_norm` (<= 0: measure only) and take the optimiser step; returns the
-    norm before clipping. A non-finite norm skips the step (and clears the gradients): the caller counts it."""
+    """Unscale the gradients (fp16's `scaler`), clip them to `max_grad_norm` (<= 0: measure only) and take the
+    optimiser step; returns the norm before clipping. A non-finite norm skips the step (and clears the
+    gradients): the caller counts it, and the scaler backs off."""
+    if scaler is not None:
+        scaler.unscale_(params)
     norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm > 0 else float("inf"))
     grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP: a DTensor
     if math.isfinite(grad_norm):
         optimizer.step()
     else:
         optimizer.zero_grad(set_to_none=True)
+    if scaler is not None:
+        scaler.update(math.isfinite(grad_norm))
     return grad_norm
+
+
+def step_schedule(scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
+    """Advance the LR schedule after an update, taken or skipped (a skipped one still counts, as with torch's
+    GradScaler). Quiet about a skipped first update: torch warns that the schedule moved before the optimiser."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before", category=UserWarning)
+        scheduler.step()
 
 
 class PolicyCore(NamedTuple):
     """What the RL learner and SFT both train: the device, the policy (the model behind the chunked LM head, in
-    its precision, wrapped in place by `shard` when given: FSDP), its AdamW and its LR schedule."""
+    its precision, wrapped in place by `shard` when given: FSDP), its AdamW, its LR schedule and its loss
+    scaler (enabled in fp16 only)."""
 
     device: torch.device
     policy: PolicyModel
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
+    scaler: LossScaler
 
     @classmethod
     def build(
@@ -140,16 +222,22 @@ class PolicyCore(NamedTuple):
         )
         if shard is not None:
             shard(policy)
-        return cls(target, policy, *build_optimizer(model, config.optimizer))
+        scaler = LossScaler.for_precision(resolve_precision(config.precision, target.type))
+        return cls(target, policy, *build_optimizer(model, config.optimizer), scaler)
 
 
 def optimizer_step(
-    optimizer: torch.optim.Optimizer, model: nn.Module, max_grad_norm: float, collective: Any = None
+    optimizer: torch.optim.Optimizer,
+    model: nn.Module,
+    max_grad_norm: float,
+    collective: Any = None,
+    scaler: LossScaler | None = None,
 ) -> float:
     """The optimiser step SFT and RL share, for this worker's part of a data-parallel `collective` (the
     learner's `Collective`; None: one worker). A parameter without a gradient gets zeros (every worker then
     reduces the same list) and the workers' gradients are summed, unless FSDP shards them (it reduces them
-    itself); then `clip_and_step`. Returns the norm before clipping (not finite: the step was skipped)."""
+    itself); then `clip_and_step` (with fp16's `scaler`: every worker sees the same reduced norm, so all skip or
+    step together). Returns the norm before clipping (not finite: the step was skipped)."""
     params = [p for p in model.parameters() if p.requires_grad]
     if collective is None or not collective.shards_gradients:
         for p in params:
@@ -157,11 +245,11 @@ def optimizer_step(
                 p.grad = torch.zeros_like(p)
         if collective is not None:
             collective.reduce_gradients(params)
-    return clip_and_step(optimizer, params, max_grad_norm)
+    return clip_and_step(optimizer, params, max_grad_norm, scaler)
 
 
 def autocast(device: torch.device, precision: str):
-    """bf16 autocast around the model's forward (or its emulation), or nothing for fp32."""
+    """bf16 or fp16 autocast around the model's forward (or bf16's emulation), or nothing for fp32."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     resolved = resolve_precision(precision, device.type)
@@ -169,7 +257,7 @@ def autocast(device: torch.device, precision: str):
         return nullcontext()
     if resolved == "bf16-emulated":
         return emulated_bf16()
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return torch.autocast(device_type=device.type, dtype=HALF_DTYPES[resolved])
 
 
 @dataclass
@@ -362,9 +450,9 @@ class PolicyModel(nn.Module):
         is_action = batch.action_mask > 0
         rows = hidden[:, p - 1 : p - 1 + r][is_action]  # the logits at P - 1 + j score response token j
         resolved = resolve_precision(self.precision, device.type)
-        bf16 = resolved == "bf16" and not self.fp32_head
+        half = HALF_DTYPES.get(resolved) if not self.fp32_head else None
         emulate = resolved == "bf16-emulated" and not self.fp32_head
-        compute_dtype = torch.bfloat16 if bf16 else self.head.weight.dtype
+        compute_dtype = half or self.head.weight.dtype
         logprob, entropy, collision = _ActionTokenHead.apply(
             rows,
             self.head.weight,

@@ -45,6 +45,7 @@ from stare_agents.train.policy import (
     optimizer_step,
     save_policy_shards,
     split_step,
+    step_schedule,
 )
 from stare_agents.trajectory import Trajectory, collate
 
@@ -57,7 +58,7 @@ SFT_METRICS = (
     "sequences",
     "tokens",  # non-padding tokens
     "action_tokens",  # tokens in the loss
-    "grad_norm",  # mean over the epoch's steps, before clipping
+    "grad_norm",  # mean over the epoch's steps that were taken, before clipping
     "lr",  # at the epoch's last step
     "time_s",
     "tokens_per_s",
@@ -84,7 +85,7 @@ class SFTConfig:
     epochs: int = 1
     batch_size: int = 16  # trajectories per optimiser step
     micro_batch_tokens: int = 8192
-    precision: str = "fp32"  # "fp32" or "bf16" (autocast)
+    precision: str = "fp32"  # "fp32", "bf16" or "fp16" (autocast; fp16 with a dynamic loss scale), "fast"
     gradient_checkpointing: bool = False
     head_chunk_rows: int = 1024
     shuffle: bool = True  # a new order each epoch, from `seed` and the epoch number
@@ -123,7 +124,7 @@ class SFTTrainer:
         self.config = config or SFTConfig()
         self.pad_token_id = pad_token_id
         self.collective = collective or Collective()
-        self.device, self.policy, self.optimizer, self.scheduler = PolicyCore.build(
+        self.device, self.policy, self.optimizer, self.scheduler, self.scaler = PolicyCore.build(
             model, self.config, shard=shard
         )
         self.epochs_done = 0
@@ -173,21 +174,23 @@ class SFTTrainer:
                 continue  # nothing to learn in it (under FSDP the forward and backward are collective)
             stats = self.policy(mb.batch)
             loss = -aggregate(stats.logprob, mask, "token-mean", normalizer)
-            (loss * self.collective.loss_scale).backward()
+            (loss * (self.collective.loss_scale * self.scaler.scale)).backward()  # fp16: scaled
             sums[0] += float(loss.detach()) * normalizer
             sums[1] += float(stats.entropy.detach()[mask > 0].sum())
         nll_sum, entropy_sum = self.collective.all_reduce_sum(sums).tolist()
+        scale = self.scaler.scale
         grad_norm = optimizer_step(
-            self.optimizer, self.model, self.config.optimizer.max_grad_norm, self.collective
+            self.optimizer, self.model, self.config.optimizer.max_grad_norm, self.collective, self.scaler
         )
         skipped = not math.isfinite(grad_norm)
-        if skipped:
+        overflow = self.scaler.enabled and scale > self.scaler.min_scale  # fp16: the scale backs off (counted)
+        if skipped and not overflow:
             warnings.warn(
                 f"SFT step {self.steps_done}: gradient norm is {grad_norm}; the update is skipped",
                 RuntimeWarning,
                 stacklevel=2,
             )
-        self.scheduler.step()
+        step_schedule(self.scheduler)
         self.steps_done += 1
         actions = float((batch.action_mask > 0).sum())
         return {
@@ -271,8 +274,10 @@ class SFTTrainer:
             if out["action_tokens"]:
                 totals["nll"] += out["loss"] * out["action_tokens"]
                 totals["entropy"] += out["entropy"] * out["action_tokens"]
-            for key in ("action_tokens", "tokens", "grad_norm", "skipped"):
+            for key in ("action_tokens", "tokens", "skipped"):
                 totals[key] += out[key]
+            if math.isfinite(out["grad_norm"]):  # a skipped step's norm is not (fp16: an overflow)
+                totals["grad_norm"] += out["grad_norm"]
             part["lr"] = out["lr"]
             part["steps"] += 1
             now = time.perf_counter()
@@ -295,7 +300,9 @@ class SFTTrainer:
             "sequences": float(len(trajectories)),
             "tokens": totals["tokens"],
             "action_tokens": actions,
-            "grad_norm": totals["grad_norm"] / len(batches),
+            "grad_norm": totals["grad_norm"] / taken
+            if (taken := len(batches) - totals["skipped"])
+            else float("nan"),
             "lr": part["lr"],
             "time_s": elapsed,
             "tokens_per_s": totals["tokens"] / elapsed if elapsed > 0 else float("nan"),
@@ -333,6 +340,7 @@ class SFTTrainer:
             "steps_done": self.steps_done,
             "fit": copy.deepcopy(self._fit),
             "epoch": copy.deepcopy(self._epoch),
+            "loss_scaler": self.scaler.state_dict(),
         }
 
     def load_small_state_dict(self, state: dict) -> None:
@@ -341,6 +349,7 @@ class SFTTrainer:
         self.steps_done = int(state["steps_done"])
         self._fit = copy.deepcopy(state.get("fit"))  # a state saved before fits could stop holds none
         self._epoch = copy.deepcopy(state.get("epoch"))
+        self.scaler.load_state_dict(state.get("loss_scaler"))
 
     def save_shards(self, folder: str | Path) -> None:
         """The model and optimiser as this data-parallel worker holds them (see `save_policy_shards`)."""

@@ -27,8 +27,9 @@ FinishReason = Literal["stop", "eos", "length", "abort"]
 FINISH_REASONS: tuple[str, ...] = ("stop", "eos", "length", "abort")
 EngineName = Literal["vllm", "hf"]
 ENGINES: tuple[str, ...] = get_args(EngineName)
-# "auto": the checkpoint's; "fast": bfloat16 where this host computes it fast, else float32 (stare_agents.hardware)
-Dtype = Literal["auto", "float32", "bfloat16", "fast"]
+# "auto": the checkpoint's; "fast": bfloat16 where this host computes it fast, else float32 (stare_agents.hardware);
+# "float16": for an fp16 run (rl.learner.precision=fp16), as the official STARE runs sample
+Dtype = Literal["auto", "float32", "bfloat16", "fast", "float16"]
 DTYPES: tuple[str, ...] = get_args(Dtype)
 
 

@@ -18,7 +18,7 @@ import torch
 
 from stare_agents.rollout.engine import DTYPES, Generation, SamplingParams, StopCondition, eos_token_ids
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class HFEngine:
@@ -26,7 +26,7 @@ class HFEngine:
 
     Args:
         model: a local Hugging Face model directory.
-        dtype: "auto" (float32 on CPU), "float32" or "bfloat16".
+        dtype: "auto" (float32 on CPU), "float32", "bfloat16" or "float16".
         seed: base seed; request i without an explicit seed uses seed + i.
         max_model_len: the context window (defaults to the config's max_position_embeddings).
         device: torch device (default: CUDA when available, else CPU).

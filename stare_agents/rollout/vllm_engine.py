@@ -117,7 +117,8 @@ class VLLMEngine:
 
     Args:
         model: a local Hugging Face model directory.
-        dtype: "auto" (the checkpoint's), "float32" or "bfloat16" (about 2x faster on CPUs with AMX).
+        dtype: "auto" (the checkpoint's), "float32", "bfloat16" (about 2x faster on CPUs with AMX) or
+            "float16" (an fp16 run's).
         seed: the engine's seed, for requests without a seed of their own.
         max_model_len: the context window (prompt + response) the engine reserves for.
         kv_cache_gib: CPU only: GiB of KV cache (`VLLM_CPU_KVCACHE_SPACE`).

@@ -220,6 +220,10 @@ def gloo_device(address: GroupAddress, rank: int) -> Any:
     return dist.ProcessGroupGloo.create_device(hostname=bind_host(address, rank))
 
 
+# what weights may travel as: the engines' dtype (float16 for an fp16 run, as the official STARE runs)
+WIRE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
 @dataclass(frozen=True)
 class WeightsPlan:
     """What a sync sends: tensor names and shapes in sending order, the wire dtype, the buckets (index ranges
@@ -227,7 +231,7 @@ class WeightsPlan:
 
     names: tuple[str, ...]
     shapes: tuple[tuple[int, ...], ...]
-    dtype: str  # "bfloat16" or "float32"
+    dtype: str  # a WIRE_DTYPES key: "bfloat16", "float16" or "float32"
     buckets: tuple[tuple[int, int], ...]
     version: int
     numels: tuple[int, ...] = field(init=False)
@@ -242,7 +246,7 @@ class WeightsPlan:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return {"bfloat16": torch.bfloat16, "float32": torch.float32}[self.dtype]
+        return WIRE_DTYPES[self.dtype]
 
     def bucket_numel(self, bucket: int) -> int:
         start, end = self.buckets[bucket]
@@ -272,9 +276,9 @@ class WeightsPlan:
             filled += n
         if sizes:
             buckets.append((start, len(sizes)))
-        wire = {torch.bfloat16: "bfloat16", torch.float32: "float32"}.get(dtype)
+        wire = {d: name for name, d in WIRE_DTYPES.items()}.get(dtype)
         if wire is None:
-            raise ValueError(f"weights travel as bfloat16 or float32, not {dtype}")
+            raise ValueError(f"weights travel as one of {sorted(WIRE_DTYPES)}, not {dtype}")
         return cls(tuple(names), tuple(sizes), wire, tuple(buckets), int(version))
 
     def to_dict(self) -> dict[str, Any]:

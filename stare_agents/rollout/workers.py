@@ -32,6 +32,7 @@ import torch
 
 from stare_agents.rollout.agent_loop import RolloutConfig, RolloutTask, collect, make_env
 from stare_agents.rollout.engine import make_engine
+from stare_agents.rollout.weight_sync import WIRE_DTYPES
 from stare_agents.trajectory import Trajectory
 
 logger = logging.getLogger("stare_agents.rollout")
@@ -41,7 +42,7 @@ logger = logging.getLogger("stare_agents.rollout")
 class WorkerSpec:
     """What each rollout worker builds.
 
-    model: local HF directory. engine: "vllm" or "hf". dtype: "auto" | "float32" | "bfloat16".
+    model: local HF directory. engine: "vllm" or "hf". dtype: "auto" | "float32" | "bfloat16" | "float16".
     max_model_len: context window. kv_cache_gib: vLLM on CPU. sandbox: "docker" | "local" | "none";
     sandbox_pool_size: warm interpreters (episodes holding a stateful session at once; others wait);
     sandbox_kwargs: e.g. {"runtime": "runsc"}. num_cpus / num_gpus: Ray resources per worker.
@@ -554,8 +555,8 @@ class RolloutWorkerGroup:
         restores its checkpoint's); default: the current one + 1."""
         started = time.perf_counter()
         version = self.weight_version + 1 if version is None else int(version)
-        if dtype is None:
-            dtype = torch.bfloat16 if self.spec.dtype == "bfloat16" else torch.float32
+        if dtype is None:  # the engines' own dtype (float32 for "auto")
+            dtype = WIRE_DTYPES.get(self.spec.dtype, torch.float32)
         state_dict = _untied(state_dict)
         if self._local is not None:
             weights = {k: v.detach().to(dtype) for k, v in state_dict.items()}
@@ -589,8 +590,8 @@ class RolloutWorkerGroup:
         catches up from the sender at once (a group of two), before it re-runs any episode."""
         started = time.perf_counter()
         version = self.weight_version + 1 if version is None else int(version)
-        if dtype is None:
-            dtype = torch.bfloat16 if self.spec.dtype == "bfloat16" else torch.float32
+        if dtype is None:  # the engines' own dtype (float32 for "auto")
+            dtype = WIRE_DTYPES.get(self.spec.dtype, torch.float32)
         self._sender, self._sync_dtype, self._sync_bucket_mb = sender, dtype, bucket_mb
         self._sync_timeout_s = timeout_s
         members = list(self._members())

@@ -41,8 +41,8 @@ def test_plans_are_checked_and_travel_as_dicts():
         WeightsPlan(("a", "b"), ((1,), (2,)), "float32", ((0, 1),), 1)
     with pytest.raises(ValueError, match="no name twice"):
         WeightsPlan(("a", "a"), ((1,), (2,)), "float32", ((0, 2),), 1)
-    with pytest.raises(ValueError, match="bfloat16 or float32"):
-        WeightsPlan.of(shapes, dtype=torch.float16, version=1)
+    with pytest.raises(ValueError, match=r"travel as one of \['bfloat16', 'float16', 'float32'\], not torch.int8"):
+        WeightsPlan.of(shapes, dtype=torch.int8, version=1)
     with pytest.raises(ValueError, match="backend"):
         GroupAddress("127.0.0.1", 1, 2, backend="mpi")
     with pytest.raises(ValueError, match="at least one engine"):

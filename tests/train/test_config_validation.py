@@ -30,10 +30,10 @@ from stare_agents.train.config import (
 # (overrides, the key, the value as shown, what is allowed): each message must hold all three
 HOSTILE = [
     (["rollout.engine=vlm"], "rollout.engine", "'vlm'", "vllm, hf"),
-    (["model.rollout_dtype=fp16"], "model.rollout_dtype", "'fp16'", "auto, float32, bfloat16, fast"),
+    (["model.rollout_dtype=fp16"], "model.rollout_dtype", "'fp16'", "auto, float32, bfloat16, fast, float16"),
     (["rollout.rendering=yes"], "rollout.rendering", "'yes'", "auto, chat, inline"),
     (["rollout.sandbox=dockr"], "rollout.sandbox", "'dockr'", "docker, local, none"),
-    (["sft.precision=fp16"], "sft.precision", "'fp16'", "fp32, bf16, fast"),
+    (["sft.precision=fp8"], "sft.precision", "'fp8'", "fp32, bf16, fast, bf16-emulated, fp16"),
     (["rl.algorithm=stare-c3"], "rl.algorithm", "'stare-c3'", ", ".join(ALGORITHMS)),
     (["rl.one_member_groups=off"], "rl.one_member_groups", "'off'", "drop, keep"),
     (["rl.learner.optimizer.betas=[a,b]"], "rl.learner.optimizer.betas[0]", "'a'", "a finite number"),
@@ -372,7 +372,7 @@ def _written(path: Path, text: str) -> Path:
 @pytest.mark.parametrize(
     "key, value, allowed",
     [
-        ("rl.learner.precision", "fp16", "fp32, bf16, fast, bf16-emulated"),
+        ("rl.learner.precision", "fp8", "fp32, bf16, fast, bf16-emulated, fp16"),
         ("rl.learner.micro_batch_packing", "shortest-first", "longest-first, balanced, verl"),
         ("rl.learner.old_logprobs", "engine", "recompute, rollout"),
         ("rl.learner.optimizer.schedule", "linear", "constant, cosine"),

@@ -171,22 +171,29 @@ def test_distributed_config_is_checked():
     assert DistributedConfig(num_gpus_per_worker=1).resolved_backend == "nccl"
 
 
-def test_fsdp_bf16_keeps_float32_master_weights_and_computes_in_bf16(ray_cluster, tiny_model_dir):
-    """precision bf16 under FSDP: every sharded module all-gathers its parameters in bf16 and reduce-scatters
-    gradients in float32; the sharded master weights stay float32. The step lands near the float32 step."""
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_fsdp_half_precision_keeps_float32_master_weights_and_computes_in_half(
+    ray_cluster, tiny_model_dir, precision
+):
+    """precision bf16 or fp16 under FSDP: every sharded module all-gathers its parameters in the half dtype and
+    reduce-scatters gradients in float32; the sharded master weights stay float32 (fp16: gradients of the
+    scaled loss, unscaled before clipping). The step lands near the float32 step."""
     import sys
 
     ray_cluster.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     _, batch, advantages = step_inputs(14, groups=3)
     algorithm = AlgorithmConfig(stare=StareConfig(scope="batch", target_entropy=100.0, variant="C2"))
     config = LearnerConfig(
-        optimizer=OptimizerConfig(lr=1e-3, eps=1e-5), micro_batch_tokens=100, precision="bf16"
+        optimizer=OptimizerConfig(lr=1e-3, eps=1e-5), micro_batch_tokens=100, precision=precision
     )
     group = LearnerGroup(tiny_model_dir, algorithm, config, DistributedConfig(num_workers=2, fsdp=True))
     try:
         policies = ray_cluster.get([w.__ray_call__.remote(_mixed_precision) for w in group.workers])
-        assert policies == [("torch.bfloat16", "torch.float32", "torch.float32")] * 2
+        half = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}[precision]
+        assert policies == [(half, "torch.float32", "torch.float32")] * 2
         got = group.step(batch, advantages)
+        assert got["learner/loss_scale"] == (2.0**16 if precision == "fp16" else 1.0)
+        assert got["learner/skipped_updates"] == 0.0
         single = Learner.from_pretrained(tiny_model_dir, algorithm, _config())  # float32
         expected = single.step(batch, advantages)
         assert got["learner/loss"] == pytest.approx(expected["learner/loss"], rel=0.05, abs=1e-3)
