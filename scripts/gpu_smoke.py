@@ -286,7 +286,7 @@ def check_device(opts: argparse.Namespace, work: Path) -> dict[str, Any]:
     "device",
     60,
     needs_device,
-    "a learner step in fp32 and bf16; their log-prob distance",
+    "a learner step in fp32, bf16 and fp16 (with its loss scale); their log-prob distances",
 )
 def check_learner_precision(opts: argparse.Namespace, work: Path) -> dict[str, Any]:
     import torch
@@ -297,20 +297,22 @@ def check_learner_precision(opts: argparse.Namespace, work: Path) -> dict[str, A
     figures: dict[str, Any] = {}
     prompt, sampled = list(range(5, 25)), list(range(30, 42))
     logps = {}
-    for precision in ("fp32", "bf16"):
+    half = {"bf16": torch.bfloat16, "fp16": torch.float16}
+    for precision in ("fp32", "bf16", "fp16"):
         learner = _learner(model_dir, device, precision=precision)
-        with torch.autocast(device, dtype=torch.bfloat16, enabled=precision == "bf16"):
+        with torch.autocast(device, dtype=half.get(precision, torch.bfloat16), enabled=precision in half):
             logps[precision] = _logprobs(learner.model, prompt, sampled, device)
         metrics = learner.step(batch, advantages)
         _finite(metrics, "learner/loss", "learner/grad_norm", "learner/entropy")
         figures[f"{precision}_loss"] = metrics["learner/loss"]
         figures[f"{precision}_grad_norm"] = metrics["learner/grad_norm"]
-    distance = float((logps["fp32"] - logps["bf16"]).abs().max())
-    figures["bf16_vs_fp32_max_logprob_diff"] = distance
-    if (
-        not distance < 0.25
-    ):  # bf16 keeps 8 significant bits: a tiny model's log-probs agree to a few hundredths
-        raise AssertionError(f"bf16 log-probs {distance:.3f} nats from fp32's")
+    figures["fp16_loss_scale"] = metrics["learner/loss_scale"]
+    for precision in half:
+        distance = float((logps["fp32"] - logps[precision]).abs().max())
+        figures[f"{precision}_vs_fp32_max_logprob_diff"] = distance
+        # bf16 keeps 8 significant bits, fp16 11: a tiny model's log-probs agree to a few hundredths
+        if not distance < 0.25:
+            raise AssertionError(f"{precision} log-probs {distance:.3f} nats from fp32's")
     return figures
 
 
