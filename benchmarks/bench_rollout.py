@@ -254,7 +254,7 @@ def main() -> None:
 
     from stare_agents.models import prepare_model
     from stare_agents.rollout import RolloutConfig, RolloutTask, SamplingParams, collect, make_engine
-    from stare_agents.rollout.summary import summarize
+    from stare_agents.rollout.summary import summarize_episodes
     from stare_agents.sandbox import make_sandbox
 
     env_cpus = [int(cpu) for cpu in args.env_cpus.split(",") if cpu.strip()]
@@ -370,16 +370,16 @@ def main() -> None:
     if args.env_processes > 0 and not args.pooled_first:
         pooled, pooled_s = pooled_loop()
     if pooled:
-        pooled_summary = summarize(pooled, pooled_s)
+        pooled_summary = summarize_episodes(pooled, pooled_s)
         figures.update(
             env_processes=args.env_processes,
             pooled_first=args.pooled_first,
             pooled_multi_turn_s=round(pooled_s, 2),
             pooled_multi_turn_tok_s=round(pooled_summary["action_tokens"] / pooled_s, 1),
-            pooled_mean_turns=round(pooled_summary["mean_turns"], 2),
+            pooled_mean_turns=round(pooled_summary["turns_mean"], 2),
             pooled_env_s_per_turn=round(pooled_summary["env_s_per_turn"], 3),
         )
-    summary = summarize(trajectories, multi_s)
+    summary = summarize_episodes(trajectories, multi_s)
     action = summary["action_tokens"]
 
     async def single_turn(episodes) -> float:
@@ -440,8 +440,8 @@ def main() -> None:
         wasted_tokens=summary["wasted_tokens"],
         action_tokens=action,
         observation_tokens=summary["observation_tokens"],
-        mean_turns=round(summary["mean_turns"], 2),
-        tool_calls_per_episode=round(summary["tool_calls_per_episode"], 2),
+        mean_turns=round(summary["turns_mean"], 2),
+        tool_calls_per_episode=round(summary["tool_calls_per_response"], 2),
         stop_reasons=summary["stop_reasons"],
         accuracy=summary["accuracy"],
         generate_s_per_turn=round(summary["generate_s_per_turn"], 3),

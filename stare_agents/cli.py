@@ -219,7 +219,7 @@ def rollout(
     from stare_agents.envs.registration import accepted_kwargs, resolve_env_id, unknown_kwargs
     from stare_agents.models import prepare_model
     from stare_agents.rollout import RolloutConfig, RolloutTask, RolloutWorkerGroup, WorkerSpec
-    from stare_agents.rollout.summary import summarize
+    from stare_agents.rollout.summary import summarize_episodes
     from stare_agents.trajectory import write_jsonl
 
     try:
@@ -277,7 +277,7 @@ def rollout(
         seconds = time.perf_counter() - started
     out.parent.mkdir(parents=True, exist_ok=True)
     write_jsonl(trajectories, out)
-    summary = summarize(trajectories, seconds)
+    summary = summarize_episodes(trajectories, seconds)
     table = Table(title=f"{len(trajectories)} episodes of {env} -> {out}")
     table.add_column("figure")
     table.add_column("value", justify="right")

@@ -72,7 +72,7 @@ def write_summary(
         "benchmarks": benchmark_figures(records),
         "tool_use": {
             key: final_eval.get(key)
-            for key in ("tool_calls_per_episode", "tool_error_rate", "mean_turns", "stop_reasons")
+            for key in ("tool_calls_per_response", "tool_error_rate", "turns_mean", "stop_reasons")
         },
         "sft_traces": progress.get("sft_traces"),
         "stage_seconds": {k: round(v, 1) for k, v in stage_seconds.items()},

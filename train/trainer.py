@@ -47,7 +47,7 @@ from stare_agents.models import prepare_model
 from stare_agents.rollout import RolloutConfig, RolloutTask, RolloutWorkerGroup, make_env
 from stare_agents.rollout.engine import eos_token_ids
 from stare_agents.rollout.local_ray import init_ray
-from stare_agents.rollout.summary import check_failed_share, summarize
+from stare_agents.rollout.summary import check_failed_share, summarize_episodes
 from stare_agents.rollout_log import RolloutLog
 from stare_agents.sandbox import backend_class, check_backend, make_sandbox
 from stare_agents.train.checkpoint import checkpoint_path as checkpoint_file
@@ -314,7 +314,7 @@ class Trainer:
         per_task: dict[str, float] = {task.id: 0.0 for task in heldout}
         for trajectory in trajectories:  # a failed episode scores 0 here (it answered nothing)
             per_task[trajectory.group_id] += float(bool(trajectory.correct)) / c.eval.samples
-        return {**summarize(trajectories, seconds), "tasks": len(heldout), "per_task": per_task}
+        return {**summarize_episodes(trajectories, seconds), "tasks": len(heldout), "per_task": per_task}
 
     def _record_accuracy(self, point: str, step: int | None = None, num_tasks: int | None = None) -> dict:
         if not self.config.eval.num_tasks:  # eval.num_tasks=0: benchmarks only (eval.benchmarks)
@@ -826,7 +826,7 @@ class Trainer:
         the stage times."""
         c = self.config
         trajectories, kept = sampled.trajectories, sampled.kept
-        summary = summarize(trajectories, seconds.get("rollout", 0.0))
+        summary = summarize_episodes(trajectories, seconds.get("rollout", 0.0))
         action = [t for t in trajectories if t.num_action_tokens]
         sampler_entropy = -sum(
             sum(lp for lp, m in zip(t.rollout_logprobs, t.action_mask, strict=True) if m) for t in action
@@ -855,10 +855,10 @@ class Trainer:
                 "learner/entropy_all": entropy_all[0] / entropy_all[1] if entropy_all[1] else float("nan"),
                 "rollout/accuracy": summary["accuracy"],
                 "rollout/mean_reward": summary["mean_reward"],
-                "rollout/response_tokens": summary["mean_response_tokens"],
+                "rollout/response_tokens": summary["response_tokens_mean"],
                 "rollout/action_tokens": summary["action_tokens"],
-                "rollout/turns": summary["mean_turns"],
-                "rollout/tool_calls": summary["tool_calls_per_episode"],
+                "rollout/turns": summary["turns_mean"],
+                "rollout/tool_calls": summary["tool_calls_per_response"],
                 "rollout/tool_error_rate": summary["tool_error_rate"],
                 "rollout/void_turns": sum(int(t.info.get("void_turns", 0)) for t in trajectories)
                 / max(1, len(trajectories)),

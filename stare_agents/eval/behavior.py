@@ -148,7 +148,7 @@ def _ratio(numerator: float, denominator: float) -> float | None:
     return numerator / denominator if denominator else None
 
 
-def summarize(stats: Iterable[ResponseStats]) -> dict[str, float | int | None]:
+def summarize_responses(stats: Iterable[ResponseStats]) -> dict[str, float | int | None]:
     """The `SUMMARY_KEYS` figures of a set of responses (see the module docstring)."""
     stats = list(stats)
     ok = [s for s in stats if not s.failed]
@@ -182,4 +182,4 @@ def summarize(stats: Iterable[ResponseStats]) -> dict[str, float | int | None]:
 
 def behavior_summary(trajectories: Iterable[Trajectory]) -> dict[str, float | int | None]:
     """Reflection words, tool use, turns and length over a set of trajectories (keys: `SUMMARY_KEYS`)."""
-    return summarize(response_stats(t) for t in trajectories)
+    return summarize_responses(response_stats(t) for t in trajectories)

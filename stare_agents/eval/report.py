@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from stare_agents.eval.behavior import ResponseStats, response_stats, summarize
+from stare_agents.eval.behavior import ResponseStats, response_stats, summarize_responses
 from stare_agents.eval.metrics import BenchmarkMetrics, benchmark_metrics, outcomes_from_samples
 from stare_agents.jsonl import Unread, dumps, dumps_line, read_lines, report_unread
 from stare_agents.stats import Estimate
@@ -268,7 +268,7 @@ def build_results(
                 outcomes_from_samples(rows), bootstrap=bootstrap, confidence=confidence, seed=seed
             )
             entry["metrics"] = metrics.to_dict()
-            entry["behavior"] = summarize(ResponseStats.from_dict(r["stats"]) for r in rows)
+            entry["behavior"] = summarize_responses(ResponseStats.from_dict(r["stats"]) for r in rows)
             entry["grade_reasons"] = dict(sorted(Counter(str(r["grade_reason"]) for r in rows).items()))
             entry["stop_reasons"] = dict(sorted(Counter(r["stop_reason"] for r in rows).items()))
             errors = Counter(str(r["error"]) for r in rows if r["failed"])

@@ -11,7 +11,7 @@ from stare_agents.eval.behavior import (
     behavior_summary,
     reflection_counts,
     response_stats,
-    summarize,
+    summarize_responses,
 )
 from stare_agents.trajectory import Trajectory, TurnRecord
 
@@ -142,7 +142,7 @@ def test_behavior_summary_hand_computed() -> None:
 
 
 def test_summary_of_nothing_is_none_not_zero() -> None:
-    empty = summarize([])
+    empty = summarize_responses([])
     assert empty["responses"] == 0 and empty["turns_mean"] is None and empty["tool_error_rate"] is None
     only_failed = behavior_summary([trajectory(["x"], [[]], stop_reason="env_error")])
     assert only_failed["failed"] == 1 and only_failed["response_tokens_mean"] is None
@@ -154,7 +154,7 @@ def test_summary_of_nothing_is_none_not_zero() -> None:
 def test_training_and_evaluation_mean_the_same_by_tool_error_rate():
     """One meaning for training (rollout/summary.py) and evaluation (behaviour summary): the share of tool
     calls that did not end ok, a timeout or a call past a turn's cap included."""
-    from stare_agents.rollout.summary import summarize, tool_outcomes
+    from stare_agents.rollout.summary import summarize_episodes, tool_outcomes
 
     turns = [
         TurnRecord("a", 3, "stop", tool_calls=3, tool_statuses=["ok", "timeout", "error"]),
@@ -165,7 +165,27 @@ def test_training_and_evaluation_mean_the_same_by_tool_error_rate():
         [0], [1] * 9, [1] * 9, [-0.1] * 9, reward=1.0, correct=True, num_turns=3, turns=turns
     )
     assert tool_outcomes(episode) == (7, 4, 1)  # timeout, error, and the two past the cap
-    training = summarize([episode])["tool_error_rate"]
+    training = summarize_episodes([episode])["tool_error_rate"]
     evaluation = behavior_summary([episode])["tool_error_rate"]
     assert training == evaluation == pytest.approx(4 / 7)
     assert behavior_summary([episode])["tool_timeout_rate"] == pytest.approx(1 / 7)
+
+
+def test_training_and_evaluation_summaries_share_names_only_where_they_mean_the_same():
+    """The figures both summaries have (training's summarize_episodes, evaluation's behaviour summary) are the
+    same figures: over the episodes that ran (a failed one is counted apart), response tokens = sampled ones."""
+    from stare_agents.rollout.summary import summarize_episodes
+
+    turns = [TurnRecord("a", 3, "stop", tool_calls=2, tool_statuses=["ok", "error"]), TurnRecord("b", 2, "eos")]
+    mask = [1] * 4 + [0] * 3 + [1] * 2  # 6 sampled tokens around an observation of 3
+    logprobs = [-0.1 * bit for bit in mask]
+    ran = Trajectory([0], [1] * 9, mask, logprobs, correct=True, num_turns=2, turns=turns)
+    one_turn = Trajectory([0], [1] * 3, [1] * 3, [-0.1] * 3, num_turns=1, turns=[TurnRecord("c", 3, "eos")])
+    failed = trajectory(["x"], [[]], stop_reason="env_error")
+    episodes = [ran, one_turn, failed]
+    training, evaluation = summarize_episodes(episodes), behavior_summary(episodes)
+    shared = set(training) & set(evaluation)
+    assert shared == {"failed", "turns_mean", "tool_calls_per_response", "response_tokens_mean", "tool_error_rate"}
+    assert {k: training[k] for k in shared} == {k: evaluation[k] for k in shared}
+    assert training["turns_mean"] == 1.5 and training["response_tokens_mean"] == 4.5  # (6 + 3) / 2
+    assert training["tool_calls_per_response"] == 1.0 and training["tool_error_rate"] == 0.5
