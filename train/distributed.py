@@ -469,7 +469,40 @@ def _fully_shard(policy: PolicyModel) -> None:
     fully_shard(policy, **kwargs)
 
 
-class LearnerGroup:
+class _WorkerGroup:
+    """What the RL learner group and the SFT group share: data-parallel workers as Ray actors in one process
+    group (placed as `DistributedConfig` says), rank 0's model gathered into a Hugging Face model, and closing."""
+
+    workers: list
+
+    def _start(self, distributed: DistributedConfig) -> str:
+        """Start the workers; returns the process group's rendezvous address (rank 0's)."""
+        import ray
+
+        if not ray.is_initialized():
+            raise RuntimeError(
+                f"{type(self).__name__} runs its workers as Ray actors: call ray.init(...) first "
+                "(e.g. ray.init(num_cpus=2, include_dashboard=False))"
+            )
+        self.workers, self._placement = _start_workers(distributed)
+        self._address = ray.get(self.workers[0].address.remote())
+        return self._address
+
+    def model_state_dict(self) -> dict[str, Tensor]:
+        raise NotImplementedError
+
+    def hf_model(self, model_dir: Path) -> nn.Module:
+        """The trained policy gathered from the workers into a model of `model_dir`'s architecture."""
+        model = load_causal_lm(model_dir)
+        model.load_state_dict(self.model_state_dict())
+        return model
+
+    def close(self) -> None:
+        _close_workers(self.workers, self._placement, self._address)
+        self.workers, self._placement = [], None
+
+
+class LearnerGroup(_WorkerGroup):
     """`num_workers` data-parallel learner workers as Ray actors (see the module docstring)."""
 
     def __init__(
@@ -481,17 +514,10 @@ class LearnerGroup:
     ) -> None:
         import ray
 
-        if not ray.is_initialized():
-            raise RuntimeError(
-                "LearnerGroup runs its workers as Ray actors: call ray.init(...) first "
-                "(e.g. ray.init(num_cpus=2, include_dashboard=False))"
-            )
         self.config = config or LearnerConfig()
-        self.distributed = distributed or DistributedConfig()
-        d = self.distributed
-        self.workers, self._placement = _start_workers(d)
+        d = self.distributed = distributed or DistributedConfig()
+        address = self._start(d)
         self.gate_on: bool | None = None  # as `Learner`: whether the last step reweighted the tokens
-        address = self._address = ray.get(self.workers[0].address.remote())
         ray.get(
             [
                 w.setup.remote(address, d.resolved_backend, str(model_dir), algorithm, self.config, d.fsdp)
@@ -606,12 +632,6 @@ class LearnerGroup:
 
         return ray.get([w.model_state_dict.remote() for w in self.workers])[0]
 
-    def hf_model(self, model_dir: Path) -> nn.Module:
-        """The trained policy gathered from the workers into a model of `model_dir`'s architecture."""
-        model = load_causal_lm(model_dir)
-        model.load_state_dict(self.model_state_dict())
-        return model
-
     def save_checkpoint(self, state: dict[str, Any], path: Path, *, tokenizer_dir: Path) -> None:
         """Each worker writes its own shards (nothing of them passes through the driver); the HF model is
         exported at the end of the run."""
@@ -625,12 +645,8 @@ class LearnerGroup:
         else:
             self.load_state_dict(state["learner"])
 
-    def close(self) -> None:
-        _close_workers(self.workers, self._placement, self._address)
-        self.workers, self._placement = [], None
 
-
-class SFTGroup:
+class SFTGroup(_WorkerGroup):
     """SFT on `num_workers` data-parallel learner workers (Ray actors; gloo on CPUs, NCCL on GPUs, FSDP2 with
     `fsdp`): the cold start of a model that does not fit one device, on the same kind of workers as RL. Each
     step's batch is the one a single `SFTTrainer` would take, its micro-batches dealt to the workers and the
@@ -646,11 +662,8 @@ class SFTGroup:
     ) -> None:
         import ray
 
-        if not ray.is_initialized():
-            raise RuntimeError("SFTGroup runs its workers as Ray actors: call ray.init(...) first")
         d = self.distributed = distributed or DistributedConfig()
-        self.workers, self._placement = _start_workers(d)
-        address = self._address = ray.get(self.workers[0].address.remote())
+        address = self._start(d)
         ray.get(
             [
                 w.setup_sft.remote(address, d.resolved_backend, str(model_dir), config, pad_token_id, d.fsdp)
@@ -701,13 +714,3 @@ class SFTGroup:
         import ray
 
         return ray.get([w.sft_model_state_dict.remote() for w in self.workers])[0]
-
-    def hf_model(self, model_dir: Path) -> nn.Module:
-        """The fine-tuned policy gathered from the workers into a model of `model_dir`'s architecture."""
-        model = load_causal_lm(model_dir)
-        model.load_state_dict(self.model_state_dict())
-        return model
-
-    def close(self) -> None:
-        _close_workers(self.workers, self._placement, self._address)
-        self.workers, self._placement = [], None
