@@ -35,11 +35,7 @@ from stare_agents.algo import AlgorithmConfig, compute_advantages
 from stare_agents.algo.importance import mismatch_warning
 from stare_agents.completions_table import log_completions
 from stare_agents.envs.registration import split_kwargs
-from stare_agents.envs.tasks import Task, unique_tasks
 from stare_agents.eval import (
-    evaluate_on_workers,
-    get_protocol,
-    load_benchmark,
     reflection_counts,
 )
 from stare_agents.jsonl import dumps
@@ -49,7 +45,7 @@ from stare_agents.rollout.engine import eos_token_ids
 from stare_agents.rollout.local_ray import init_ray
 from stare_agents.rollout.summary import check_failed_share, summarize_episodes
 from stare_agents.rollout_log import RolloutLog
-from stare_agents.sandbox import backend_class, check_backend, make_sandbox
+from stare_agents.sandbox import check_backend, make_sandbox
 from stare_agents.train.checkpoint import checkpoint_path as checkpoint_file
 from stare_agents.train.checkpoint import (
     latest_checkpoint,
@@ -58,16 +54,15 @@ from stare_agents.train.checkpoint import (
 )
 from stare_agents.train.config import (
     TrainConfig,
-    benchmark_protocol,
     check_run,
     resolved_weight_sync,
     save_config,
 )
 from stare_agents.train.distributed import DistributedConfig, LearnerGroup, SFTGroup
+from stare_agents.train.evaluation import RunEvaluation
 from stare_agents.train.learner import LEARNER_METRICS, Learner, StepResult, TrainingLearner
 from stare_agents.train.policy import load_causal_lm
 from stare_agents.train.run_folder import (
-    EVALS_DIR,
     FINAL_MODEL,
     PROGRESS_FILE,
     SFT_CHECKPOINT,
@@ -151,7 +146,7 @@ class Trainer:
         self.started = time.perf_counter()
         self.previous_wall_s = float(self.progress.get("wall_time_s", 0.0))
         self.stage_seconds: dict[str, float] = dict(self.progress.get("stage_seconds", {}))
-        self._heldout: list[Task] | None = None
+        self.evaluation = RunEvaluation(config, self._timed)
 
     # ---- bookkeeping ----
     def _load_progress(self) -> dict[str, Any]:
@@ -184,8 +179,8 @@ class Trainer:
             config, compare=compare
         )  # the environment, its kwargs, sft.data and --compare: before any work
         check_backend(config.rollout.sandbox, **config.rollout.sandbox_kwargs)  # no usable sandbox: stop now
-        self.benchmarks()  # eval.benchmarks that cannot load (a Hugging Face id offline) stop the run now
-        self.check_heldout()  # a held-out evaluation that would draw training problems stops the run now
+        self.evaluation.benchmarks()  # eval.benchmarks that cannot load (a Hugging Face id offline) stop the run now
+        self.evaluation.check_heldout()  # a held-out evaluation that would draw training problems stops the run now
         started = time.perf_counter()
         base_dir = prepare_model(config.model.name)
         self._timed("prepare_model", time.perf_counter() - started)
@@ -257,71 +252,14 @@ class Trainer:
         assert self.workers is not None
         self.workers.update_weights(load_causal_lm(model_dir).state_dict())
 
-    # ---- evaluation ----
-    def heldout_tasks(self, count: int) -> list[Task]:
-        """The first `count` held-out tasks: distinct problems, drawn from seeds `env.eval_seed`, ... of the
-        environment's held-out split when it has one (see `split_kwargs`); the same list for every point."""
-        c = self.config
-        needed = max(c.eval.num_tasks, c.eval.base_num_tasks or 0, c.eval.every_num_tasks or 0)
-        if self._heldout is None:
-            import gymnasium as gym
-
-            env = gym.make(c.env.id, **split_kwargs(c.env.id, c.env.make_kwargs(), "heldout"))
-            try:
-                self._heldout = unique_tasks(env, needed, first_seed=c.env.eval_seed)
-            finally:
-                env.close()
-        return self._heldout[:count]
-
-    def check_heldout(self) -> None:
-        """The held-out tasks can be drawn and are not training tasks: an environment with a `split` gets
-        "train" for training and "heldout" here (its own choice: a dataset environment without a held-out
-        part refuses); `env.kwargs.split` would make both the same, so it is refused."""
-
-        c = self.config
-        if "split" in c.env.kwargs and "split" in split_kwargs(c.env.id, {}, "train"):
-            raise ValueError(
-                f"env.kwargs.split = {c.env.kwargs['split']!r}: the trainer draws training tasks from split "
-                "'train' and held-out ones from 'heldout', and a fixed split would evaluate on training "
-                "problems; remove env.kwargs.split"
-            )
-        if c.eval.num_tasks:
-            self.heldout_tasks(c.eval.num_tasks)
-
-    def evaluate(self, num_tasks: int | None = None) -> dict[str, Any]:
-        """Accuracy (and tool use) of the workers' current weights on the first `num_tasks` held-out tasks;
-        `per_task` maps each task id to its score (the mean correctness of its samples)."""
-        c = self.config
-        assert self.workers is not None
-        heldout = self.heldout_tasks(num_tasks or c.eval.num_tasks)
-        tasks = [
-            RolloutTask(
-                c.env.id,
-                options={**task.data, "problem": task.problem, "answer": task.answer, "id": task.id},
-                env_kwargs=c.env.make_kwargs(),
-                group_id=task.id,
-                sample_index=j,
-            )
-            for task in heldout
-            for j in range(c.eval.samples)
-        ]
-        started = time.perf_counter()
-        trajectories = self.workers.collect(
-            tasks, c.rollout_config(evaluation=True), progress=c.logging.progress
-        )
-        seconds = time.perf_counter() - started
-        self._timed("eval", seconds)
-        per_task: dict[str, float] = {task.id: 0.0 for task in heldout}
-        for trajectory in trajectories:  # a failed episode scores 0 here (it answered nothing)
-            per_task[trajectory.group_id] += float(bool(trajectory.correct)) / c.eval.samples
-        return {**summarize_episodes(trajectories, seconds), "tasks": len(heldout), "per_task": per_task}
-
+    # ---- evaluation (train/evaluation.py) ----
     def _record_accuracy(self, point: str, step: int | None = None, num_tasks: int | None = None) -> dict:
         if not self.config.eval.num_tasks:  # eval.num_tasks=0: benchmarks only (eval.benchmarks)
             self.progress.setdefault("accuracy", {})[point] = None
             self._save_progress()
             return {}
-        result = self.evaluate(num_tasks)
+        assert self.workers is not None
+        result = self.evaluation.evaluate(self.workers, num_tasks)
         score = accuracy_estimate(result["per_task"], self.config.eval.bootstrap)
         logger.info("accuracy (%s): %s on %d held-out tasks", point, score.format(), result["tasks"])
         self.progress.setdefault("accuracy", {})[point] = score.value
@@ -331,73 +269,6 @@ class Trainer:
         record.update({"ci_low": score.ci_low, "ci_high": score.ci_high})
         self.run_log().log({"kind": "eval", "point": point, "step": step or 0, **record})
         return result
-
-    def evaluate_benchmarks(self, steps_done: int, folder: Path, tokenizer_dir: Path, key: str) -> dict:
-        """`eval.benchmarks` on the workers' current weights (the policy after `steps_done` RL steps), each with
-        the eval harness into `folder/evals/step-NNNNNN/<name>/` (samples.jsonl, results.json, ...); returns
-        the figures for the step's record: `benchmark/<name>/avg@k` with its 95% interval, pass@1, pass@k."""
-
-        c = self.config
-        assert self.workers is not None
-        started = time.perf_counter()
-        figures: dict[str, Any] = {}
-        for entry, benchmark in zip(c.eval.benchmarks, self.benchmarks(), strict=True):
-            config = entry.eval_config(c)
-            out = folder / EVALS_DIR / f"step-{steps_done:06d}" / benchmark.name
-            shutil.rmtree(out, ignore_errors=True)  # a repeated step (resume) evaluates afresh
-            identity = {
-                "path": str(out),
-                "name": f"{c.name} ({key}) after {steps_done} RL steps",
-                "fingerprint": None,
-                "weight_version": self.workers.weight_version,
-            }
-            metrics = evaluate_on_workers(
-                self.workers,
-                benchmark_protocol(entry),
-                config,
-                tokenizer_dir,
-                benchmark,
-                out=out,
-                identity=identity,
-                progress=c.logging.progress,
-            )
-            k, prefix = entry.k, f"benchmark/{benchmark.name}"
-            figures.update(
-                {
-                    f"{prefix}/avg@{k}": metrics.avg.value,
-                    f"{prefix}/avg@{k}_ci_low": metrics.avg.ci_low,
-                    f"{prefix}/avg@{k}_ci_high": metrics.avg.ci_high,
-                    **{
-                        f"{prefix}/pass@{n}": metrics.pass_at[n].value for n in {1, k} if n in metrics.pass_at
-                    },
-                    f"{prefix}/error_rate": metrics.error_rate,
-                    f"{prefix}/problems": metrics.problems,
-                }
-            )
-            logger.info(
-                "%s after %d RL steps: avg@%d %s", benchmark.name, steps_done, k, metrics.avg.format()
-            )
-        self._timed("eval_benchmarks", time.perf_counter() - started)
-        return figures
-
-    def benchmarks(self) -> list[Any]:
-        """The loaded `eval.benchmarks` (read once per run; a Hugging Face id is fetched here)."""
-        if getattr(self, "_benchmarks", None) is None:
-
-            c = self.config
-            runs_code = backend_class(c.rollout.sandbox).runs_code
-            for i, entry in enumerate(c.eval.benchmarks):
-                if not runs_code and not get_protocol(entry.protocol).single_turn:
-                    raise ValueError(
-                        f"eval.benchmarks[{i}].protocol = {entry.protocol!r} runs the Python tool, but "
-                        f"rollout.sandbox is {c.rollout.sandbox!r}, which runs no code: use a sandbox, or a "
-                        "single-turn protocol (cot)"
-                    )
-            self._benchmarks = [
-                load_benchmark(e.benchmark, data_dir=c.eval.data_dir, limit=e.limit)
-                for e in c.eval.benchmarks
-            ]
-        return self._benchmarks
 
     # ---- SFT cold start ----
     def _observation_format(self) -> str:
@@ -583,7 +454,7 @@ class Trainer:
                     and step + 1 < c.rl.steps
                 ):
                     score = accuracy_estimate(
-                        self.evaluate(c.eval.every_num_tasks)["per_task"], c.eval.bootstrap
+                        self.evaluation.evaluate(self.workers, c.eval.every_num_tasks)["per_task"], c.eval.bootstrap
                     )
                     record.update(
                         {
@@ -596,7 +467,7 @@ class Trainer:
                 if c.eval.benchmarks and (
                     (c.eval.every and (step + 1) % c.eval.every == 0) or step + 1 == c.rl.steps
                 ):
-                    record.update(self.evaluate_benchmarks(step + 1, folder, start_dir, key))
+                    record.update(self.evaluation.evaluate_benchmarks(self.workers, step + 1, folder, start_dir, key))
                 log.log(record)
                 if self.rollout_log is not None:  # the step's completions as a table in TensorBoard / W&B
                     log_completions(step, self.rollout_log.last_saved, writer=log.writer, wandb_run=log.wandb)

@@ -179,8 +179,8 @@ def test_dataset_environments_are_never_evaluated_on_their_training_problems(tmp
     trainer = Trainer(
         tiny(tmp_path / "a", f"env.id={env_id}", f"env.kwargs={{dataset: {data}, heldout_fraction: 0.25}}")
     )
-    trainer.check_heldout()
-    heldout = {task.problem for task in trainer.heldout_tasks(4)}
+    trainer.evaluation.check_heldout()
+    heldout = {task.problem for task in trainer.evaluation.heldout_tasks(4)}
     assert len(heldout) == 4
     training = trainer.training_tasks(0)[0]
     assert training.env_kwargs["split"] == "train"
@@ -195,11 +195,11 @@ def test_dataset_environments_are_never_evaluated_on_their_training_problems(tmp
     # no held-out part: refused before any work, instead of evaluating on training problems
     trainer = Trainer(tiny(tmp_path / "b", f"env.id={env_id}", f"env.kwargs={{dataset: {data}}}"))
     with pytest.raises(ValueError, match="no held-out part"):
-        trainer.check_heldout()
+        trainer.evaluation.check_heldout()
     # a split fixed in env.kwargs would make training and held-out tasks the same
     fixed = f"env.kwargs={{dataset: {data}, heldout_fraction: 0.25, split: train}}"
     with pytest.raises(ValueError, match=r"env\.kwargs\.split = 'train'"):
-        Trainer(tiny(tmp_path / "c", f"env.id={env_id}", fixed)).check_heldout()
+        Trainer(tiny(tmp_path / "c", f"env.id={env_id}", fixed)).evaluation.check_heldout()
 
 
 @pytest.mark.parametrize(

@@ -133,9 +133,9 @@ def test_heldout_tasks_are_distinct_and_never_drawn_by_training(tmp_path):
         recipe="tiny", overrides=[f"out_dir={tmp_path / 'run'}", "eval.num_tasks=40", "eval.base_num_tasks=8"]
     )
     trainer = Trainer(config)
-    heldout = trainer.heldout_tasks(40)
+    heldout = trainer.evaluation.heldout_tasks(40)
     assert len({t.problem for t in heldout}) == 40 and all(is_heldout(t.problem) for t in heldout)
-    assert [t.id for t in trainer.heldout_tasks(8)] == [
+    assert [t.id for t in trainer.evaluation.heldout_tasks(8)] == [
         t.id for t in heldout[:8]
     ]  # the base model's are a prefix
     env = gym.make(config.env.id, **trainer.training_tasks(0)[0].env_kwargs)
