@@ -1,6 +1,6 @@
 """Where the rollout/learner mismatch of bf16 comes from, on the default job's model and episodes.
 
-For each engine precision (vLLM float32, bfloat16, bfloat16 with an fp32 LM head) the same training tasks of
+For each engine precision (vLLM float32, bfloat16, bfloat16 with an fp32 LM head; float16 on request) the same training tasks of
 ArithmeticTIR are sampled, as the default job samples them (temperature 0.7, the Docker sandbox, 128 tokens a
 turn, 320 an episode). Each batch is then scored by the learner in each precision (fp32, bf16-emulated: bf16
 autocast's rounding computed in fp32, see train/bf16_emulation.py; optionally real bf16 autocast, which is
@@ -135,13 +135,13 @@ def main() -> None:
     parser.add_argument(
         "--engines",
         default="float32,bfloat16,bfloat16+fp32head",
-        help="engine precisions, comma-separated: float32, bfloat16, bfloat16+fp32head",
+        help="engine precisions, comma-separated: float32, bfloat16, float16, each optionally +fp32head",
     )
     parser.add_argument(
         "--learners",
         default="fp32,bf16-emulated,bf16-emulated+fp32head",
-        help="learner precisions: fp32, bf16-emulated, bf16 (real autocast: very slow without bf16 units), "
-        "each optionally +fp32head",
+        help="learner precisions: fp32, bf16-emulated, bf16 or fp16 (real autocast: very slow without bf16/fp16 "
+        "units), each optionally +fp32head",
     )
     parser.add_argument(
         "--sync-to",
