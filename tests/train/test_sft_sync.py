@@ -32,7 +32,9 @@ def test_sft_model_goes_to_the_engines_only_for_a_held_out_evaluation(
     )
     monkeypatch.setattr(trainer, "_sync_from_dir", synced.append)
     monkeypatch.setattr(
-        trainer, "evaluate", lambda n=None: evaluated.append(n) or {"per_task": {"t0": 1.0}, "tasks": 1}
+        trainer.evaluation,
+        "evaluate",
+        lambda workers, n=None: evaluated.append(n) or {"per_task": {"t0": 1.0}, "tasks": 1},
     )
     monkeypatch.setattr(trainer, "reinforce", lambda start, algorithm, folder, key: reinforced.append(start))
     monkeypatch.setattr(trainer, "write_summary", lambda compare: {})
