@@ -648,7 +648,7 @@ class Learner:
         )
         if not math.isfinite(grad_norm):
             self.skipped_updates += 1
-            if self.scaler.enabled and scale > self.scaler.min_scale:  # fp16: an overflow; the scale is halved
+            if self.scaler.absorbs(scale):  # fp16: an overflow; the scale is halved
                 logger.info(
                     "learner step %d: fp16 gradients overflowed at loss scale %g; update skipped, scale now %g",
                     self.step_count,

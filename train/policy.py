@@ -12,6 +12,7 @@ each chunk's logits. Observation, prompt and padding positions get 0 and carry n
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -130,6 +131,11 @@ class LossScaler:
                 if p.grad is not None:
                     p.grad.div_(self.scale)
 
+    def absorbs(self, scale_before: float) -> bool:
+        """Whether a skipped step taken at `scale_before` was an fp16 overflow this scaler deals with (backing off),
+        rather than non-finite gradients of their own, which the caller warns about as in any precision."""
+        return self.enabled and scale_before > self.min_scale
+
     def update(self, finite: bool) -> None:
         """After a step: back off on an overflow, grow after `growth_interval` clean steps."""
         if not self.enabled:
@@ -179,8 +185,6 @@ def clip_and_step(
 def step_schedule(scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
     """Advance the LR schedule after an update, taken or skipped (a skipped one still counts, as with torch's
     GradScaler). Quiet about a skipped first update: torch warns that the schedule moved before the optimiser."""
-    import warnings
-
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before", category=UserWarning)
         scheduler.step()

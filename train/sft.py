@@ -183,8 +183,7 @@ class SFTTrainer:
             self.optimizer, self.model, self.config.optimizer.max_grad_norm, self.collective, self.scaler
         )
         skipped = not math.isfinite(grad_norm)
-        overflow = self.scaler.enabled and scale > self.scaler.min_scale  # fp16: the scale backs off (counted)
-        if skipped and not overflow:
+        if skipped and not self.scaler.absorbs(scale):  # fp16's overflows: the scale backs off (counted)
             warnings.warn(
                 f"SFT step {self.steps_done}: gradient norm is {grad_norm}; the update is skipped",
                 RuntimeWarning,
