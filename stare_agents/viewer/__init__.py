@@ -11,6 +11,12 @@ block when the step is opened and draws a trajectory's tokens when it is opened,
 trajectories opens as fast as its overview. Text is only ever inserted as text, with control, bidi and
 zero-width characters shown as marked glyphs (text never renders reordered or hidden).
 
+A display cap keeps a huge trajectory readable and loses nothing: an observation or a turn's text longer than
+`CAP_CHARS` characters is drawn cut there, and a run of more than `CAP_TOKENS` action tokens draws its first
+`CAP_TOKENS`, each with a marker saying how much is hidden and a "show all" button that draws the rest (tokens
+drawn later take the current colouring). Only the drawing is cut: the embedded data holds everything, and the
+search reads the data, so it finds text past the cap.
+
 Per token the page colours the STARE weight, the surprisal -log pi, the learner's entropy (when the rollout
 files have it: `SavedRollout.learner_entropy`) and the learner/rollout log-prob mismatch, on a log or a
 quantile scale drawn with its numbers; it shows the surprisal cut-off of the selected L+/L- tokens per step
@@ -49,6 +55,10 @@ OVERVIEW = {
 # a trajectory's info keys that say how it was graded, shown with it (from the env's final step info)
 GRADING = ("extracted", "answer", "grade_reason", "score_details", "reward_violation")
 TARGET_BAND = 0.3  # the band drawn around the target entropy: +-30%, as training.png and summary.json have it
+# the display cap (see the module docstring): characters of one observation or turn text, and action tokens
+# of one run, drawn before a "show all" button; counted as the page's script counts (UTF-16 code units)
+CAP_CHARS = 4000
+CAP_TOKENS = 2000
 
 
 def escape_json(value: Any) -> str:
@@ -275,6 +285,7 @@ def build_page(
             "learner": any(s.learner_logprobs is not None for s in every),
         },
         "notices": [str(u) for u in notices],
+        "cap": {"chars": CAP_CHARS, "tokens": CAP_TOKENS},
     }
     blocks = [
         f'<script type="application/json" id="meta">{escape_json(meta)}</script>',

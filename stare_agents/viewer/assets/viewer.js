@@ -47,6 +47,25 @@
     return fragment;
   }
 
+  // ---- the display cap: a long text or run of action tokens is drawn cut, with a marker and "show all" ----
+  // only the drawing is cut: the data keeps everything (the search reads it) and "show all" draws the rest
+  const CAP = meta.cap;
+  function capMarker(hidden, unit, total, drawRest) {
+    const marker = el("span", { class: "cap-marker", "data-hidden": hidden },
+      "… " + hidden.toLocaleString("en") + " more " + unit + " hidden (" + total.toLocaleString("en") + " in all) ",
+      el("button", { type: "button", class: "show-all", onclick: () => marker.replaceWith(drawRest()) }, "show all"));
+    return marker;
+  }
+  function cappedText(text) { // a text of at most CAP.chars characters, then the marker
+    const holder = el("span", { class: "capped" });
+    if (text.length <= CAP.chars) { holder.append(textOf(text)); return holder; }
+    const code = text.charCodeAt(CAP.chars - 1);
+    const cut = code >= 0xd800 && code <= 0xdbff ? CAP.chars - 1 : CAP.chars; // never split a surrogate pair
+    holder.append(textOf(text.slice(0, cut)),
+      capMarker(text.length - cut, "characters", text.length, () => textOf(text.slice(cut))));
+    return holder;
+  }
+
   function el(tag, attrs, ...children) {
     const node = document.createElement(tag);
     for (const [key, value] of Object.entries(attrs || {})) {
@@ -525,28 +544,38 @@
       while (end < t.m.length && (t.m[end] === "1") === action) end++;
       if (action) {
         const tokens = el("div", { class: "tokens" });
-        for (let j = start; j < end; j++) {
-          const span = el("span", { class: "t", "data-j": j, "data-s": t.s[j], "data-h": t.h ? t.h[j] : null,
-            "data-d": t.d ? t.d[j] : null, "data-w": t.w ? t.w[j] : null, "data-sel": t.sel ? t.sel[j] : null }, t.tok[j]);
-          colour(span);
-          tokens.append(span);
+        const drawn = Math.min(end, start + CAP.tokens);
+        for (let j = start; j < drawn; j++) tokens.append(tokenSpan(t, j));
+        if (drawn < end) {
+          tokens.append(capMarker(end - drawn, "tokens", end - start, () => {
+            const rest = document.createDocumentFragment();
+            for (let j = drawn; j < end; j++) rest.append(tokenSpan(t, j));
+            return rest;
+          }));
         }
         out.push(el("div", { class: "turn" }, turnHead(t, turn), tokens));
         turn++;
       } else {
         out.push(el("div", { class: "obs", "data-from": start },
           el("span", { class: "obs-head" }, "observation · " + (end - start) + " tokens · not trained"),
-          t.tok.slice(start, end).join("")));
+          cappedText(t.tok.slice(start, end).join(""))));
       }
       start = end;
     }
     return out;
   }
 
+  function tokenSpan(t, j) { // one action token, coloured by the current mode
+    const span = el("span", { class: "t", "data-j": j, "data-s": t.s[j], "data-h": t.h ? t.h[j] : null,
+      "data-d": t.d ? t.d[j] : null, "data-w": t.w ? t.w[j] : null, "data-sel": t.sel ? t.sel[j] : null }, t.tok[j]);
+    colour(span);
+    return span;
+  }
+
   function textTurns(t) {
     return t.turns.map((turn, k) => el("div", { class: "turn" }, turnHead(t, k),
-      el("div", { class: "tokens" }, turn.text),
-      turn.obs ? el("div", { class: "obs" }, el("span", { class: "obs-head" }, "observation"), turn.obs) : null));
+      el("div", { class: "tokens" }, turn.text ? cappedText(turn.text) : null),
+      turn.obs ? el("div", { class: "obs" }, el("span", { class: "obs-head" }, "observation"), cappedText(turn.obs)) : null));
   }
 
   function colour(span) {
