@@ -292,24 +292,24 @@ def test_a_data_parallel_run_resumes_from_its_sharded_checkpoints(tmp_path, monk
     import coin_env  # noqa: F401
     import ray
 
-    from stare_agents.train.trainer import Trainer
+    from stare_agents.train.rl_loop import RLLoop
 
     args = [*COIN, "rl.learner_workers=2", "eval.num_tasks=2", "rl.steps=3"]
     try:
         reference = tmp_path / "reference"
         train(tiny(reference, *args))
         stopped = tmp_path / "stopped"
-        original = Trainer.rl_step
+        original = RLLoop.step
 
         def dies_at_step_2(self, step, *rest):
             if step == 2:
                 raise KeyboardInterrupt("killed after the step-2 checkpoint")
             return original(self, step, *rest)
 
-        monkeypatch.setattr(Trainer, "rl_step", dies_at_step_2)
+        monkeypatch.setattr(RLLoop, "step", dies_at_step_2)
         with pytest.raises(KeyboardInterrupt):
             train(tiny(stopped, *args))
-        monkeypatch.setattr(Trainer, "rl_step", original)
+        monkeypatch.setattr(RLLoop, "step", original)
         checkpoint = latest_checkpoint(stopped)
         state = load_checkpoint(checkpoint)
         assert state["next_step"] == 2 and state["sharded"] and "model" not in state["learner"]

@@ -150,7 +150,7 @@ def test_heldout_tasks_are_distinct_and_never_drawn_by_training(tmp_path):
 def test_the_step_record_counts_reflection_words_of_every_sampling_round(tmp_path):
     """A dynamic-sampling step that refilled: its reflection words are those of every round's trajectories
     (they were the last round's only)."""
-    from stare_agents.train.trainer import SampledStep, Trainer
+    from stare_agents.train.rl_loop import SampledStep, step_record
     from stare_agents.trajectory import Trajectory, TurnRecord
 
     def trajectory(text: str, group: str) -> Trajectory:
@@ -161,8 +161,7 @@ def test_the_step_record_counts_reflection_words_of_every_sampling_round(tmp_pat
     second_round = [trajectory("Done.", "b"), trajectory("Done.", "b")]
     everything = first_round + second_round
     sampled = SampledStep(trajectories=everything, usable=everything, kept=second_round, rounds=2, groups=2)
-    trainer = Trainer(load_config(recipe="tiny", overrides=[f"out_dir={tmp_path / 'run'}"]))
-    trainer.data_position = 4  # two rounds of two prompts
-    record = trainer._step_record(0, trainer.config.algorithm(), sampled, {}, (0.0, 0.0), {"rollout": 1.0})
+    config = load_config(recipe="tiny", overrides=[f"out_dir={tmp_path / 'run'}"])
+    record = step_record(config, 0, config.algorithm(), sampled, {}, (0.0, 0.0), {"rollout": 1.0})
     assert record["reflection_words"]["hesitation"] == 2 / 4  # "Wait" and "hmm" over four usable trajectories
     assert record["data/sampling_rounds"] == 2 and record["data/kept_trajectories"] == 2
