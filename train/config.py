@@ -39,11 +39,7 @@ import torch
 import yaml
 
 from stare_agents.algo import AlgorithmConfig
-from stare_agents.algo.advantages import EntrocraftSwitch
 from stare_agents.algo.config import ALGORITHMS, AlgorithmName
-from stare_agents.algo.losses import PolicyLossConfig
-from stare_agents.algo.reweighting import ReweightingName
-from stare_agents.algo.stare import StareConfig
 from stare_agents.rollout import RolloutConfig, WorkerSpec
 from stare_agents.rollout.engine import Dtype, EngineName
 from stare_agents.rollout.placement import Placement, check_custom_resources
@@ -56,6 +52,9 @@ from stare_agents.train.policy import OptimizerConfig, Precision
 from stare_agents.train.sft import SFTConfig
 
 RECIPES_DIR = Path(__file__).with_name("recipes")
+# field metadata: a dataclass field whose own fields are keys of the section that holds it (rl.stare.w, not
+# rl.algo.stare.w), in the loader, the saved config and the key listings
+INLINE = "inline"
 logger = logging.getLogger("stare_agents.train")
 
 # vllm.LLM arguments the engine sets itself, from other keys (rollout.engine_kwargs may not set them)
@@ -373,26 +372,17 @@ class SFTSection:
 
 @dataclass
 class RLSection:
-    """The RL stage. `algorithm` is a preset; the fields after it are the algorithm's (AlgorithmConfig's, the
-    same names and types), typed keys whose values default to the preset's (see the module docstring)."""
+    """The RL stage. `algorithm` is a preset; `algo` holds its settings (an AlgorithmConfig built over the preset),
+    whose fields are keys of this section itself: `rl.stare.w`, `rl.loss.clip_high`, `rl.dynamic_sampling`
+    (see the module docstring)."""
 
     steps: int = 8
     prompts_per_step: int = 8
     samples_per_prompt: int = 4
     algorithm: AlgorithmName = "stare"
-    # -- the algorithm's fields (AlgorithmConfig, less its name): the preset's values unless set ------------
-    normalize_std: bool = True
-    std_eps: float = 1e-6
-    dynamic_sampling: bool = True
-    one_member_groups: Literal["drop", "keep"] = "drop"
-    overlong_shaping: bool = False
-    overlong_cache_length: int = 256
-    overlong_factor: float = 1.0
-    loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
-    stare: StareConfig | None = field(default_factory=StareConfig)  # null: no reweighting
-    reweighting: ReweightingName = "stare"  # which tokens get stare's weights: "stare" or "random-tokens"
-    entrocraft: EntrocraftSwitch | None = None
-    # -------------------------------------------------------------------------------------------------------
+    # the algorithm's fields (AlgorithmConfig's, less its name, which is `algorithm`) as keys of rl: the preset's
+    # values unless set
+    algo: AlgorithmConfig = field(default_factory=AlgorithmConfig, metadata={INLINE: True})
     learner: LearnerConfig = field(
         default_factory=lambda: LearnerConfig(optimizer=OptimizerConfig(lr=1e-6), micro_batch_tokens=4096)
     )
@@ -449,16 +439,14 @@ class RLSection:
 
     @classmethod
     def preset(cls, algorithm: str) -> RLSection:
-        """The defaults, with the algorithm fields of preset `algorithm`."""
+        """The defaults, with the algorithm settings of preset `algorithm`."""
         if algorithm not in ALGORITHMS:
             raise ValueError(f"rl.algorithm={algorithm!r}: allowed: {', '.join(ALGORITHMS)}")
-        preset = AlgorithmConfig.preset(algorithm)
-        return cls(algorithm=algorithm, **{name: getattr(preset, name) for name in ALGORITHM_FIELDS})
+        return cls(algorithm=algorithm, algo=AlgorithmConfig.preset(algorithm))
 
     def algorithm_config(self) -> AlgorithmConfig:
-        return AlgorithmConfig(
-            name=self.algorithm, **{name: getattr(self, name) for name in ALGORITHM_FIELDS}
-        )
+        """The algorithm: `algo` under the preset's name (`algorithm`)."""
+        return self.algo if self.algo.name == self.algorithm else dataclasses.replace(self.algo, name=self.algorithm)
 
 
 ALGORITHM_FIELDS = tuple(f.name for f in dataclasses.fields(AlgorithmConfig) if f.name != "name")
@@ -934,11 +922,15 @@ def _merge_algorithm_overrides(data: dict[str, Any]) -> None:
 def settings_dict(value: Any) -> Any:
     """`value` with its dataclasses as dicts (as dataclasses.asdict), less the fields derived from another."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {
-            f.name: settings_dict(getattr(value, f.name))
-            for f in dataclasses.fields(value)
-            if DERIVED_FROM not in f.metadata
-        }
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(value):
+            if DERIVED_FROM in f.metadata:
+                continue
+            if f.metadata.get(INLINE):  # its fields in this mapping, less the name its holder gives it
+                out.update((k, v) for k, v in settings_dict(getattr(value, f.name)).items() if k != "name")
+            else:
+                out[f.name] = settings_dict(getattr(value, f.name))
+        return out
     if isinstance(value, list | tuple):
         return type(value)(settings_dict(v) for v in value)
     if isinstance(value, dict):
@@ -958,7 +950,7 @@ def derived_keys(cls: type, prefix: str = "") -> list[str]:
         if typing.get_origin(hint) in (typing.Union, types.UnionType):
             hint = next((a for a in typing.get_args(hint) if a is not type(None)), hint)
         if dataclasses.is_dataclass(hint):
-            keys += derived_keys(hint, f"{prefix}{f.name}.")
+            keys += derived_keys(hint, prefix if f.metadata.get(INLINE) else f"{prefix}{f.name}.")
     return keys
 
 
@@ -982,20 +974,31 @@ def build(cls: type, data: Any, where: str, base: Any = None) -> Any:
                 f"{where}{f.name}={_plain_data(data[f.name])!r}: not a setting; the run derives it from "
                 f"{f.metadata[DERIVED_FROM]} (set that instead)"
             )
-    known = [f.name for f in fields_ if DERIVED_FROM not in f.metadata]
+    # an INLINE field's own keys (less the name its holder gives it) sit in this mapping, where it is declared
+    inline = {f.name: [g.name for g in dataclasses.fields(hints[f.name]) if g.name != "name"] for f in fields_
+              if f.metadata.get(INLINE)}
+    known = [
+        key
+        for f in fields_
+        if DERIVED_FROM not in f.metadata
+        for key in inline.get(f.name, [f.name])
+    ]
     unknown = sorted(set(data) - set(known), key=str)
     if unknown:
         section = repr(where.rstrip(".")) if where else "the config"
         raise ValueError(f"unknown key(s) {unknown} in {section}; known: {known}")
     kwargs = {}
-    for name in known:
+    for name, keys in inline.items():
+        inner_base = getattr(base, name) if base is not None else None
+        kwargs[name] = build(hints[name], {k: data[k] for k in keys if k in data}, where, inner_base)
+    for name in (f.name for f in fields_ if DERIVED_FROM not in f.metadata and f.name not in inline):
         if name in data:
             inner_base = getattr(base, name, None) if base is not None else None
             if base is not None and inner_base is None and isinstance(data[name], dict) and data[name]:
                 key, value = next(iter(_flatten(data[name]).items()))
                 having = {"stare": " (stare, stare-c2)", "entrocraft": " (entrocraft)"}.get(name, "")
                 raise ValueError(
-                    f"{where}{name}.{key}={_plain_data(value)!r}: rl.algorithm={getattr(base, 'algorithm', '?')} "
+                    f"{where}{name}.{key}={_plain_data(value)!r}: rl.algorithm={getattr(base, 'name', '?')} "
                     f"has no {name} ({name}: null in its preset); allowed: an algorithm whose preset has it"
                     f"{having}, or {where}{name}=null to leave it out"
                 )

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Literal, TypeVar, get_args
 
 import torch
 from torch import Tensor
@@ -15,7 +15,8 @@ if TYPE_CHECKING:
     from stare_agents.algo.config import AlgorithmConfig
 
 T = TypeVar("T")
-ONE_MEMBER_GROUPS = ("drop", "keep")  # AlgorithmConfig.one_member_groups
+OneMemberGroups = Literal["drop", "keep"]  # AlgorithmConfig.one_member_groups
+ONE_MEMBER_GROUPS: tuple[str, ...] = get_args(OneMemberGroups)
 
 
 def _groups(rewards: Tensor, group_size: int) -> Tensor:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal, get_args
 
-from stare_agents.algo.advantages import ONE_MEMBER_GROUPS, EntrocraftSwitch
+from stare_agents.algo.advantages import ONE_MEMBER_GROUPS, EntrocraftSwitch, OneMemberGroups
 from stare_agents.algo.losses import PolicyLossConfig
 from stare_agents.algo.reweighting import REWEIGHTINGS, ReweightingName
 from stare_agents.algo.stare import StareConfig
@@ -31,7 +31,7 @@ class AlgorithmConfig:
     # a group with one member (e.g. the others failed): "drop" (advantage 0, and dynamic sampling drops it as a
     # group without variance) or "keep" (the official code's: advantage r / (1 + std_eps), or r without
     # normalize_std, i.e. mean 0 and std 1, and dynamic sampling keeps it)
-    one_member_groups: str = "drop"
+    one_member_groups: OneMemberGroups = "drop"
     overlong_shaping: bool = False  # DAPO soft overlong punishment
     overlong_cache_length: int = 256
     overlong_factor: float = 1.0

@@ -133,19 +133,29 @@ def test_the_algorithms_fields_are_typed_keys_over_the_presets_values():
         assert rl.algorithm_config() == AlgorithmConfig.preset(name), name
     # the deprecated spelling still reads
     assert (
-        load_config(recipe="tiny", overrides=["rl.algorithm_overrides.loss.clip_low=0.1"]).rl.loss.clip_low
+        load_config(recipe="tiny", overrides=["rl.algorithm_overrides.loss.clip_low=0.1"]).algorithm().loss.clip_low
         == 0.1
     )
 
 
-def test_the_rl_sections_algorithm_fields_are_algorithm_configs():
-    """Same names, same types, and the defaults of the default preset: the two cannot drift apart."""
-    rl_hints = typing.get_type_hints(RLSection)
-    algo_hints = typing.get_type_hints(AlgorithmConfig)
+def test_the_rl_section_holds_an_algorithm_config_whose_fields_are_its_own_keys(tmp_path):
+    """One definition per knob: RLSection declares none of AlgorithmConfig's fields; it holds one (`algo`),
+    built over the preset, whose fields are keys of rl itself, in the loader and in the saved config."""
+    rl_fields = {f.name for f in dataclasses.fields(RLSection)}
     assert set(ALGORITHM_FIELDS) == {f.name for f in dataclasses.fields(AlgorithmConfig)} - {"name"}
-    for name in ALGORITHM_FIELDS:
-        assert rl_hints[name] == algo_hints[name] or typing.get_args(rl_hints[name]), name
+    assert not rl_fields & set(ALGORITHM_FIELDS) and typing.get_type_hints(RLSection)["algo"] is AlgorithmConfig
     assert RLSection().algorithm_config() == AlgorithmConfig.preset(RLSection().algorithm)
+    config = load_config(overrides=["rl.algorithm=grpo-ds", "rl.loss.clip_high=0.25"])
+    assert config.rl.algo.loss.clip_high == 0.25 and config.algorithm().name == "grpo-ds"
+    assert config.algorithm() == dataclasses.replace(AlgorithmConfig.preset("grpo-ds"), loss=config.rl.algo.loss)
+    saved = config.to_dict()["rl"]  # flat under rl, as the user writes them, and no "algo" key
+    assert "algo" not in saved and set(ALGORITHM_FIELDS) <= set(saved) and saved["loss"]["clip_high"] == 0.25
+    path = tmp_path / "config.yaml"
+    path.write_text(config.to_yaml())
+    assert load_config(path=path) == config
+    for hostile in (["rl.algo.loss.clip_high=0.2"], ["rl.name=grpo"]):  # the holder's names are not keys
+        with pytest.raises(ValueError, match="unknown key"):
+            load_config(recipe="tiny", overrides=hostile)
 
 
 def test_the_resolved_config_round_trips_and_is_what_show_config_prints(tmp_path):
