@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from stare_agents.jsonl import dumps_line, finite, read_lines, report_unread
-from stare_agents.train.config import TrainConfig
+from stare_agents.train.config import TrainConfig, derived_keys, flatten
 
 PROGRESS_FILE = "progress.json"
 SFT_CHECKPOINT = "sft_checkpoint"  # the SFT fit under way (sft.checkpoint_every), removed once it is done
@@ -175,11 +175,9 @@ RESUMABLE_CHANGES = ("rl.steps", "logging.", "checkpoint.", "out_dir")  # what a
 def check_same_run(saved: Path, config: TrainConfig) -> None:
     import yaml
 
-    from stare_agents.train.config import TrainConfig, _flatten, derived_keys
-
     derived = set(derived_keys(TrainConfig))  # a config.yaml written before they were derived holds them
-    before = {k: v for k, v in _flatten(yaml.safe_load(saved.read_text()) or {}).items() if k not in derived}
-    now = _flatten(json.loads(json.dumps(config.to_dict())))  # tuples as lists, as YAML reads them
+    before = {k: v for k, v in flatten(yaml.safe_load(saved.read_text()) or {}).items() if k not in derived}
+    now = flatten(json.loads(json.dumps(config.to_dict())))  # tuples as lists, as YAML reads them
     changed = sorted(
         key
         for key in set(before) | set(now)

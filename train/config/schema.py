@@ -1,36 +1,14 @@
-"""The training configuration: typed dataclasses (the one source of truth), YAML recipes, key=value overrides.
+"""The training configuration's schema: one typed dataclass per section (the one source of truth), each
+checked where it is built, and `TrainConfig`, which builds the runtime settings (worker spec, sampling, SFT,
+benchmark evaluation) next to the fields they copy. See the package docstring for keys and recipes."""
 
-    config = load_config(recipe="smollm2-arith", overrides=["rl.steps=4", "rl.stare.w=1.2"])
-    config = load_config(path="my.yaml")                          # same schema as train/recipes/*.yaml
-
-Every key is typed and checked where the config loads: an unknown key, a value of the wrong type or shape, or
-a word outside its closed set (engines, dtypes, renderings, sandboxes, algorithms, ...) is an error that names
-the key, the value and what is allowed. A scalar is read with its field's type: `sft.data=off` and
-`name=2024-01-01` stay strings, `rl.steps=4` is an int. Every field is read where it takes effect (`Trainer`).
-
-The algorithm is a preset (`rl.algorithm: stare | stare-c2 | grpo | grpo-ds | dapo | entropy-bonus | clip-cov |
-kl-cov | entrocraft`) whose fields are typed keys under `rl` that override the preset's values:
-`rl.stare.top_ratio` (P), `rl.stare.w` (W), `rl.stare.m` (M), `rl.stare.target_entropy` (H_tgt),
-`rl.stare.adaptive` / `alpha` / `w_max` / `m_min`, `rl.loss.clip_high`, `rl.loss.normalization`,
-`rl.dynamic_sampling`, `rl.one_member_groups`, ... (AlgorithmConfig's fields). A key left out keeps the
-preset's value; `config.algorithm()` is the result. The older spelling `rl.algorithm_overrides.<field>` is
-still read (as `rl.<field>`) and says once that it is deprecated.
-
-`check_run(config)` (the trainer calls it before any work) goes further than the types: it imports
-`env.imports`, constructs the environment once with its keyword arguments (a keyword it does not take is an
-error naming it), and checks that `sft.data` can be served.
-"""
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import datetime
 import logging
 import math
 import os
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -47,14 +25,12 @@ from stare_agents.rollout.render import Rendering
 from stare_agents.rollout.weight_sync import WeightSync
 from stare_agents.sandbox import DEFAULT_BACKEND, Backend, backend_class, check_config_kwargs
 from stare_agents.sandbox.runner import MAX_TIMEOUT_S
-from stare_agents.train.learner import DERIVED_FROM, LearnerConfig
+from stare_agents.train.config.typed import INLINE, build, convert, plain_data, settings_dict
+from stare_agents.train.learner import LearnerConfig
 from stare_agents.train.policy import OptimizerConfig, Precision
 from stare_agents.train.sft import SFTConfig
 
-RECIPES_DIR = Path(__file__).with_name("recipes")
-# field metadata: a dataclass field whose own fields are keys of the section that holds it (rl.stare.w, not
-# rl.algo.stare.w), in the loader, the saved config and the key listings
-INLINE = "inline"
+RECIPES_DIR = Path(__file__).parents[1] / "recipes"  # train/recipes/
 logger = logging.getLogger("stare_agents.train")
 
 # vllm.LLM arguments the engine sets itself, from other keys (rollout.engine_kwargs may not set them)
@@ -438,6 +414,11 @@ class RLSection:
             )
 
     @classmethod
+    def base_for(cls, data: dict[str, Any], where: str) -> RLSection:
+        """Where the loader takes the keys a config leaves out: the defaults with `algorithm`'s preset."""
+        return cls.preset(convert(AlgorithmName, data.get("algorithm", cls.algorithm), f"{where}algorithm"))
+
+    @classmethod
     def preset(cls, algorithm: str) -> RLSection:
         """The defaults, with the algorithm settings of preset `algorithm`."""
         if algorithm not in ALGORITHMS:
@@ -699,7 +680,7 @@ class TrainConfig:
     def to_yaml(self) -> str:
         """The resolved config as YAML: what `--show-config` prints and a run folder's config.yaml holds;
         `load_config(path=...)` reads it back to an equal config."""
-        return yaml.safe_dump(_plain_data(self.to_dict()), sort_keys=False)
+        return yaml.safe_dump(plain_data(self.to_dict()), sort_keys=False)
 
 
 # the audit of issue 29 measured it on a batch of short and long responses
@@ -784,316 +765,6 @@ def absolute_paths(config: TrainConfig) -> None:
             config.env.kwargs[key] = absolute(value)
 
 
-# -- loading ----------------------------------------------------------------------------------------------------
-def recipe_names() -> list[str]:
-    return sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
-
-
-def load_config(
-    recipe: str | None = None, path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()
-) -> TrainConfig:
-    """Defaults <- a recipe (train/recipes/NAME.yaml) or a YAML file <- `key=value` overrides."""
-    if recipe is not None and path is not None:
-        raise ValueError("give a recipe name or a config file, not both")
-    data: dict[str, Any] = {}
-    if recipe is not None:
-        file = RECIPES_DIR / f"{recipe}.yaml"
-        if not file.exists():
-            raise FileNotFoundError(f"no recipe {recipe!r}; recipes: {recipe_names()}")
-        data = _read_yaml(file)
-    elif path is not None:
-        data = _read_yaml(Path(path))
-    for item in overrides:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"override {item!r} is not key=value (e.g. rl.steps=4)")
-        _set_path(data, key.strip().split("."), _load_scalars(raw, f"override {item!r}"))
-    _merge_algorithm_overrides(data)
-    return build(TrainConfig, data, "")
-
-
-def save_config(config: TrainConfig, path: str | Path) -> None:
-    Path(path).write_text(config.to_yaml())
-
-
-class _Scalar(str):
-    """A plain YAML scalar whose YAML reading is not a string (a bool, number, null or date): its text, and
-    that reading (`value`). A field typed str takes the text (`sft.data: off` is "off"); others the reading."""
-
-    value: Any
-
-
-class _Loader(yaml.SafeLoader):
-    pass
-
-
-def _keep_text(construct: Any) -> Any:
-    def scalar(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> _Scalar:
-        text = _Scalar(node.value)
-        text.value = construct(loader, node)
-        return text
-
-    return scalar
-
-
-for _tag in ("bool", "int", "float", "null", "timestamp"):
-    _name = f"tag:yaml.org,2002:{_tag}"
-    _Loader.add_constructor(_name, _keep_text(yaml.SafeLoader.yaml_constructors[_name]))
-
-
-def _load_scalars(text: str, where: str) -> Any:
-    try:
-        return yaml.load(text, Loader=_Loader)  # a SafeLoader that keeps the scalars' text
-    except yaml.YAMLError as error:
-        raise ValueError(f"{where}: not valid YAML ({error})") from None
-
-
-def _plain_data(value: Any) -> Any:
-    """`value` with every scalar as YAML read it (dates as ISO text), mappings and tuples as dicts and lists."""
-    if isinstance(value, _Scalar):
-        value = value.value
-    if isinstance(value, dict):
-        return {_plain_data(k): _plain_data(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain_data(v) for v in value]
-    if isinstance(value, datetime.date):
-        return value.isoformat()
-    return value
-
-
-def _read_yaml(path: Path) -> dict[str, Any]:
-    data = _load_scalars(path.read_text(), str(path)) or {}
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: the top level must be a mapping")
-    return data
-
-
-def _set_path(data: dict, keys: list[str], value: Any) -> None:
-    for key in keys[:-1]:
-        data = data.setdefault(key, {})
-        if not isinstance(data, dict):
-            raise ValueError(f"cannot set {'.'.join(keys)}: {key} is not a section")
-    data[keys[-1]] = value
-
-
-def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            out.update(_flatten(value, name + "."))
-        else:
-            out[name] = value
-    return out
-
-
-def _merge_algorithm_overrides(data: dict[str, Any]) -> None:
-    """The deprecated `rl.algorithm_overrides.<field>` read as `rl.<field>` (a key set both ways is refused)."""
-    rl = data.get("rl")
-    if not isinstance(rl, dict) or "algorithm_overrides" not in rl:
-        return
-    overrides = rl.pop("algorithm_overrides")
-    if not isinstance(overrides, dict):
-        raise ValueError(
-            f"rl.algorithm_overrides={overrides!r}: allowed: a mapping of the algorithm's fields"
-        )
-    logger.warning(
-        "rl.algorithm_overrides is deprecated: its keys are typed keys under rl now (rl.stare.w=1.2, "
-        "rl.loss.clip_high=0.2, rl.dynamic_sampling=false); reading %s as rl.*",
-        sorted(_flatten(overrides)),
-    )
-    for key, value in _flatten(overrides).items():
-        path = key.split(".")
-        if path[0] not in ALGORITHM_FIELDS:
-            raise ValueError(
-                f"rl.algorithm_overrides.{key}={_plain_data(value)!r}: {path[0]!r} is not a field of the "
-                f"algorithm; allowed: {', '.join(ALGORITHM_FIELDS)}"
-            )
-        target = rl
-        for part in path[:-1]:
-            target = target.setdefault(part, {})
-            if not isinstance(target, dict):
-                raise ValueError(f"rl.algorithm_overrides.{key}: rl.{part} is set to a value, not a section")
-        if path[-1] in target:
-            raise ValueError(f"rl.{key} is set twice: as rl.{key} and as rl.algorithm_overrides.{key}")
-        target[path[-1]] = value
-
-
-def settings_dict(value: Any) -> Any:
-    """`value` with its dataclasses as dicts (as dataclasses.asdict), less the fields derived from another."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        out: dict[str, Any] = {}
-        for f in dataclasses.fields(value):
-            if DERIVED_FROM in f.metadata:
-                continue
-            if f.metadata.get(INLINE):  # its fields in this mapping, less the name its holder gives it
-                out.update((k, v) for k, v in settings_dict(getattr(value, f.name)).items() if k != "name")
-            else:
-                out[f.name] = settings_dict(getattr(value, f.name))
-        return out
-    if isinstance(value, list | tuple):
-        return type(value)(settings_dict(v) for v in value)
-    if isinstance(value, dict):
-        return {k: settings_dict(v) for k, v in value.items()}
-    return copy.deepcopy(value)
-
-
-def derived_keys(cls: type, prefix: str = "") -> list[str]:
-    """The dotted keys under dataclass `cls` that the run derives from another setting (not settings)."""
-    keys = []
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        if DERIVED_FROM in f.metadata:
-            keys.append(prefix + f.name)
-            continue
-        hint = hints[f.name]
-        if typing.get_origin(hint) in (typing.Union, types.UnionType):
-            hint = next((a for a in typing.get_args(hint) if a is not type(None)), hint)
-        if dataclasses.is_dataclass(hint):
-            keys += derived_keys(hint, prefix if f.metadata.get(INLINE) else f"{prefix}{f.name}.")
-    return keys
-
-
-def build(cls: type, data: Any, where: str, base: Any = None) -> Any:
-    """Build dataclass `cls` from a mapping, checking every key and converting every value to its field's type.
-
-    A key left out takes `base`'s value when a base is given (the algorithm preset's, for the RL section), else
-    the field's default. An error names the key (`where` + field), the value and what is allowed."""
-    if isinstance(data, _Scalar):
-        data = data.value
-    if not isinstance(data, dict):
-        raise ValueError(f"{where.rstrip('.') or 'config'}={_plain_data(data)!r}: allowed: a mapping of keys")
-    if cls is RLSection and base is None:
-        algorithm = _convert(AlgorithmName, data.get("algorithm", RLSection.algorithm), f"{where}algorithm")
-        base = RLSection.preset(algorithm)
-    hints = typing.get_type_hints(cls)
-    fields_ = [f for f in dataclasses.fields(cls) if f.init]
-    for f in fields_:
-        if DERIVED_FROM in f.metadata and f.name in data:
-            raise ValueError(
-                f"{where}{f.name}={_plain_data(data[f.name])!r}: not a setting; the run derives it from "
-                f"{f.metadata[DERIVED_FROM]} (set that instead)"
-            )
-    # an INLINE field's own keys (less the name its holder gives it) sit in this mapping, where it is declared
-    inline = {f.name: [g.name for g in dataclasses.fields(hints[f.name]) if g.name != "name"] for f in fields_
-              if f.metadata.get(INLINE)}
-    known = [
-        key
-        for f in fields_
-        if DERIVED_FROM not in f.metadata
-        for key in inline.get(f.name, [f.name])
-    ]
-    unknown = sorted(set(data) - set(known), key=str)
-    if unknown:
-        section = repr(where.rstrip(".")) if where else "the config"
-        raise ValueError(f"unknown key(s) {unknown} in {section}; known: {known}")
-    kwargs = {}
-    for name, keys in inline.items():
-        inner_base = getattr(base, name) if base is not None else None
-        kwargs[name] = build(hints[name], {k: data[k] for k in keys if k in data}, where, inner_base)
-    for name in (f.name for f in fields_ if DERIVED_FROM not in f.metadata and f.name not in inline):
-        if name in data:
-            inner_base = getattr(base, name, None) if base is not None else None
-            if base is not None and inner_base is None and isinstance(data[name], dict) and data[name]:
-                key, value = next(iter(_flatten(data[name]).items()))
-                having = {"stare": " (stare, stare-c2)", "entrocraft": " (entrocraft)"}.get(name, "")
-                raise ValueError(
-                    f"{where}{name}.{key}={_plain_data(value)!r}: rl.algorithm={getattr(base, 'name', '?')} "
-                    f"has no {name} ({name}: null in its preset); allowed: an algorithm whose preset has it"
-                    f"{having}, or {where}{name}=null to leave it out"
-                )
-            kwargs[name] = _convert(hints[name], data[name], f"{where}{name}", inner_base)
-        elif base is not None:
-            kwargs[name] = getattr(base, name)
-    try:
-        return cls(**kwargs)
-    except (ValueError, TypeError) as error:
-        if not where or str(error).startswith(where.rstrip(".")):
-            raise ValueError(str(error)) from None
-        raise ValueError(f"{where.rstrip('.')}: {error}") from None
-
-
-def _convert(hint: Any, value: Any, where: str, base: Any = None) -> Any:
-    """`value` as type `hint`, or a ValueError naming `where`, the value and what is allowed."""
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        options = [a for a in typing.get_args(hint) if a is not type(None)]
-        if (value.value if isinstance(value, _Scalar) else value) is None:
-            return None
-        return _convert(options[0], value, where, base) if len(options) == 1 else _plain_data(value)
-    if isinstance(value, _Scalar):  # a field typed str (or a set of words) takes the text: off, 2024-01-01
-        value = str(value) if _wants_text(hint) else value.value
-    shown = _plain_data(value)
-    if origin is Literal:
-        allowed = typing.get_args(hint)
-        if isinstance(value, bool) or value not in allowed:
-            raise ValueError(f"{where}={shown!r}: allowed: {', '.join(map(str, allowed))}")
-        return value
-    if dataclasses.is_dataclass(hint):
-        return build(hint, value, where + ".", base)
-    if hint is Any:
-        return _plain_data(value)
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise ValueError(f"{where}={shown!r}: allowed: a mapping")
-        key_type, value_type = typing.get_args(hint) or (Any, Any)
-        return {
-            _convert(key_type, k, f"{where}.{k}"): _convert(value_type, v, f"{where}.{k}")
-            for k, v in value.items()
-        }
-    if origin in (list, tuple):
-        if not isinstance(value, list | tuple):
-            raise ValueError(f"{where}={shown!r}: allowed: a list")
-        args = typing.get_args(hint)
-        if origin is tuple and args and args[-1] is not Ellipsis:
-            if len(value) != len(args):
-                raise ValueError(
-                    f"{where}={shown!r}: allowed: a list of {len(args)} "
-                    f"({', '.join(getattr(a, '__name__', str(a)) for a in args)})"
-                )
-            return tuple(
-                _convert(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, value, strict=True))
-            )
-        item = args[0] if args else Any
-        if dataclasses.is_dataclass(item):  # entries that are not mappings are their section's to check
-            return origin(
-                _convert(item, v, f"{where}[{i}]") if isinstance(v, dict) else _text_or_plain(v)
-                for i, v in enumerate(value)
-            )
-        return origin(_convert(item, v, f"{where}[{i}]") for i, v in enumerate(value))
-    if hint is float:
-        if isinstance(value, str):  # YAML 1.1 reads "3e-6" (no dot) as a string
-            try:
-                value = float(value)
-            except ValueError:
-                raise ValueError(f"{where}={shown!r}: allowed: a finite number") from None
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            raise ValueError(f"{where}={shown!r}: allowed: a finite number")
-        return float(value)
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{where}={shown!r}: allowed: an int")
-        return value
-    if hint is bool:
-        if not isinstance(value, bool):
-            raise ValueError(f"{where}={shown!r}: allowed: true or false")
-        return value
-    if hint is str:
-        if not isinstance(value, str):
-            raise ValueError(f"{where}={shown!r}: allowed: a string")
-        return value
-    return value
-
-
-def _text_or_plain(value: Any) -> Any:
-    return str(value) if isinstance(value, _Scalar) else _plain_data(value)
-
-
-def _wants_text(hint: Any) -> bool:
-    args = typing.get_args(hint)
-    return hint is str or (typing.get_origin(hint) is Literal and all(isinstance(a, str) for a in args))
-
-
 def _default(cls: type, name: str) -> Any:
     f = next(f for f in dataclasses.fields(cls) if f.name == name)
     return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
@@ -1106,66 +777,3 @@ def _vllm_engine_args() -> set[str] | None:
     except ImportError:
         return None
     return {f.name for f in dataclasses.fields(EngineArgs)}
-
-
-# -- checks before a run starts -----------------------------------------------------------------------------------
-def check_run(config: TrainConfig, *, compare: str | None = None) -> None:
-    """What the types cannot say, checked before any work (model, engines, base evaluation, SFT) starts:
-    `--compare` names another algorithm; `env.imports` import; the environment exists, takes every keyword of
-    `env.kwargs` (and `env.max_turns` / `env.tool_timeout_s` when set) and can be constructed with them, for
-    training and held-out tasks; `sft.data` can be served (the environment has a solver, or the file exists).
-    Every error is a ValueError naming the key, the value and what is allowed."""
-    from stare_agents.envs.registration import (
-        accepted_kwargs,
-        env_class,
-        has_solver,
-        resolve_env_id,
-        split_kwargs,
-    )
-    from stare_agents.rollout import RolloutTask, make_env
-    from stare_agents.sandbox import NoSandbox
-
-    if compare is not None and (compare not in ALGORITHMS or compare == config.rl.algorithm):
-        others = [name for name in ALGORITHMS if name != config.rl.algorithm]
-        raise ValueError(
-            f"--compare={compare!r}: allowed: an algorithm other than rl.algorithm={config.rl.algorithm!r}: "
-            f"{', '.join(others)}"
-        )
-    env = config.env
-    try:
-        env_id = resolve_env_id(env.id, env.imports)
-    except ValueError as error:
-        raise ValueError(f"env.id={env.id!r} (env.imports={env.imports}): {error}") from None
-    kwargs = env.make_kwargs()
-    accepted = accepted_kwargs(env_id)
-    creator = env_class(env_id)
-    what = f"{env_id} ({getattr(creator, '__name__', creator)})"
-    if accepted is not None:
-        for key, value in kwargs.items():
-            if key not in accepted:
-                name = f"env.{key}" if key in ("max_turns", "tool_timeout_s") else f"env.kwargs.{key}"
-                raise ValueError(
-                    f"{name}={value!r}: {what} takes no keyword {key!r}; allowed: "
-                    f"{', '.join(sorted(accepted - {'sandbox', 'tools'}))}"
-                )
-    for split in ("train", "heldout"):
-        split_args = split_kwargs(env_id, kwargs, split)
-        try:
-            made = make_env(RolloutTask(env_id, env_kwargs=split_args), NoSandbox())
-            made.close()
-        except Exception as error:  # the environment's own check of its arguments, whatever it raises
-            raise ValueError(
-                f"env.kwargs={_plain_data(split_args)!r}: {what} cannot be made with them "
-                f"({type(error).__name__}: {error})"
-            ) from None
-    if config.sft.enabled and config.sft.data == "solver" and not has_solver(env_id):
-        raise ValueError(
-            f"sft.data='solver': {what} has no solver (ToolEnv.solution_code is not overridden); allowed: "
-            "'solver' for an environment with one (e.g. stare_agents/ArithmeticTIR-v0), a JSONL file of "
-            "conversations, or sft.enabled=false"
-        )
-    if config.sft.enabled and config.sft.data != "solver" and not Path(config.sft.data).is_file():
-        raise ValueError(
-            f"sft.data={config.sft.data!r}: no such file; allowed: 'solver' (the environment's solver) or a JSONL "
-            "file of conversations"
-        )
