@@ -1,0 +1,130 @@
+"""STARE beside GRPO-ds over a long run (issue 28's pass line, BENCHMARKS "STARE beside GRPO-ds, 64 steps"):
+the entropy over every sampled action token (`learner/entropy_all`) by step for each algorithm of each run
+folder, against STARE's target band, as figures and as one plot.
+
+    .venv/bin/python benchmarks/bench_long_run.py runs/long-s0 runs/long-s1 --plot docs/long-run-entropy.png
+
+A run folder is a `stare-agents train ... --compare grpo-ds` folder: STARE's metrics.jsonl at its top and the
+compared algorithm's in a sub-folder named after it. It prints, per run and algorithm: steps logged, the first
+value, the second-half mean, the share of second-half steps within +-30% of the target, the steps that trained
+on nothing, the held-out accuracy (progress.json) and what the registered pass line asks of each: (1) STARE
+within the band in >= 70% of second-half steps, (2) GRPO-ds's second-half mean below half of its first value.
+A run still under way is reported as far as it has got ("steps": how many).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from stare_agents.jsonl import read_lines, report_unread
+
+KEY = "learner/entropy_all"
+
+
+def rl_records(metrics: Path) -> list[dict[str, Any]]:
+    """The run's RL step records in step order (the last record of a step, as a resumed run rewrites it)."""
+    records, unread = read_lines(metrics)
+    report_unread(unread, None, f"lines of {metrics}")
+    steps: dict[int, dict[str, Any]] = {}
+    for _, record in records:
+        if isinstance(record, dict) and record.get("kind") == "rl":
+            steps[int(record["step"])] = record
+    return [steps[s] for s in sorted(steps)]
+
+
+def figures(records: list[dict[str, Any]], target: float, total_steps: int) -> dict[str, Any]:
+    """Entropy figures of one algorithm's run; the second half is steps total_steps // 2 onwards."""
+    values = {r["step"]: r[KEY] for r in records if isinstance(r.get(KEY), int | float) and math.isfinite(r[KEY])}
+    second = [v for s, v in values.items() if s >= total_steps // 2]
+    inside = [v for v in second if abs(v - target) <= 0.3 * target]
+    first = values.get(0)
+    return {
+        "steps": len(records),
+        "first": first,
+        "second_half_steps": len(second),
+        "second_half_mean": sum(second) / len(second) if second else None,
+        "second_half_within_30pct": len(inside) / len(second) if second else None,
+        "trained_on_nothing": [r["step"] for r in records if not r.get("data/kept_trajectories")],
+        "gate_off": [r["step"] for r in records if r.get("stare/gate_on") == 0.0],  # STARE's (others: none)
+    }
+
+
+def accuracy(folder: Path, key: str) -> dict[str, Any] | None:
+    progress = folder / "progress.json"
+    if not progress.exists():
+        return None
+    data = json.loads(progress.read_text())
+    return {point: data.get("accuracy", {}).get(point) for point in ("sft", key)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", nargs="+", type=Path, help="run folders (train --compare grpo-ds)")
+    parser.add_argument("--compare", default="grpo-ds", help="the compared algorithm's sub-folder")
+    parser.add_argument("--target", type=float, default=0.3, help="STARE's target entropy (the recipe's)")
+    parser.add_argument("--steps", type=int, default=64, help="RL steps of each run (the second half starts at half)")
+    parser.add_argument("--plot", type=Path, help="write the entropy-by-step plot here (PNG)")
+    parser.add_argument("--json", type=Path, help="write the figures here")
+    args = parser.parse_args()
+
+    out: dict[str, Any] = {}
+    curves: list[tuple[str, list[dict[str, Any]]]] = []
+    for run in args.runs:
+        for name, folder, key in (("stare", run, "rl"), (args.compare, run / args.compare, f"rl-{args.compare}")):
+            metrics = folder / "metrics.jsonl"
+            if not metrics.exists():
+                print(f"{run} {name}: not started")
+                continue
+            records = rl_records(metrics)
+            got = figures(records, args.target, args.steps)
+            got["accuracy"] = accuracy(run, key)
+            out[f"{run.name}/{name}"] = got
+            curves.append((f"{run.name} {name}", records))
+            line = ", ".join(f"{k} {v}" for k, v in got.items() if k not in ("trained_on_nothing", "gate_off"))
+            print(f"{run} {name}: {line}")
+            gate = f"; gate off at {got['gate_off']}" if name == "stare" else ""  # the others have no gate
+            print(f"    trained on nothing at {got['trained_on_nothing']}{gate}")
+            if got["steps"] >= args.steps and got["second_half_mean"] is not None:
+                if name == "stare":
+                    share = got["second_half_within_30pct"]
+                    print(f"    pass line (1): {share:.2f} of second-half steps in the band: "
+                          f"{'met' if share >= 0.7 else 'not met'} (>= 0.70)")
+                elif got["first"] is not None:
+                    half = got["second_half_mean"] < got["first"] / 2
+                    print(f"    pass line (2): second-half mean {got['second_half_mean']:.3f} vs half of step 0 "
+                          f"{got['first'] / 2:.3f}: {'met' if half else 'not met'}")
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=2, allow_nan=False))
+    if args.plot and curves:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(9, 4.5))
+        low, high = 0.7 * args.target, 1.3 * args.target
+        ax.axhspan(low, high, color="tab:green", alpha=0.12, label=f"STARE's band ({low:.2f}-{high:.2f})")
+        ax.axhline(args.target, color="tab:green", lw=0.8)
+        ax.axvspan(args.steps // 2, args.steps - 1, color="grey", alpha=0.07, label="second half (judged)")
+        for label, records in curves:
+            points = [(r["step"], r[KEY]) for r in records if isinstance(r.get(KEY), int | float)]
+            ax.plot([s for s, _ in points], [v for _, v in points], marker=".", lw=1.2,
+                    ls="-" if " stare" in label else "--", label=label)
+        ax.set_xlabel("RL step")
+        ax.set_ylabel("entropy over all sampled action tokens (nats)")
+        ax.set_xlim(0, args.steps - 1)
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=8, loc="upper right")
+        ax.set_title("STARE beside GRPO-ds: entropy by step (fp32, SmolLM2-135M, smollm2-arith-long)")
+        fig.tight_layout()
+        args.plot.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(args.plot, dpi=110)
+        print(f"plot: {args.plot}")
+
+
+if __name__ == "__main__":
+    main()
