@@ -1,0 +1,60 @@
+"""benchmarks/bench_long_run.py: the long runs' pass-line figures, by hand on a written run folder."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "bench_long_run.py"
+
+
+def write_run(folder: Path, entropies: list[float | None], *, kept: int = 4) -> None:
+    folder.mkdir(parents=True)
+    lines = []
+    for step, value in enumerate(entropies):
+        record = {"kind": "rl", "step": step, "data/kept_trajectories": kept if step != 1 else 0}
+        if value is not None:  # not measured: absent, as the run log writes it
+            record["learner/entropy_all"] = value
+        lines.append(json.dumps(record))
+    lines.append(json.dumps({"kind": "eval", "step": 0, "point": "sft"}))
+    (folder / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def test_the_pass_line_figures_by_hand(tmp_path: Path):
+    run = tmp_path / "long-s0"
+    # 8 steps, second half = steps 4-7: 0.30 and 0.22 inside 0.21-0.39, 0.45 and 0.10 outside -> 0.5
+    write_run(run, [0.31, 0.3, 0.2, 0.2, 0.30, 0.45, 0.22, 0.10])
+    write_run(run / "grpo-ds", [0.4, 0.3, 0.2, 0.1, 0.1, 0.1, None, 0.1])
+    with open(run / "metrics.jsonl", "a") as handle:  # a torn last line (a run killed mid-write)
+        handle.write('{"kind": "rl", "step": 8, "learner/entr')
+    (run / "progress.json").write_text(json.dumps({"accuracy": {"sft": 0.4, "rl": 0.55}}))
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), str(run), "--steps", "8", "--json", str(tmp_path / "f.json"),
+         "--plot", str(tmp_path / "p.png")],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    got = json.loads((tmp_path / "f.json").read_text())
+    stare, grpo = got["long-s0/stare"], got["long-s0/grpo-ds"]
+    assert stare["steps"] == 8 and stare["second_half_within_30pct"] == 0.5 and stare["trained_on_nothing"] == [1]
+    assert abs(stare["second_half_mean"] - (0.30 + 0.45 + 0.22 + 0.10) / 4) < 1e-12
+    assert stare["accuracy"] == {"sft": 0.4, "rl": 0.55}
+    assert grpo["second_half_steps"] == 3 and abs(grpo["second_half_mean"] - 0.1) < 1e-12  # the absent one left out
+    assert "pass line (1): 0.50 of second-half steps in the band: not met" in out.stdout
+    assert "pass line (2): second-half mean 0.100 vs half of step 0 0.200: met" in out.stdout
+    assert "metrics.jsonl" in out.stderr  # the torn line is named, not skipped silently
+    assert (tmp_path / "p.png").stat().st_size > 10_000
+
+
+def test_a_run_not_started_or_under_way_is_said_so(tmp_path: Path):
+    run = tmp_path / "long-s1"
+    write_run(run, [0.3, 0.25])
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), str(run)], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr
+    assert "long-s1 grpo-ds: not started" in out.stdout
+    assert "steps 2," in out.stdout and "pass line" not in out.stdout  # nothing judged before step 64
