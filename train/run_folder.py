@@ -1,5 +1,6 @@
 """A training run's folder and its one writer: where each output lives, metrics.jsonl with TensorBoard and W&B
-fed from the same records (`RunLog`), stage timing, the resume check, and the model folders a run saves.
+fed from the same records (`RunLog`), what the run has done and its stage times (`RunState`, progress.json),
+stage timing within a step (`StageTimer`), the resume check, and the model folders a run saves.
 
     log = RunLog(folder, config)          # metrics.jsonl + TensorBoard (+ W&B)
     log.log({"kind": "rl", "step": 3, "learner/loss": 0.1})
@@ -20,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from stare_agents.jsonl import dumps_line, finite, read_lines, report_unread
+from stare_agents.jsonl import dumps, dumps_line, finite, read_lines, report_unread
 from stare_agents.train.config import TrainConfig, derived_keys, flatten
 
 PROGRESS_FILE = "progress.json"
@@ -203,6 +204,33 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, np.generic):
         return value.item()
     return str(value)
+
+
+class RunState:
+    """What a run has done, kept in its folder's progress.json (written atomically at each `save`): the stages
+    finished, the accuracies and evaluations, the seconds per stage and the run's wall time, earlier (killed)
+    attempts included up to their last save. Without `resume` it starts empty."""
+
+    def __init__(self, folder: Path, *, resume: bool) -> None:
+        self.path = folder / PROGRESS_FILE
+        self.progress: dict[str, Any] = json.loads(self.path.read_text()) if resume and self.path.exists() else {}
+        self.started = time.perf_counter()
+        self.previous_wall_s = float(self.progress.get("wall_time_s", 0.0))
+        self.stage_seconds: dict[str, float] = dict(self.progress.get("stage_seconds", {}))
+
+    def timed(self, stage: str, seconds: float) -> None:
+        """Add `seconds` to a named stage (saved with the next `save`)."""
+        self.stage_seconds[stage] = self.stage_seconds.get(stage, 0.0) + seconds
+
+    def wall_time_s(self) -> float:
+        return self.previous_wall_s + time.perf_counter() - self.started
+
+    def save(self) -> None:
+        self.progress["stage_seconds"] = self.stage_seconds
+        self.progress["wall_time_s"] = self.wall_time_s()
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(dumps(self.progress, indent=2))
+        tmp.replace(self.path)
 
 
 class StageTimer:

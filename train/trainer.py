@@ -22,7 +22,6 @@ killed at any point (SIGKILL included) continues from its last checkpoint with `
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import shutil
 import time
@@ -34,7 +33,6 @@ import torch
 from stare_agents._quiet_progress import quiet_progress_bars
 from stare_agents.algo import AlgorithmConfig
 from stare_agents.envs.registration import split_kwargs
-from stare_agents.jsonl import dumps
 from stare_agents.models import prepare_model
 from stare_agents.rollout import RolloutTask, RolloutWorkerGroup, make_env
 from stare_agents.rollout.engine import eos_token_ids
@@ -57,10 +55,10 @@ from stare_agents.train.policy import load_causal_lm
 from stare_agents.train.rl_loop import RLLoop, SampledStep, training_tasks
 from stare_agents.train.run_folder import (
     FINAL_MODEL,
-    PROGRESS_FILE,
     SFT_CHECKPOINT,
     SFT_MODEL,
     RunLog,
+    RunState,
     check_same_run,
     save_hf_model,
 )
@@ -85,37 +83,19 @@ class Trainer:
             )
         self.folder.mkdir(parents=True, exist_ok=True)
         self.resume = resume
-        self.progress: dict[str, Any] = self._load_progress()
+        self.state = RunState(self.folder, resume=resume)  # progress.json: what is done, stage times
+        self.progress = self.state.progress
         if resume and (self.folder / "config.yaml").exists():
             check_same_run(self.folder / "config.yaml", config)
         save_config(config, self.folder / "config.yaml")
         self.workers: RolloutWorkerGroup | None = None
-        self.started = time.perf_counter()
-        self.previous_wall_s = float(self.progress.get("wall_time_s", 0.0))
-        self.stage_seconds: dict[str, float] = dict(self.progress.get("stage_seconds", {}))
-        self.evaluation = RunEvaluation(config, self._timed)
-
-    # ---- bookkeeping ----
-    def _load_progress(self) -> dict[str, Any]:
-        path = self.folder / PROGRESS_FILE
-        return json.loads(path.read_text()) if self.resume and path.exists() else {}
-
-    def _save_progress(self) -> None:
-        self.progress["stage_seconds"] = self.stage_seconds
-        # wall time of this run so far, earlier (killed) attempts included up to their last save
-        self.progress["wall_time_s"] = self.previous_wall_s + time.perf_counter() - self.started
-        tmp = self.folder / (PROGRESS_FILE + ".tmp")
-        tmp.write_text(dumps(self.progress, indent=2))
-        tmp.replace(self.folder / PROGRESS_FILE)
+        self.evaluation = RunEvaluation(config, self.state.timed)
 
     def run_log(self) -> RunLog:
         """The run folder's log of evaluation and SFT records (opened once, closed when `run()` ends)."""
         if getattr(self, "_run_log", None) is None:
             self._run_log = RunLog(self.folder, self.config)
         return self._run_log
-
-    def _timed(self, stage: str, seconds: float) -> None:
-        self.stage_seconds[stage] = self.stage_seconds.get(stage, 0.0) + seconds
 
     # ---- the run ----
     def run(self, *, compare: str | None = None) -> dict[str, Any]:
@@ -130,7 +110,7 @@ class Trainer:
         self.evaluation.check_heldout()  # a held-out evaluation that would draw training problems stops the run now
         started = time.perf_counter()
         base_dir = prepare_model(config.model.name)
-        self._timed("prepare_model", time.perf_counter() - started)
+        self.state.timed("prepare_model", time.perf_counter() - started)
         runs = {config.rl.algorithm: self.folder}
         if compare:
             runs[compare] = self.folder / compare
@@ -179,7 +159,7 @@ class Trainer:
         workers = RolloutWorkerGroup(
             spec, c.rollout.workers, use_ray=c.rollout.use_ray, ray_address=c.rollout.ray_address
         )
-        self._timed("start_workers", time.perf_counter() - started)
+        self.state.timed("start_workers", time.perf_counter() - started)
         for worker in workers.ping():
             logger.info(
                 "rollout worker %d: %s engine%s, %s",
@@ -203,7 +183,7 @@ class Trainer:
     def _record_accuracy(self, point: str, step: int | None = None, num_tasks: int | None = None) -> dict:
         if not self.config.eval.num_tasks:  # eval.num_tasks=0: benchmarks only (eval.benchmarks)
             self.progress.setdefault("accuracy", {})[point] = None
-            self._save_progress()
+            self.state.save()
             return {}
         assert self.workers is not None
         result = self.evaluation.evaluate(self.workers, num_tasks)
@@ -211,7 +191,7 @@ class Trainer:
         logger.info("accuracy (%s): %s on %d held-out tasks", point, score.format(), result["tasks"])
         self.progress.setdefault("accuracy", {})[point] = score.value
         self.progress.setdefault("evaluations", {})[point] = result
-        self._save_progress()
+        self.state.save()
         record = {k: v for k, v in result.items() if k != "per_task"}
         record.update({"ci_low": score.ci_low, "ci_high": score.ci_high})
         self.run_log().log({"kind": "eval", "point": point, "step": step or 0, **record})
@@ -263,7 +243,7 @@ class Trainer:
             )[: c.sft.num_examples]
         if not traces:
             raise RuntimeError(f"SFT: no usable traces from {c.sft.data!r} for {c.env.id}")
-        self._timed("sft_data", time.perf_counter() - started)
+        self.state.timed("sft_data", time.perf_counter() - started)
         started = time.perf_counter()
         sft_config = c.sft.sft_config(seed=c.seed, device="cuda" if torch.cuda.is_available() else "cpu")
         pad = tokenizer.pad_token_id or 0
@@ -278,10 +258,10 @@ class Trainer:
         finally:
             sft.close()
         save_hf_model(trained, base_dir, out)
-        self._timed("sft", time.perf_counter() - started)
+        self.state.timed("sft", time.perf_counter() - started)
         self.progress["sft_done"] = True
         self.progress["sft_traces"] = len(traces)
-        self._save_progress()
+        self.state.save()
         shutil.rmtree(self.folder / SFT_CHECKPOINT, ignore_errors=True)
 
     def _fit_sft(self, sft: Any, traces: list[Trajectory], base_dir: Path) -> Any:
@@ -370,17 +350,17 @@ class Trainer:
                 key=key,
                 evaluation=self.evaluation,
                 sync_weights=self._sync,
-                timed=self._timed,
+                timed=self.state.timed,
                 position=position,
                 ahead=ahead,
             )
             metrics_path = loop.run(start)
             started = time.perf_counter()
             save_hf_model(learner.hf_model(start_dir), start_dir, folder / FINAL_MODEL)  # for `eval --model`
-            self._timed("save_model", time.perf_counter() - started)
+            self.state.timed("save_model", time.perf_counter() - started)
             self.progress[f"{key}_done"] = True
             self.progress.setdefault("rl_logs", {})[key] = str(metrics_path)
-            self._save_progress()
+            self.state.save()
         finally:
             learner.close()
 
@@ -395,20 +375,19 @@ class Trainer:
         else:
             self.workers.update_weights(learner.model_state_dict(), version=version)
         seconds = time.perf_counter() - started
-        self._timed("sync", seconds)
+        self.state.timed("sync", seconds)
         return seconds
 
     # ---- summary and plot ----
 
     def write_summary(self, compare: str | None) -> dict[str, Any]:
         """summary.json and training.png (`run_summary.write_summary`)."""
-        wall_time_s = self.previous_wall_s + time.perf_counter() - self.started
         return write_summary(
             self.config,
             self.folder,
             self.progress,
-            stage_seconds=self.stage_seconds,
-            wall_time_s=wall_time_s,
+            stage_seconds=self.state.stage_seconds,
+            wall_time_s=self.state.wall_time_s(),
             compare=compare,
         )
 
