@@ -1,7 +1,9 @@
 """STARE's mechanism on a real model, one step at a time (train/entropy_probe.py).
 
 For each run folder given, the first RL step's trained batch (sampled by that run's SFT model, saved in
-rollouts/step-000000.jsonl.gz with its advantages) is scored by the SFT model at the rollout temperature. Then,
+rollouts/step-000000.jsonl.gz with its advantages) is scored by the SFT model at the rollout temperature; a
+later state is named as RUN:STEP:MODEL (e.g. runs/long-s0:63:final_model, the last step's batch under the model
+that step trained, one step off-policy). Then,
 for GRPO-ds (all weights 1), STARE O1 (W on L+) and STARE C2 (W on L+, M on L-), and a random-token control
 with STARE's P and W: the entropy change of one plain gradient step on the policy-gradient surrogate, predicted
 to first order in parameter space, measured by re-scoring the batch, and the paper's logit-space formula; per
@@ -9,6 +11,8 @@ quadrant (sign of the advantage, sign of Phi) and in total, at several learning 
 drift against W (no gate) and the W at which it changes sign, per batch.
 
     .venv/bin/python benchmarks/bench_entropy_mechanism.py runs/fp32-s0 runs/fp32-s1 --json runs/mechanism.json
+    .venv/bin/python benchmarks/bench_entropy_mechanism.py runs/long-s0 runs/long-s0:63:final_model \
+        runs/long-s0/grpo-ds:63:final_model --lrs 1e-5 --json runs/mechanism-long.json
 """
 
 from __future__ import annotations
@@ -27,12 +31,24 @@ def r_squared(xs: list[float], ys: list[float]) -> float | None:
     return 1 - residual / total if total else None
 
 
+def batch_spec(spec: str) -> tuple[str, int, str]:
+    """RUN[:STEP[:MODEL]] -> (run folder, step whose trained batch is probed, model folder inside the run)."""
+    run, _, rest = spec.partition(":")
+    step, _, model = rest.partition(":")
+    if step and not step.isdigit():
+        raise SystemExit(f"{spec!r}: the step after the run folder must be a number (RUN[:STEP[:MODEL]])")
+    return run, int(step or 0), model or "sft_model"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "runs", nargs="+", help="run folders with sft_model/ and rollouts/step-000000.jsonl.gz"
+        "runs",
+        nargs="+",
+        help="RUN[:STEP[:MODEL]]: a run folder, the step whose trained batch is probed (0) and the model "
+        "folder inside the run that scores it (sft_model)",
     )
     parser.add_argument("--lrs", default="1e-6,3e-6,1e-5", help="plain gradient-step sizes")
     parser.add_argument("--w", type=float, default=1.1)
@@ -59,15 +75,21 @@ def main() -> None:
         str, list[tuple[float, float]]
     ] = {}  # weighting -> (predicted, measured) over batches and lrs
     logit_pairs: dict[str, list[tuple[float, float]]] = {}
-    for run in args.runs:
+    for spec in args.runs:
+        run, step, model = batch_spec(spec)
         started = time.perf_counter()
-        saved = [r for r in read_rollouts(run, 0) if r.status == "trained" and r.advantage is not None]
+        saved = [r for r in read_rollouts(run, step) if r.status == "trained" and r.advantage is not None]
+        if not saved:
+            print(f"{spec}: step {step} trained no trajectory (no group had reward variance); skipped")
+            continue
         trajectories = [r.trajectory for r in saved]
         advantages = torch.tensor([float(r.advantage) for r in saved])
         batch = collate(trajectories, pad_token_id=0)
-        policy = PolicyModel(load_causal_lm(f"{run}/sft_model"), temperature=args.temperature)
+        policy = PolicyModel(load_causal_lm(f"{run}/{model}"), temperature=args.temperature)
         probe = EntropyProbe(policy, batch, advantages, top_ratio=args.top_ratio)
         figures: dict = {
+            "step": step,
+            "model": model,
             "trajectories": len(trajectories),
             "action_tokens": int(probe.count),
             "entropy": probe.entropy_before,
@@ -82,7 +104,7 @@ def main() -> None:
         lr_mid = lrs[len(lrs) // 2]
 
         def measure(
-            name: str, p: EntropyProbe, weights: PartWeights, run=run, figures=figures, lr_mid=lr_mid
+            name: str, p: EntropyProbe, weights: PartWeights, run=spec, figures=figures, lr_mid=lr_mid
         ) -> None:
             row: dict = {"logit_space": p.logit_space(weights), "steps": []}
             for lr in lrs:
@@ -132,8 +154,8 @@ def main() -> None:
         figures["w_sweep"]["critical_w_random"] = random_probe.critical_w()
         del random_probe
         figures["seconds"] = round(time.perf_counter() - started, 1)
-        print(run, "w sweep", dumps(figures["w_sweep"]), flush=True)
-        out["batches"][run] = figures
+        print(spec, "w sweep", dumps(figures["w_sweep"]), flush=True)
+        out["batches"][spec] = figures
         del policy
 
     out["agreement"] = {
