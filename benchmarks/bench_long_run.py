@@ -8,8 +8,12 @@ A run folder is a `stare-agents train ... --compare grpo-ds` folder: STARE's met
 compared algorithm's in a sub-folder named after it. It prints, per run and algorithm: steps logged, the first
 value, the second-half mean, the share of second-half steps within +-30% of the target, the steps that trained
 on nothing, the held-out accuracy (progress.json) and what the registered pass line asks of each: (1) STARE
-within the band in >= 70% of second-half steps, (2) GRPO-ds's second-half mean below half of its first value.
-A run still under way is reported as far as it has got ("steps": how many).
+within the band in >= 70% of second-half steps, (2) GRPO-ds's second-half mean below half of its first value,
+(3) STARE's held-out accuracy minus GRPO-ds's >= -0.03 (paired over the tasks both scored, with a bootstrap
+interval), (4) STARE's pass@K minus GRPO-ds's >= 0 when both final models were evaluated into `pass8/`
+(`stare-agents eval --k 8 ... --out <folder>/pass8`). Also the mechanism's figure per run: the share of
+positive-advantage tokens in the entropy-raising region (Phi < 0) and of STARE's L+ there, over the steps
+that trained. A run still under way is reported as far as it has got ("steps": how many).
 """
 
 from __future__ import annotations
@@ -20,7 +24,9 @@ import math
 from pathlib import Path
 from typing import Any
 
+from stare_agents.eval.metrics import outcomes_from_samples, pass_at_k
 from stare_agents.jsonl import read_lines, report_unread
+from stare_agents.stats import paired_difference
 
 KEY = "learner/entropy_all"
 
@@ -50,7 +56,50 @@ def figures(records: list[dict[str, Any]], target: float, total_steps: int) -> d
         "second_half_within_30pct": len(inside) / len(second) if second else None,
         "trained_on_nothing": [r["step"] for r in records if not r.get("data/kept_trajectories")],
         "gate_off": [r["step"] for r in records if r.get("stare/gate_on") == 0.0],  # STARE's (others: none)
+        **raising_region(records),
     }
+
+
+def raising_region(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Over the steps that trained: the share of positive-advantage action tokens with Phi < 0 (where pushing a
+    token up raises the entropy: `quadrant/pos_high` of pos_high + pos_low), the mean share of STARE's L+ there
+    (`stare/lplus_negative_phi`, logged for every algorithm) and the steps whose L+ held such a token."""
+    trained = [r for r in records if r.get("data/kept_trajectories")]
+    high = sum(r.get("quadrant/pos_high", 0) for r in trained)
+    low = sum(r.get("quadrant/pos_low", 0) for r in trained)
+    lplus = [r["stare/lplus_negative_phi"] for r in trained if isinstance(r.get("stare/lplus_negative_phi"), float)]
+    return {
+        "positive_tokens_phi_negative": high / (high + low) if high + low else None,
+        "lplus_phi_negative_mean": sum(lplus) / len(lplus) if lplus else None,
+        "steps_lplus_phi_negative": sum(1 for v in lplus if v > 0),
+    }
+
+
+def per_task(folder: Path, key: str) -> dict[str, float] | None:
+    """The final model's held-out score per task (progress.json), or None before it was evaluated."""
+    progress = folder / "progress.json"
+    if not progress.exists():
+        return None
+    return json.loads(progress.read_text()).get("evaluations", {}).get(key, {}).get("per_task")
+
+
+def pass_at(folder: Path, k: int) -> dict[str, float] | None:
+    """pass@k per problem of the evaluation in `folder` (samples.jsonl; failed samples count as wrong), or
+    None when there is none."""
+    samples = folder / "samples.jsonl"
+    if not samples.exists():
+        return None
+    records, unread = read_lines(samples)
+    report_unread(unread, None, f"lines of {samples}")
+    outcomes = outcomes_from_samples(r for _, r in records if isinstance(r, dict))
+    return {o.problem_id: pass_at_k(o.samples, o.correct, k) for o in outcomes if o.samples >= k}
+
+
+def difference(after: dict[str, float] | None, before: dict[str, float] | None) -> dict[str, Any] | None:
+    if not after or not before:
+        return None
+    got = paired_difference(after, before)
+    return {"value": got.value, "ci_low": got.ci_low, "ci_high": got.ci_high, "problems": got.problems}
 
 
 def accuracy(folder: Path, key: str) -> dict[str, Any] | None:
@@ -69,6 +118,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=64, help="RL steps of each run (the second half starts at half)")
     parser.add_argument("--plot", type=Path, help="write the entropy-by-step plot here (PNG)")
     parser.add_argument("--json", type=Path, help="write the figures here")
+    parser.add_argument("--k", type=int, default=8, help="pass@k of criterion (4), from <folder>/pass8")
     args = parser.parse_args()
 
     out: dict[str, Any] = {}
@@ -97,6 +147,19 @@ def main() -> None:
                     half = got["second_half_mean"] < got["first"] / 2
                     print(f"    pass line (2): second-half mean {got['second_half_mean']:.3f} vs half of step 0 "
                           f"{got['first'] / 2:.3f}: {'met' if half else 'not met'}")
+        scored = {name: per_task(run, key) for name, key in (("stare", "rl"), ("compare", f"rl-{args.compare}"))}
+        passed = {name: pass_at(folder / "pass8", args.k) for name, folder in (("stare", run), ("compare", run / args.compare))}
+        pair = {"accuracy": difference(scored["stare"], scored["compare"]),
+                f"pass@{args.k}": difference(passed["stare"], passed["compare"])}
+        out[f"{run.name}/stare-minus-{args.compare}"] = pair
+        for number, (figure, bar) in enumerate(((("accuracy"), -0.03), (f"pass@{args.k}", 0.0)), start=3):
+            got = pair[figure]
+            if got is None:
+                print(f"{run} criterion ({number}) not judged yet: it needs the held-out {figure} of both final models")
+                continue
+            print(f"{run} pass line ({number}): STARE - {args.compare} {figure} {got['value']:+.3f} "
+                  f"[{got['ci_low']:+.3f}, {got['ci_high']:+.3f}] over {got['problems']} tasks: "
+                  f"{'met' if got['value'] >= bar else 'not met'} (>= {bar:+.2f})")
     if args.json:
         args.json.write_text(json.dumps(out, indent=2, allow_nan=False))
     if args.plot and curves:

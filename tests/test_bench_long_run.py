@@ -11,11 +11,17 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "bench_long_run.py"
 
 
-def write_run(folder: Path, entropies: list[float | None], *, kept: int = 4) -> None:
+def write_run(
+    folder: Path, entropies: list[float | None], *, kept: int = 4, region: tuple[int, int, float] = (0, 10, 0.0)
+) -> None:
+    """metrics.jsonl with one RL record a step (step 1 trained nothing); `region`: each step's quadrant/pos_high,
+    quadrant/pos_low and stare/lplus_negative_phi."""
     folder.mkdir(parents=True)
     lines = []
     for step, value in enumerate(entropies):
-        record = {"kind": "rl", "step": step, "data/kept_trajectories": kept if step != 1 else 0}
+        record = {"kind": "rl", "step": step, "data/kept_trajectories": kept if step != 1 else 0,
+                  "quadrant/pos_high": region[0], "quadrant/pos_low": region[1],
+                  "stare/lplus_negative_phi": region[2]}
         if value is not None:  # not measured: absent, as the run log writes it
             record["learner/entropy_all"] = value
         lines.append(json.dumps(record))
@@ -58,3 +64,41 @@ def test_a_run_not_started_or_under_way_is_said_so(tmp_path: Path):
     assert out.returncode == 0, out.stderr
     assert "long-s1 grpo-ds: not started" in out.stdout
     assert "steps 2," in out.stdout and "pass line" not in out.stdout  # nothing judged before step 64
+    assert "criterion (3) not judged yet" in out.stdout and "criterion (4) not judged yet" in out.stdout
+
+
+def write_samples(folder: Path, correct: dict[str, int], n: int = 8) -> None:
+    folder.mkdir(parents=True)
+    with open(folder / "samples.jsonl", "w") as handle:
+        for problem, hits in correct.items():
+            for index in range(n):
+                handle.write(json.dumps({"benchmark": "b", "problem_id": problem, "sample_index": index,
+                                         "correct": index < hits, "failed": False}) + "\n")
+
+
+def test_criteria_three_and_four_are_paired_over_tasks_and_the_raising_region_summed(tmp_path: Path):
+    run = tmp_path / "long-s0"
+    write_run(run, [0.3] * 8, region=(1, 9, 0.25))
+    write_run(run / "grpo-ds", [0.3] * 8, region=(0, 10, 0.0))
+    # STARE solves a, b of a, b, c, d; GRPO-ds a, b, c: held-out difference -0.25 (not met: below -0.03)
+    scores = {"rl": {"a": 1.0, "b": 1.0, "c": 0.0, "d": 0.0}, "rl-grpo-ds": {"a": 1.0, "b": 1.0, "c": 1.0, "d": 0.0}}
+    evaluations = {key: {"per_task": value} for key, value in scores.items()}
+    (run / "progress.json").write_text(json.dumps({"accuracy": {}, "evaluations": evaluations}))
+    # pass@8 by hand: STARE has one hit in 8 on each of a, b, c (pass@8 = 1) and none on d; GRPO-ds all 8 on a
+    # and b, none on c, d -> 0.75 - 0.5 = +0.25 (met)
+    write_samples(run / "pass8", {"a": 1, "b": 1, "c": 1, "d": 0})
+    write_samples(run / "grpo-ds" / "pass8", {"a": 8, "b": 8, "c": 0, "d": 0})
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), str(run), "--steps", "8", "--json", str(tmp_path / "f.json")],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    got = json.loads((tmp_path / "f.json").read_text())
+    pair = got["long-s0/stare-minus-grpo-ds"]
+    assert pair["accuracy"]["value"] == -0.25 and pair["accuracy"]["problems"] == 4
+    assert pair["pass@8"]["value"] == 0.25 and pair["pass@8"]["ci_low"] <= 0.25 <= pair["pass@8"]["ci_high"]
+    assert "pass line (3): STARE - grpo-ds accuracy -0.250" in out.stdout and "not met (>= -0.03)" in out.stdout
+    assert "pass line (4): STARE - grpo-ds pass@8 +0.250" in out.stdout
+    stare = got["long-s0/stare"]  # 7 steps trained (step 1 did not), each with 1 of 10 positive tokens at Phi < 0
+    assert abs(stare["positive_tokens_phi_negative"] - 0.1) < 1e-12 and stare["steps_lplus_phi_negative"] == 7
+    assert stare["lplus_phi_negative_mean"] == 0.25 and got["long-s0/grpo-ds"]["steps_lplus_phi_negative"] == 0
