@@ -1,0 +1,170 @@
+"""The near-critical weight on a real model (issue 28, item 2): STARE without its gate, short runs from one SFT
+model at several W (and P), a few seeds each, and the entropy drift per RL step against W.
+
+    .venv/bin/python benchmarks/bench_w_sweep.py --model runs/long-s0/sft_model --recipe smollm2-arith-long \\
+        --w 1.0,1.1,1.25,1.5,2,3 --p 0.1 --seeds 0,1 --steps 6 --out runs/w-sweep --json runs/w-sweep.json
+
+Each point is one `stare-agents train` run into OUT/p<P>-w<W>-s<seed>: the recipe's RL (its task mix, sampling,
+learning rate) with `rl.algorithm=stare` (O1), `rl.stare.gated=false`, `rl.stare.adaptive=false`, the given W
+and P, no SFT (the model is the SFT model given) and no held-out evaluation. A point already done is not run
+again, and one cut short resumes from its checkpoint, so the sweep can be spread over sessions (`--report` only
+reads what is there).
+
+The drift of a run is the least-squares slope of `learner/entropy_all` (the learner's entropy at the rollout
+temperature over every sampled action token, measured before each step's update) against the step. Runs of the
+same seed sample the same first batch (the engine is seeded), so they differ only by what W did to the policy.
+Per (P, W) it prints each seed's slope and their mean, and per P the W at which the mean slope changes sign
+(linear between the neighbouring W's), to set beside the first-order critical W of
+`bench_entropy_mechanism.py` and the paper's W* = 1 + O(1/T).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from stare_agents.jsonl import read_lines, report_unread
+
+KEY = "learner/entropy_all"
+
+
+def point_folder(out: Path, p: float, w: float, seed: int) -> Path:
+    return out / f"p{p:g}-w{w:g}-s{seed}"
+
+
+def train_command(
+    recipe: str, model: str, folder: Path, *, p: float, w: float, seed: int, steps: int, extra: list[str]
+) -> list[str]:
+    """The `stare-agents train` command of one point (resuming when the folder holds a run cut short)."""
+    command = [
+        sys.executable, "-m", "stare_agents.cli", "train", "--recipe", recipe, "--out", str(folder),
+        f"seed={seed}", f"model.name={model}", "sft.enabled=false", f"rl.steps={steps}",
+        "rl.algorithm=stare", "rl.stare.gated=false", "rl.stare.adaptive=false",
+        f"rl.stare.w={w}", f"rl.stare.top_ratio={p}", "eval.num_tasks=0", "eval.every=0", *extra,
+    ]  # fmt: skip
+    if (folder / "progress.json").exists():
+        command.append("--resume")
+    return command
+
+
+def done(folder: Path) -> bool:
+    progress = folder / "progress.json"
+    return progress.exists() and bool(json.loads(progress.read_text()).get("rl_done"))
+
+
+def entropies(folder: Path) -> dict[int, float]:
+    """`learner/entropy_all` by RL step (a resumed run's last record of a step)."""
+    metrics = folder / "metrics.jsonl"
+    if not metrics.exists():
+        return {}
+    records, unread = read_lines(metrics)
+    report_unread(unread, None, f"lines of {metrics}")
+    values: dict[int, float] = {}
+    for _, record in records:
+        if isinstance(record, dict) and record.get("kind") == "rl":
+            value = record.get(KEY)
+            if isinstance(value, int | float) and math.isfinite(value):
+                values[int(record["step"])] = float(value)
+    return values
+
+
+def slope(points: dict[int, float]) -> float | None:
+    """Least-squares slope of value against step; None with fewer than two steps."""
+    if len(points) < 2:
+        return None
+    xs, ys = list(points), list(points.values())
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
+
+
+def sign_change(ws: list[float], drifts: list[float | None]) -> float | None:
+    """The first W at which the drift goes from below zero to zero or above, linear between neighbours."""
+    known = [(w, d) for w, d in zip(ws, drifts, strict=True) if d is not None]
+    for (w0, d0), (w1, d1) in itertools.pairwise(known):
+        if d0 < 0 <= d1:
+            return w0 + (w1 - w0) * (-d0) / (d1 - d0)
+    return None
+
+
+def floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help="the SFT model every point starts from (a local folder)")
+    parser.add_argument("--recipe", default="smollm2-arith-long", help="recipe whose RL settings the runs use")
+    parser.add_argument("--w", default="1.0,1.05,1.1,1.25,1.5,2,3", help="W values (comma-separated)")
+    parser.add_argument("--p", default="0.1", help="P values, top_ratio (comma-separated)")
+    parser.add_argument("--seeds", default="0,1", help="training seeds (comma-separated)")
+    parser.add_argument("--steps", type=int, default=6, help="RL steps of each run")
+    parser.add_argument("--out", type=Path, required=True, help="folder of the runs, one sub-folder a point")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="another override for every run (repeat)"
+    )
+    parser.add_argument("--report", action="store_true", help="only report the runs already there")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args()
+    ws, ps, seeds = floats(args.w), floats(args.p), [int(s) for s in args.seeds.split(",") if s]
+
+    if not args.report:
+        for seed in seeds:  # a seed at a time, so that a sweep cut short has whole seeds to compare
+            for p in ps:
+                for w in ws:
+                    folder = point_folder(args.out, p, w, seed)
+                    if done(folder):
+                        continue
+                    folder.parent.mkdir(parents=True, exist_ok=True)
+                    command = train_command(
+                        args.recipe, args.model, folder, p=p, w=w, seed=seed, steps=args.steps, extra=args.set
+                    )
+                    print("running:", " ".join(command), flush=True)
+                    with open(folder.parent / f"{folder.name}.log", "a") as log:
+                        finished = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT)
+                    if finished.returncode != 0:
+                        raise SystemExit(
+                            f"{folder}: the run failed (exit {finished.returncode}); its log is {folder}.log"
+                        )
+
+    out: dict[str, Any] = {"steps": args.steps, "model": args.model, "recipe": args.recipe, "points": {}}
+    for p in ps:
+        means: list[float | None] = []
+        for w in ws:
+            per_seed: dict[str, Any] = {}
+            for seed in seeds:
+                folder = point_folder(args.out, p, w, seed)
+                values = entropies(folder)
+                per_seed[str(seed)] = {
+                    "steps": len(values),
+                    "done": done(folder),
+                    "first": values.get(0),
+                    "slope": slope(values),
+                }
+            slopes = [s["slope"] for s in per_seed.values() if s["done"] and s["slope"] is not None]
+            mean = sum(slopes) / len(slopes) if slopes else None
+            spread = (max(slopes) - min(slopes)) if len(slopes) > 1 else None
+            means.append(mean)
+            out["points"][f"p{p:g}-w{w:g}"] = {"p": p, "w": w, "seeds": per_seed, "mean_slope": mean, "spread": spread}
+            shown = " ".join(
+                f"s{seed} {s['slope']:+.4f}" if s["slope"] is not None else f"s{seed} -"
+                for seed, s in per_seed.items()
+            )
+            mean_text = f"{mean:+.4f}" if mean is not None else "-"
+            print(f"P {p:g} W {w:g}: entropy drift per step {mean_text} (done seeds; {shown})")
+        crossing = sign_change(ws, means)
+        out[f"sign_change_w_p{p:g}"] = crossing
+        print(f"P {p:g}: the mean drift changes sign at W = {crossing:.3g}" if crossing is not None
+              else f"P {p:g}: the mean drift does not change sign from below zero over W {ws[0]:g}-{ws[-1]:g}")
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=2, allow_nan=False))
+
+
+if __name__ == "__main__":
+    main()
