@@ -13,9 +13,12 @@ reads what is there).
 The drift of a run is the least-squares slope of `learner/entropy_all` (the learner's entropy at the rollout
 temperature over every sampled action token, measured before each step's update) against the step. Runs of the
 same seed sample the same first batch (the engine is seeded), so they differ only by what W did to the policy.
-Per (P, W) it prints each seed's slope and their mean, and per P the W at which the mean slope changes sign
-(linear between the neighbouring W's), to set beside the first-order critical W of
-`bench_entropy_mechanism.py` and the paper's W* = 1 + O(1/T).
+Each step samples a new batch, so that slope carries the batches' own spread. A second figure has none: the
+run's first batch (every trajectory sampled at step 0; the same tokens at every W of a seed) scored by the
+final model and by the start model at the rollout temperature, the difference of their token-mean entropies
+over its action tokens ("fixed-batch change"). Per (P, W) it prints each seed's figures and their mean, and per
+P the W at which the mean changes sign (linear between the neighbouring W's), to set beside the first-order
+critical W of `bench_entropy_mechanism.py` and the paper's W* = 1 + O(1/T).
 """
 
 from __future__ import annotations
@@ -74,6 +77,31 @@ def entropies(folder: Path) -> dict[int, float]:
     return values
 
 
+def batch_entropy(model: str | Path, trajectories: list, temperature: float) -> float:
+    """Token-mean entropy at `temperature` over the action tokens of `trajectories`, under `model`."""
+    import torch
+
+    from stare_agents.models import prepare_model
+    from stare_agents.train.policy import PolicyModel, load_causal_lm
+    from stare_agents.trajectory import collate
+
+    policy = PolicyModel(load_causal_lm(prepare_model(str(model))), temperature=temperature)
+    policy.eval()
+    batch = collate(trajectories, pad_token_id=0)
+    with torch.no_grad():
+        stats = policy(batch)
+    mask = batch.action_mask > 0
+    return float(stats.entropy[mask].sum()) / max(1, int(mask.sum()))
+
+
+def first_batch(folder: Path) -> list:
+    """Every trajectory the run sampled at step 0 (trained or not) that has action tokens."""
+    from stare_agents.rollout_log import read_rollouts
+
+    saved = read_rollouts(folder, 0)
+    return [r.trajectory for r in saved if r.trajectory.prompt_ids and any(r.trajectory.action_mask)]
+
+
 def slope(points: dict[int, float]) -> float | None:
     """Least-squares slope of value against step; None with fewer than two steps."""
     if len(points) < 2:
@@ -105,6 +133,7 @@ def main() -> None:
     parser.add_argument("--p", default="0.1", help="P values, top_ratio (comma-separated)")
     parser.add_argument("--seeds", default="0,1", help="training seeds (comma-separated)")
     parser.add_argument("--steps", type=int, default=6, help="RL steps of each run")
+    parser.add_argument("--temperature", type=float, default=0.7, help="the recipe's rollout temperature")
     parser.add_argument("--out", type=Path, required=True, help="folder of the runs, one sub-folder a point")
     parser.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="another override for every run (repeat)"
@@ -134,8 +163,26 @@ def main() -> None:
                         )
 
     out: dict[str, Any] = {"steps": args.steps, "model": args.model, "recipe": args.recipe, "points": {}}
+    start: dict[tuple, float] = {}  # the start model's entropy on a first batch, by its tokens
+
+    def fixed_change(folder: Path) -> float | None:
+        if not done(folder) or not (folder / "final_model").is_dir():
+            return None
+        batch = first_batch(folder)
+        key = tuple(tuple(t.prompt_ids + t.response_ids) for t in batch)
+        if key not in start:
+            start[key] = batch_entropy(args.model, batch, args.temperature)
+        return batch_entropy(folder / "final_model", batch, args.temperature) - start[key]
+
+    def mean(values: list[float | None]) -> float | None:
+        known = [v for v in values if v is not None]
+        return sum(known) / len(known) if known else None
+
+    def text(value: float | None) -> str:
+        return f"{value:+.4f}" if value is not None else "-"
+
     for p in ps:
-        means: list[float | None] = []
+        means: dict[str, list[float | None]] = {"slope": [], "fixed_batch_change": []}
         for w in ws:
             per_seed: dict[str, Any] = {}
             for seed in seeds:
@@ -145,23 +192,26 @@ def main() -> None:
                     "steps": len(values),
                     "done": done(folder),
                     "first": values.get(0),
-                    "slope": slope(values),
+                    "slope": slope(values) if done(folder) else None,
+                    "fixed_batch_change": fixed_change(folder),
                 }
-            slopes = [s["slope"] for s in per_seed.values() if s["done"] and s["slope"] is not None]
-            mean = sum(slopes) / len(slopes) if slopes else None
-            spread = (max(slopes) - min(slopes)) if len(slopes) > 1 else None
-            means.append(mean)
-            out["points"][f"p{p:g}-w{w:g}"] = {"p": p, "w": w, "seeds": per_seed, "mean_slope": mean, "spread": spread}
-            shown = " ".join(
-                f"s{seed} {s['slope']:+.4f}" if s["slope"] is not None else f"s{seed} -"
-                for seed, s in per_seed.items()
+            point: dict[str, Any] = {"p": p, "w": w, "seeds": per_seed}
+            for figure, found in means.items():
+                got = [s[figure] for s in per_seed.values() if s[figure] is not None]
+                point[f"mean_{figure}"] = mean(got)
+                point[f"spread_{figure}"] = max(got) - min(got) if len(got) > 1 else None
+                found.append(point[f"mean_{figure}"])
+            out["points"][f"p{p:g}-w{w:g}"] = point
+            shown = ", ".join(
+                f"s{seed} {text(s['slope'])} / {text(s['fixed_batch_change'])}" for seed, s in per_seed.items()
             )
-            mean_text = f"{mean:+.4f}" if mean is not None else "-"
-            print(f"P {p:g} W {w:g}: entropy drift per step {mean_text} (done seeds; {shown})")
-        crossing = sign_change(ws, means)
-        out[f"sign_change_w_p{p:g}"] = crossing
-        print(f"P {p:g}: the mean drift changes sign at W = {crossing:.3g}" if crossing is not None
-              else f"P {p:g}: the mean drift does not change sign from below zero over W {ws[0]:g}-{ws[-1]:g}")
+            print(f"P {p:g} W {w:g}: entropy drift per step {text(point['mean_slope'])}, fixed-batch change "
+                  f"{text(point['mean_fixed_batch_change'])} (mean of the seeds done; {shown})")
+        for figure, found in means.items():
+            crossing = sign_change(ws, found)
+            out[f"sign_change_w_p{p:g}_{figure}"] = crossing
+            print(f"P {p:g}: the mean {figure} changes sign at W = {crossing:.3g}" if crossing is not None
+                  else f"P {p:g}: the mean {figure} does not turn from below zero over W {ws[0]:g}-{ws[-1]:g}")
     if args.json:
         args.json.write_text(json.dumps(out, indent=2, allow_nan=False))
 

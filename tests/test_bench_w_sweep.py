@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from stare_agents.models import prepare_model
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "bench_w_sweep.py"
 
@@ -31,6 +33,32 @@ def test_slope_and_sign_change_by_hand():
     assert bench.sign_change([1.0, 1.5, 2.0], [-0.02, None, 0.02]) == pytest.approx(1.5)
     assert bench.sign_change([1.0, 2.0], [-0.02, -0.01]) is None  # never turns
     assert bench.sign_change([1.0, 2.0], [0.01, -0.01]) is None  # falls with W: not the paper's turn
+
+
+def entropy_by_hand(model_dir: Path, folder: Path, temperature: float = 0.7) -> float:
+    """The token-mean entropy at `temperature` of the run's step-0 action tokens, one trajectory at a time with
+    the Hugging Face model itself: position p's token is predicted by the logits at p - 1."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from stare_agents.rollout_log import read_rollouts
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    total, count = 0.0, 0
+    for saved in read_rollouts(folder, 0):
+        t = saved.trajectory
+        if not t.prompt_ids or not any(t.action_mask):
+            continue
+        ids = torch.tensor([t.prompt_ids + t.response_ids])
+        with torch.no_grad():
+            logits = model(ids).logits[0].double() / temperature
+        logp = torch.log_softmax(logits, dim=-1)
+        entropy = -(logp.exp() * logp).sum(-1)
+        for j, bit in enumerate(t.action_mask):
+            if bit:
+                total += float(entropy[len(t.prompt_ids) + j - 1])
+                count += 1
+    return total / count
 
 
 def run(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -61,6 +89,8 @@ def test_a_sweep_runs_each_point_once_and_reports_the_slope_of_its_metrics(tmp_p
         assert sorted(entropy) == [0, 1]
         point = got["points"][f"p0.1-w{w}"]["seeds"]["0"]
         assert point["done"] and point["slope"] == pytest.approx(entropy[1] - entropy[0])
+        change = entropy_by_hand(folder / "final_model", folder) - entropy_by_hand(prepare_model("tiny"), folder)
+        assert point["fixed_batch_change"] == pytest.approx(change, abs=1e-5)
     # run again: nothing is trained twice, the same figures come back
     again = run(*common)
     assert again.returncode == 0 and "running:" not in again.stdout
@@ -85,5 +115,5 @@ def test_report_reads_only_what_is_there(tmp_path: Path):
     got = run("--model", "unused", "--w", "2,3", "--seeds", "0", "--out", str(tmp_path / "sweep"), "--report")
     assert got.returncode == 0, got.stderr
     assert "running:" not in got.stdout
-    assert "P 0.1 W 2: entropy drift per step +0.0100" in got.stdout
-    assert "P 0.1 W 3: entropy drift per step - (done seeds; s0 -)" in got.stdout
+    assert "P 0.1 W 2: entropy drift per step +0.0100, fixed-batch change -" in got.stdout  # no final model
+    assert "P 0.1 W 3: entropy drift per step -, fixed-batch change - (mean of the seeds done; s0 - / -)" in got.stdout
