@@ -59,6 +59,9 @@ def main() -> None:
         "--sweep", default="1.0,1.05,1.1,1.25,1.5,2,3", help="W values for the first-order drift"
     )
     parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument(
+        "--no-control", action="store_true", help="leave out the random-token control (half the time)"
+    )
     args = parser.parse_args()
 
     import torch
@@ -139,20 +142,23 @@ def main() -> None:
             "critical_w_o1": probe.critical_w(),
             "critical_w_c2": probe.critical_w(m=args.m, variant="C2"),
         }
-        # the random-token control: as many tokens as L+ / L-, drawn uniformly from T+ / T-
-        gen = torch.Generator().manual_seed(0)
-        control = []
-        for chosen, sign in ((probe.lplus, 1), (probe.lminus, -1)):
-            candidates = (probe.mask & (probe.advantages * sign > 0)).nonzero()
-            pick = candidates[torch.randperm(len(candidates), generator=gen)[: int(chosen.sum())]]
-            mask = torch.zeros_like(chosen)
-            mask[pick[:, 0], pick[:, 1]] = True
-            control.append(mask)
-        del probe  # its gradients: ~9 copies of the model
-        random_probe = EntropyProbe(policy, batch, advantages, selection=(control[0], control[1]))
-        measure("random-o1", random_probe, PartWeights.stare("O1", args.w, args.m))
-        figures["w_sweep"]["critical_w_random"] = random_probe.critical_w()
-        del random_probe
+        if not args.no_control:
+            # the random-token control: as many tokens as L+ / L-, drawn uniformly from T+ / T-
+            gen = torch.Generator().manual_seed(0)
+            control = []
+            for chosen, sign in ((probe.lplus, 1), (probe.lminus, -1)):
+                candidates = (probe.mask & (probe.advantages * sign > 0)).nonzero()
+                pick = candidates[torch.randperm(len(candidates), generator=gen)[: int(chosen.sum())]]
+                mask = torch.zeros_like(chosen)
+                mask[pick[:, 0], pick[:, 1]] = True
+                control.append(mask)
+            del probe  # its gradients: ~9 copies of the model
+            random_probe = EntropyProbe(policy, batch, advantages, selection=(control[0], control[1]))
+            measure("random-o1", random_probe, PartWeights.stare("O1", args.w, args.m))
+            figures["w_sweep"]["critical_w_random"] = random_probe.critical_w()
+            del random_probe
+        else:
+            del probe
         figures["seconds"] = round(time.perf_counter() - started, 1)
         print(spec, "w sweep", dumps(figures["w_sweep"]), flush=True)
         out["batches"][spec] = figures
