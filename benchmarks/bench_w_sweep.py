@@ -129,7 +129,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="the SFT model every point starts from (a local folder)")
     parser.add_argument("--recipe", default="smollm2-arith-long", help="recipe whose RL settings the runs use")
-    parser.add_argument("--w", default="1.0,1.05,1.1,1.25,1.5,2,3", help="W values (comma-separated)")
+    parser.add_argument(
+        "--w", default="1.0,1.05,1.1,1.25,1.5,2,3", help="W values (comma-separated; run in this order)"
+    )
     parser.add_argument("--p", default="0.1", help="P values, top_ratio (comma-separated)")
     parser.add_argument("--seeds", default="0,1", help="training seeds (comma-separated)")
     parser.add_argument("--steps", type=int, default=6, help="RL steps of each run")
@@ -162,6 +164,7 @@ def main() -> None:
                             f"{folder}: the run failed (exit {finished.returncode}); its log is {folder}.log"
                         )
 
+    ws = sorted(ws)  # run in the order given (the most telling W's first), reported in increasing W
     out: dict[str, Any] = {"steps": args.steps, "model": args.model, "recipe": args.recipe, "points": {}}
     start: dict[tuple, float] = {}  # the start model's entropy on a first batch, by its tokens
 

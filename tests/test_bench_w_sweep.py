@@ -112,8 +112,9 @@ def test_report_reads_only_what_is_there(tmp_path: Path):
     lines = [{"kind": "rl", "step": s, "learner/entropy_all": 0.3 + 0.01 * s} for s in range(3)]
     (folder / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     (folder / "progress.json").write_text(json.dumps({"rl_done": True}))
-    got = run("--model", "unused", "--w", "2,3", "--seeds", "0", "--out", str(tmp_path / "sweep"), "--report")
+    got = run("--model", "unused", "--w", "3,2", "--seeds", "0", "--out", str(tmp_path / "sweep"), "--report")
     assert got.returncode == 0, got.stderr
     assert "running:" not in got.stdout
     assert "P 0.1 W 2: entropy drift per step +0.0100, fixed-batch change -" in got.stdout  # no final model
     assert "P 0.1 W 3: entropy drift per step -, fixed-batch change - (mean of the seeds done; s0 - / -)" in got.stdout
+    assert got.stdout.index("W 2:") < got.stdout.index("W 3:")  # reported in increasing W, whatever the order run
