@@ -11,11 +11,11 @@ again, and one cut short resumes from its checkpoint, so the sweep can be spread
 reads what is there).
 
 The drift of a run is the least-squares slope of `learner/entropy_all` (the learner's entropy at the rollout
-temperature over every sampled action token, measured before each step's update) against the step. Runs of the
-same seed sample the same first batch (the engine is seeded), so they differ only by what W did to the policy.
+temperature over every sampled action token, measured before each step's update) against the step. The engine
+is seeded, but vLLM on CPU does not sample the same tokens run to run: two points of one seed drew different
+first batches (0.33 and 0.28 entropy, 4 and 8 trained trajectories), so points differ by their batches too.
 Each step samples a new batch, so that slope carries the batches' own spread. A second figure has none: the
-run's first batch (every trajectory sampled at step 0; the same tokens at every W of a seed) scored by the
-final model and by the start model at the rollout temperature, the difference of their token-mean entropies
+run's first batch (every trajectory sampled at step 0) scored by the final model and by the start model at the rollout temperature, the difference of their token-mean entropies
 over its action tokens ("fixed-batch change"). Per (P, W) it prints each seed's figures and their mean, and per
 P the W at which the mean changes sign (linear between the neighbouring W's), to set beside the first-order
 critical W of `bench_entropy_mechanism.py` and the paper's W* = 1 + O(1/T).
