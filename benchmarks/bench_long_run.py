@@ -75,12 +75,11 @@ def raising_region(records: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def per_task(folder: Path, key: str) -> dict[str, float] | None:
+def per_task(data: dict[str, Any] | None, key: str) -> dict[str, float] | None:
     """The final model's held-out score per task (progress.json), or None before it was evaluated."""
-    progress = folder / "progress.json"
-    if not progress.exists():
+    if data is None:
         return None
-    return json.loads(progress.read_text()).get("evaluations", {}).get(key, {}).get("per_task")
+    return data.get("evaluations", {}).get(key, {}).get("per_task")
 
 
 def pass_at(folder: Path, k: int) -> dict[str, float] | None:
@@ -102,11 +101,15 @@ def difference(after: dict[str, float] | None, before: dict[str, float] | None) 
     return {"value": got.value, "ci_low": got.ci_low, "ci_high": got.ci_high, "problems": got.problems}
 
 
-def accuracy(folder: Path, key: str) -> dict[str, Any] | None:
-    progress = folder / "progress.json"
-    if not progress.exists():
+def progress(folder: Path) -> dict[str, Any] | None:
+    """The run folder's progress.json (accuracies and per-task evaluations), or None before it was written."""
+    path = folder / "progress.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def accuracy(data: dict[str, Any] | None, key: str) -> dict[str, Any] | None:
+    if data is None:
         return None
-    data = json.loads(progress.read_text())
     return {point: data.get("accuracy", {}).get(point) for point in ("sft", key)}
 
 
@@ -124,6 +127,7 @@ def main() -> None:
     out: dict[str, Any] = {}
     curves: list[tuple[str, list[dict[str, Any]]]] = []
     for run in args.runs:
+        state = progress(run)  # read once: the accuracies of both algorithms and their per-task scores
         for name, folder, key in (("stare", run, "rl"), (args.compare, run / args.compare, f"rl-{args.compare}")):
             metrics = folder / "metrics.jsonl"
             if not metrics.exists():
@@ -131,7 +135,7 @@ def main() -> None:
                 continue
             records = rl_records(metrics)
             got = figures(records, args.target, args.steps)
-            got["accuracy"] = accuracy(run, key)
+            got["accuracy"] = accuracy(state, key)
             out[f"{run.name}/{name}"] = got
             curves.append((f"{run.name} {name}", records))
             line = ", ".join(f"{k} {v}" for k, v in got.items() if k not in ("trained_on_nothing", "gate_off"))
@@ -147,7 +151,7 @@ def main() -> None:
                     half = got["second_half_mean"] < got["first"] / 2
                     print(f"    pass line (2): second-half mean {got['second_half_mean']:.3f} vs half of step 0 "
                           f"{got['first'] / 2:.3f}: {'met' if half else 'not met'}")
-        scored = {name: per_task(run, key) for name, key in (("stare", "rl"), ("compare", f"rl-{args.compare}"))}
+        scored = {name: per_task(state, key) for name, key in (("stare", "rl"), ("compare", f"rl-{args.compare}"))}
         passed = {name: pass_at(folder / "pass8", args.k) for name, folder in (("stare", run), ("compare", run / args.compare))}
         pair = {"accuracy": difference(scored["stare"], scored["compare"]),
                 f"pass@{args.k}": difference(passed["stare"], passed["compare"])}

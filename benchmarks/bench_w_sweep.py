@@ -168,18 +168,14 @@ def main() -> None:
     out: dict[str, Any] = {"steps": args.steps, "model": args.model, "recipe": args.recipe, "points": {}}
     start: dict[tuple, float] = {}  # the start model's entropy on a first batch, by its tokens
 
-    def fixed_change(folder: Path) -> float | None:
-        if not done(folder) or not (folder / "final_model").is_dir():
+    def fixed_change(folder: Path, finished: bool) -> float | None:
+        if not finished or not (folder / "final_model").is_dir():
             return None
         batch = first_batch(folder)
         key = tuple(tuple(t.prompt_ids + t.response_ids) for t in batch)
         if key not in start:
             start[key] = batch_entropy(args.model, batch, args.temperature)
         return batch_entropy(folder / "final_model", batch, args.temperature) - start[key]
-
-    def mean(values: list[float | None]) -> float | None:
-        known = [v for v in values if v is not None]
-        return sum(known) / len(known) if known else None
 
     def text(value: float | None) -> str:
         return f"{value:+.4f}" if value is not None else "-"
@@ -190,18 +186,18 @@ def main() -> None:
             per_seed: dict[str, Any] = {}
             for seed in seeds:
                 folder = point_folder(args.out, p, w, seed)
-                values = entropies(folder)
+                values, finished = entropies(folder), done(folder)
                 per_seed[str(seed)] = {
                     "steps": len(values),
-                    "done": done(folder),
+                    "done": finished,
                     "first": values.get(0),
-                    "slope": slope(values) if done(folder) else None,
-                    "fixed_batch_change": fixed_change(folder),
+                    "slope": slope(values) if finished else None,
+                    "fixed_batch_change": fixed_change(folder, finished),
                 }
             point: dict[str, Any] = {"p": p, "w": w, "seeds": per_seed}
             for figure, found in means.items():
                 got = [s[figure] for s in per_seed.values() if s[figure] is not None]
-                point[f"mean_{figure}"] = mean(got)
+                point[f"mean_{figure}"] = sum(got) / len(got) if got else None
                 point[f"spread_{figure}"] = max(got) - min(got) if len(got) > 1 else None
                 found.append(point[f"mean_{figure}"])
             out["points"][f"p{p:g}-w{w:g}"] = point
