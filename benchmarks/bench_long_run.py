@@ -13,7 +13,11 @@ within the band in >= 70% of second-half steps, (2) GRPO-ds's second-half mean b
 interval), (4) STARE's pass@K minus GRPO-ds's >= 0 when both final models were evaluated into `pass8/`
 (`stare-agents eval --k 8 ... --out <folder>/pass8`). Also the mechanism's figure per run: the share of
 positive-advantage tokens in the entropy-raising region (Phi < 0) and of STARE's L+ there, over the steps
-that trained. A run still under way is reported as far as it has got ("steps": how many).
+that trained. And what each gate input (`rl.stare.gate_input`) reads on the run's own log: the trained batch's
+entropy (`learner/entropy`), that of every sampled trajectory and its moving average, with how often each sits
+below the target (the gate on) over the steps that trained. That is a reading of one run, not a run per input:
+another input would have steered the run elsewhere. A run still under way is reported as far as it has got
+("steps": how many).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from stare_agents.jsonl import read_lines, report_unread
 from stare_agents.stats import paired_difference
 
 KEY = "learner/entropy_all"
+TRAINED = "learner/entropy"  # the trained (kept) batch's pre-update entropy: gate_input "trained"
 
 
 def rl_records(metrics: Path) -> list[dict[str, Any]]:
@@ -42,9 +47,39 @@ def rl_records(metrics: Path) -> list[dict[str, Any]]:
     return [steps[s] for s in sorted(steps)]
 
 
+def finite(value: Any) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value)
+
+
+def gate_inputs(records: list[dict[str, Any]], target: float, decay: float) -> dict[str, Any]:
+    """What each gate input reads at the steps that trained (a finite trained-batch entropy): the means of the
+    trained batch's and of all sampled trajectories' entropy, the steps each input (and the moving average of
+    the all-sampled entropy over every step, as `StareReweighting.gate_entropy` keeps it) reads below
+    `target`, and the steps where the trained and the all-sampled reading disagree about the gate."""
+    ema: float | None = None
+    read: list[tuple[float, float, float]] = []
+    for r in records:
+        if finite(r.get(KEY)):
+            ema = r[KEY] if ema is None else decay * ema + (1 - decay) * r[KEY]
+        if finite(r.get(TRAINED)) and finite(r.get(KEY)) and ema is not None:
+            read.append((r[TRAINED], r[KEY], ema))
+    if not read:
+        return {"gate_input_steps": 0}
+    n = len(read)
+    return {
+        "gate_input_steps": n,
+        "trained_entropy_mean": sum(t for t, _, _ in read) / n,
+        "all_entropy_mean_same_steps": sum(a for _, a, _ in read) / n,
+        "gate_on_reading_trained": sum(t < target for t, _, _ in read),
+        "gate_on_reading_all": sum(a < target for _, a, _ in read),
+        "gate_on_reading_ema": sum(e < target for _, _, e in read),
+        "trained_and_all_disagree": sum((t < target) != (a < target) for t, a, _ in read),
+    }
+
+
 def figures(records: list[dict[str, Any]], target: float, total_steps: int) -> dict[str, Any]:
     """Entropy figures of one algorithm's run; the second half is steps total_steps // 2 onwards."""
-    values = {r["step"]: r[KEY] for r in records if isinstance(r.get(KEY), int | float) and math.isfinite(r[KEY])}
+    values = {r["step"]: r[KEY] for r in records if finite(r.get(KEY))}
     second = [v for s, v in values.items() if s >= total_steps // 2]
     inside = [v for v in second if abs(v - target) <= 0.3 * target]
     first = values.get(0)
@@ -122,6 +157,7 @@ def main() -> None:
     parser.add_argument("--plot", type=Path, help="write the entropy-by-step plot here (PNG)")
     parser.add_argument("--json", type=Path, help="write the figures here")
     parser.add_argument("--k", type=int, default=8, help="pass@k of criterion (4), from <folder>/pass8")
+    parser.add_argument("--ema-decay", type=float, default=0.8, help="rl.stare.ema_decay of the gate-input reading")
     args = parser.parse_args()
 
     out: dict[str, Any] = {}
@@ -135,13 +171,23 @@ def main() -> None:
                 continue
             records = rl_records(metrics)
             got = figures(records, args.target, args.steps)
+            got["gate_inputs"] = gate_inputs(records, args.target, args.ema_decay)
             got["accuracy"] = accuracy(state, key)
             out[f"{run.name}/{name}"] = got
             curves.append((f"{run.name} {name}", records))
-            line = ", ".join(f"{k} {v}" for k, v in got.items() if k not in ("trained_on_nothing", "gate_off"))
+            line = ", ".join(
+                f"{k} {v}" for k, v in got.items() if k not in ("trained_on_nothing", "gate_off", "gate_inputs")
+            )
             print(f"{run} {name}: {line}")
             gate = f"; gate off at {got['gate_off']}" if name == "stare" else ""  # the others have no gate
             print(f"    trained on nothing at {got['trained_on_nothing']}{gate}")
+            read = got["gate_inputs"]
+            if read["gate_input_steps"]:
+                print(f"    gate inputs over the {read['gate_input_steps']} steps that trained (this run's log): "
+                      f"trained batch {read['trained_entropy_mean']:.3f} vs all sampled "
+                      f"{read['all_entropy_mean_same_steps']:.3f}; below the target {args.target}: trained "
+                      f"{read['gate_on_reading_trained']}, all {read['gate_on_reading_all']}, ema "
+                      f"{read['gate_on_reading_ema']}; trained and all disagree at {read['trained_and_all_disagree']}")
             if got["steps"] >= args.steps and got["second_half_mean"] is not None:
                 if name == "stare":
                     share = got["second_half_within_30pct"]
@@ -178,7 +224,7 @@ def main() -> None:
         ax.axhline(args.target, color="tab:green", lw=0.8)
         ax.axvspan(args.steps // 2, args.steps - 1, color="grey", alpha=0.07, label="second half (judged)")
         for label, records in curves:
-            points = [(r["step"], r[KEY]) for r in records if isinstance(r.get(KEY), int | float)]
+            points = [(r["step"], r[KEY]) for r in records if finite(r.get(KEY))]
             ax.plot([s for s, _ in points], [v for _, v in points], marker=".", lw=1.2,
                     ls="-" if " stare" in label else "--", label=label)
         ax.set_xlabel("RL step")

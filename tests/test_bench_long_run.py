@@ -12,10 +12,16 @@ SCRIPT = ROOT / "benchmarks" / "bench_long_run.py"
 
 
 def write_run(
-    folder: Path, entropies: list[float | None], *, kept: int = 4, region: tuple[int, int, float] = (0, 10, 0.0)
+    folder: Path,
+    entropies: list[float | None],
+    *,
+    kept: int = 4,
+    region: tuple[int, int, float] = (0, 10, 0.0),
+    trained: list[float] | None = None,
 ) -> None:
     """metrics.jsonl with one RL record a step (step 1 trained nothing); `region`: each step's quadrant/pos_high,
-    quadrant/pos_low and stare/lplus_negative_phi."""
+    quadrant/pos_low and stare/lplus_negative_phi; `trained`: each step's learner/entropy (the kept batch's,
+    written only at the steps that trained)."""
     folder.mkdir(parents=True)
     lines = []
     for step, value in enumerate(entropies):
@@ -24,6 +30,8 @@ def write_run(
                   "stare/lplus_negative_phi": region[2]}
         if value is not None:  # not measured: absent, as the run log writes it
             record["learner/entropy_all"] = value
+        if trained is not None and step != 1:
+            record["learner/entropy"] = trained[step]
         lines.append(json.dumps(record))
     lines.append(json.dumps({"kind": "eval", "step": 0, "point": "sft"}))
     (folder / "metrics.jsonl").write_text("\n".join(lines) + "\n")
@@ -102,3 +110,30 @@ def test_criteria_three_and_four_are_paired_over_tasks_and_the_raising_region_su
     stare = got["long-s0/stare"]  # 7 steps trained (step 1 did not), each with 1 of 10 positive tokens at Phi < 0
     assert abs(stare["positive_tokens_phi_negative"] - 0.1) < 1e-12 and stare["steps_lplus_phi_negative"] == 7
     assert stare["lplus_phi_negative_mean"] == 0.25 and got["long-s0/grpo-ds"]["steps_lplus_phi_negative"] == 0
+
+
+def test_the_gate_inputs_are_read_off_the_log_by_hand(tmp_path: Path):
+    run = tmp_path / "long-s0"
+    # target 0.3, EMA decay 0.5. Step 1 trained nothing: it feeds the EMA but is not a gate-input step.
+    #   step:        0     1     2     3
+    #   all:       0.40  0.20  0.36  0.10
+    #   ema:       0.40  0.30  0.33  0.215
+    #   trained:   0.25   -    0.32  0.05
+    # below 0.3 at steps 0, 2, 3: trained 0 and 3 (2), all 3 (1), ema 3 (1); trained and all disagree at 0 (1)
+    write_run(run, [0.40, 0.20, 0.36, 0.10], trained=[0.25, 9.9, 0.32, 0.05])
+    write_run(run / "grpo-ds", [0.40, 0.20, 0.36, 0.10])  # no trained-batch entropy logged
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), str(run), "--steps", "4", "--ema-decay", "0.5", "--json", str(tmp_path / "f.json")],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    read = json.loads((tmp_path / "f.json").read_text())["long-s0/stare"]["gate_inputs"]
+    assert read["gate_input_steps"] == 3
+    assert abs(read["trained_entropy_mean"] - (0.25 + 0.32 + 0.05) / 3) < 1e-12
+    assert abs(read["all_entropy_mean_same_steps"] - (0.40 + 0.36 + 0.10) / 3) < 1e-12
+    assert (read["gate_on_reading_trained"], read["gate_on_reading_all"], read["gate_on_reading_ema"]) == (2, 1, 1)
+    assert read["trained_and_all_disagree"] == 1
+    assert "below the target 0.3: trained 2, all 1, ema 1; trained and all disagree at 1" in out.stdout
+    # a run that never logged the trained batch's entropy reads nothing and says nothing of it
+    assert json.loads((tmp_path / "f.json").read_text())["long-s0/grpo-ds"]["gate_inputs"] == {"gate_input_steps": 0}
+    assert out.stdout.count("gate inputs over") == 1
