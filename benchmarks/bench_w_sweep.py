@@ -19,6 +19,11 @@ run's first batch (every trajectory sampled at step 0) scored by the final model
 over its action tokens ("fixed-batch change"). Per (P, W) it prints each seed's figures and their mean, and per
 P the W at which the mean changes sign (linear between the neighbouring W's), to set beside the first-order
 critical W of `bench_entropy_mechanism.py` and the paper's W* = 1 + O(1/T).
+
+With `--common-batch RUN` a third figure takes the batch's difference out as well: every point's final model and
+the start model score one and the same batch, RUN's step-0 rollouts (a run from the same start model, e.g.
+`runs/long-s0`, whose step 0 the SFT model sampled), "common-batch change". What is left between two points of
+one seed is the W and the batches each trained on.
 """
 
 from __future__ import annotations
@@ -140,10 +145,21 @@ def main() -> None:
     parser.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="another override for every run (repeat)"
     )
+    parser.add_argument(
+        "--common-batch", type=Path, metavar="RUN",
+        help="a run folder from the same start model: its step-0 rollouts are the batch every point is scored on",
+    )  # fmt: skip
     parser.add_argument("--report", action="store_true", help="only report the runs already there")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     ws, ps, seeds = floats(args.w), floats(args.p), [int(s) for s in args.seeds.split(",") if s]
+    common: list = []
+    if args.common_batch is not None:  # checked before any point runs, not after hours of them
+        if not (args.common_batch / "rollouts").is_dir():
+            raise SystemExit(f"--common-batch {args.common_batch}: no rollouts/ there (a train run's folder)")
+        common = first_batch(args.common_batch)
+        if not common:
+            raise SystemExit(f"--common-batch {args.common_batch}: its step 0 saved no trajectory with action tokens")
 
     if not args.report:
         for seed in seeds:  # a seed at a time, so that a sweep cut short has whole seeds to compare
@@ -168,10 +184,11 @@ def main() -> None:
     out: dict[str, Any] = {"steps": args.steps, "model": args.model, "recipe": args.recipe, "points": {}}
     start: dict[tuple, float] = {}  # the start model's entropy on a first batch, by its tokens
 
-    def fixed_change(folder: Path, finished: bool) -> float | None:
+    def fixed_change(folder: Path, finished: bool, batch: list | None = None) -> float | None:
+        """The final model's entropy on `batch` (the point's own first batch when None) minus the start's."""
         if not finished or not (folder / "final_model").is_dir():
             return None
-        batch = first_batch(folder)
+        batch = first_batch(folder) if batch is None else batch
         key = tuple(tuple(t.prompt_ids + t.response_ids) for t in batch)
         if key not in start:
             start[key] = batch_entropy(args.model, batch, args.temperature)
@@ -182,6 +199,8 @@ def main() -> None:
 
     for p in ps:
         means: dict[str, list[float | None]] = {"slope": [], "fixed_batch_change": []}
+        if common:
+            means["common_batch_change"] = []
         for w in ws:
             per_seed: dict[str, Any] = {}
             for seed in seeds:
@@ -194,6 +213,8 @@ def main() -> None:
                     "slope": slope(values) if finished else None,
                     "fixed_batch_change": fixed_change(folder, finished),
                 }
+                if common:
+                    per_seed[str(seed)]["common_batch_change"] = fixed_change(folder, finished, common)
             point: dict[str, Any] = {"p": p, "w": w, "seeds": per_seed}
             for figure, found in means.items():
                 got = [s[figure] for s in per_seed.values() if s[figure] is not None]
@@ -202,10 +223,11 @@ def main() -> None:
                 found.append(point[f"mean_{figure}"])
             out["points"][f"p{p:g}-w{w:g}"] = point
             shown = ", ".join(
-                f"s{seed} {text(s['slope'])} / {text(s['fixed_batch_change'])}" for seed, s in per_seed.items()
+                f"s{seed} " + " / ".join(text(s[figure]) for figure in means) for seed, s in per_seed.items()
             )
+            also = f", common-batch change {text(point['mean_common_batch_change'])}" if common else ""
             print(f"P {p:g} W {w:g}: entropy drift per step {text(point['mean_slope'])}, fixed-batch change "
-                  f"{text(point['mean_fixed_batch_change'])} (mean of the seeds done; {shown})")
+                  f"{text(point['mean_fixed_batch_change'])}{also} (mean of the seeds done; {shown})")
         for figure, found in means.items():
             crossing = sign_change(ws, found)
             out[f"sign_change_w_p{p:g}_{figure}"] = crossing

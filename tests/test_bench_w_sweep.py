@@ -95,6 +95,19 @@ def test_a_sweep_runs_each_point_once_and_reports_the_slope_of_its_metrics(tmp_p
     again = run(*common)
     assert again.returncode == 0 and "running:" not in again.stdout
     assert json.loads((tmp_path / "f.json").read_text()) == got
+    # one common batch (W 1's step 0) scored by both points: W 1's figure is its fixed-batch one, W 3's its own
+    shared = out / "p0.1-w1-s0"
+    both = run(*common, "--report", "--common-batch", str(shared))
+    assert both.returncode == 0, both.stderr + both.stdout
+    points = json.loads((tmp_path / "f.json").read_text())["points"]
+    w1, w3 = points["p0.1-w1"]["seeds"]["0"], points["p0.1-w3"]["seeds"]["0"]
+    assert w1["common_batch_change"] == pytest.approx(w1["fixed_batch_change"], abs=1e-6)
+    change = entropy_by_hand(out / "p0.1-w3-s0" / "final_model", shared) - entropy_by_hand(prepare_model("tiny"), shared)
+    assert w3["common_batch_change"] == pytest.approx(change, abs=1e-5)
+    assert "common-batch change" in both.stdout
+    # a folder with no rollouts is refused before anything runs
+    wrong = run(*common, "--common-batch", str(tmp_path / "nothing-here"))
+    assert wrong.returncode != 0 and "no rollouts/ there" in wrong.stderr and "running:" not in wrong.stdout
 
 
 def test_a_point_that_fails_stops_the_sweep_naming_its_log(tmp_path: Path):
