@@ -16,7 +16,10 @@ positive-advantage tokens in the entropy-raising region (Phi < 0) and of STARE's
 that trained. And what each gate input (`rl.stare.gate_input`) reads on the run's own log: the trained batch's
 entropy (`learner/entropy`), that of every sampled trajectory and its moving average, with how often each sits
 below the target (the gate on) over the steps that trained. That is a reading of one run, not a run per input:
-another input would have steered the run elsewhere. A run still under way is reported as far as it has got
+another input would have steered the run elsewhere. What the inputs differ by comes from the saved rollouts:
+the sampler's entropy over the trained groups' action tokens, over the groups left out whose samples were all
+correct, and over the rest left out (all or some wrong, no reward variance), with each kind's share of the
+tokens. A run still under way is reported as far as it has got
 ("steps": how many).
 """
 
@@ -74,6 +77,41 @@ def gate_inputs(records: list[dict[str, Any]], target: float, decay: float) -> d
         "gate_on_reading_all": sum(a < target for _, a, _ in read),
         "gate_on_reading_ema": sum(e < target for _, _, e in read),
         "trained_and_all_disagree": sum((t < target) != (a < target) for t, a, _ in read),
+    }
+
+
+GROUP_KINDS = ("trained", "left out, all correct", "left out, not all correct")
+
+
+def entropy_by_group(folder: Path) -> dict[str, Any]:
+    """Over every saved step of the run: per group kind (GROUP_KINDS; a group is trained when any of its
+    rollouts is), the trajectories, the action tokens, their share of all, and the sampler's entropy estimate
+    there (minus the mean log-prob of the sampled action tokens at the rollout temperature, as
+    `rollout/sampler_entropy`). Empty when the run saved no rollouts."""
+    from stare_agents.rollout_log import read_rollouts, saved_steps
+
+    tally = {kind: [0, 0, 0.0] for kind in GROUP_KINDS}  # trajectories, tokens, -sum log-prob
+    for step in saved_steps(folder):
+        groups: dict[str, list] = {}
+        for saved in read_rollouts(folder, step):
+            groups.setdefault(saved.trajectory.group_id, []).append(saved)
+        for group in groups.values():
+            if any(r.status == "trained" for r in group):
+                kind = GROUP_KINDS[0]
+            else:
+                kind = GROUP_KINDS[1] if all(r.trajectory.correct for r in group) else GROUP_KINDS[2]
+            for saved in group:
+                t = saved.trajectory
+                actions = [lp for lp, bit in zip(t.rollout_logprobs, t.action_mask, strict=True) if bit]
+                if actions:
+                    tally[kind][0] += 1
+                    tally[kind][1] += len(actions)
+                    tally[kind][2] -= sum(actions)
+    total = sum(tokens for _, tokens, _ in tally.values())
+    return {
+        kind: {"trajectories": n, "tokens": tokens, "token_share": tokens / total, "entropy": minus / tokens}
+        for kind, (n, tokens, minus) in tally.items()
+        if tokens
     }
 
 
@@ -172,11 +210,14 @@ def main() -> None:
             records = rl_records(metrics)
             got = figures(records, args.target, args.steps)
             got["gate_inputs"] = gate_inputs(records, args.target, args.ema_decay)
+            got["entropy_by_group"] = entropy_by_group(folder)
             got["accuracy"] = accuracy(state, key)
             out[f"{run.name}/{name}"] = got
             curves.append((f"{run.name} {name}", records))
             line = ", ".join(
-                f"{k} {v}" for k, v in got.items() if k not in ("trained_on_nothing", "gate_off", "gate_inputs")
+                f"{k} {v}"
+                for k, v in got.items()
+                if k not in ("trained_on_nothing", "gate_off", "gate_inputs", "entropy_by_group")
             )
             print(f"{run} {name}: {line}")
             gate = f"; gate off at {got['gate_off']}" if name == "stare" else ""  # the others have no gate
@@ -188,6 +229,12 @@ def main() -> None:
                       f"{read['all_entropy_mean_same_steps']:.3f}; below the target {args.target}: trained "
                       f"{read['gate_on_reading_trained']}, all {read['gate_on_reading_all']}, ema "
                       f"{read['gate_on_reading_ema']}; trained and all disagree at {read['trained_and_all_disagree']}")
+            if got["entropy_by_group"]:
+                kinds = "; ".join(
+                    f"{kind} {g['entropy']:.3f} ({g['token_share']:.0%} of the tokens)"
+                    for kind, g in got["entropy_by_group"].items()
+                )
+                print(f"    sampler entropy by group over the saved rollouts: {kinds}")
             if got["steps"] >= args.steps and got["second_half_mean"] is not None:
                 if name == "stare":
                     share = got["second_half_within_30pct"]

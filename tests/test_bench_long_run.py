@@ -137,3 +137,41 @@ def test_the_gate_inputs_are_read_off_the_log_by_hand(tmp_path: Path):
     # a run that never logged the trained batch's entropy reads nothing and says nothing of it
     assert json.loads((tmp_path / "f.json").read_text())["long-s0/grpo-ds"]["gate_inputs"] == {"gate_input_steps": 0}
     assert out.stdout.count("gate inputs over") == 1
+
+
+def test_the_sampler_entropy_by_group_kind_by_hand(tmp_path: Path):
+    from stare_agents.rollout_log import SavedRollout, write_step
+    from stare_agents.trajectory import Trajectory
+
+    def saved(group: str, logprobs: list[float], mask: list[int], *, status: str, correct: bool) -> SavedRollout:
+        n = len(logprobs)
+        t = Trajectory(prompt_ids=[1], response_ids=list(range(2, 2 + n)), action_mask=mask, rollout_logprobs=logprobs,
+                       group_id=group, correct=correct)  # fmt: skip
+        return SavedRollout(step=0, trajectory=t, status=status)
+
+    run = tmp_path / "long-s0"
+    write_run(run, [0.3, 0.3])
+    write_step(run, 0, [
+        # trained group: the observation token (mask 0) is not an action token: 3 tokens, not 4
+        saved("a", [-0.2, 0.0, -0.4], [1, 0, 1], status="trained", correct=True),
+        saved("a", [-0.6], [1], status="trained", correct=False),
+        saved("b", [-0.1, -0.1], [1, 1], status="dropped", correct=True),  # all correct
+        saved("b", [-0.3], [1], status="dropped", correct=True),
+        saved("c", [-1.0, -2.0], [1, 1], status="dropped", correct=False),  # none correct
+        saved("c", [], [], status="dropped", correct=False),  # no action token: not counted
+    ])  # fmt: skip
+    write_step(run, 1, [saved("d", [-0.5, -0.5, -0.5, -0.5], [1, 1, 1, 1], status="dropped", correct=False)])
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), str(run), "--steps", "2", "--json", str(tmp_path / "f.json")],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    kinds = json.loads((tmp_path / "f.json").read_text())["long-s0/stare"]["entropy_by_group"]
+    # 3 + 3 + 6 = 12 action tokens
+    assert kinds["trained"]["trajectories"] == 2 and kinds["trained"]["tokens"] == 3
+    assert abs(kinds["trained"]["entropy"] - 1.2 / 3) < 1e-12 and abs(kinds["trained"]["token_share"] - 3 / 12) < 1e-12
+    correct = kinds["left out, all correct"]
+    assert correct["tokens"] == 3 and abs(correct["entropy"] - 0.5 / 3) < 1e-12
+    rest = kinds["left out, not all correct"]  # step 0's c and step 1's d
+    assert rest["trajectories"] == 2 and rest["tokens"] == 6 and abs(rest["entropy"] - 5.0 / 6) < 1e-12
+    assert "trained 0.400 (25% of the tokens)" in out.stdout
