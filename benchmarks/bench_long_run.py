@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -83,18 +84,31 @@ def gate_inputs(records: list[dict[str, Any]], target: float, decay: float) -> d
 GROUP_KINDS = ("trained", "left out, all correct", "left out, not all correct")
 
 
-def entropy_by_group(folder: Path) -> dict[str, Any]:
-    """Over every saved step of the run: per group kind (GROUP_KINDS; a group is trained when any of its
-    rollouts is), the trajectories, the action tokens, their share of all, and the sampler's entropy estimate
-    there (minus the mean log-prob of the sampled action tokens at the rollout temperature, as
-    `rollout/sampler_entropy`). Empty when the run saved no rollouts."""
+def rollout_figures(folder: Path) -> dict[str, Any]:
+    """From every saved step of the run (`rollouts/`), read once:
+    - "entropy_by_group": per group kind (GROUP_KINDS; a group is trained when any of its rollouts is), the
+      trajectories, the action tokens, their share of all, and the sampler's entropy estimate there (minus the
+      mean log-prob of the sampled action tokens at the rollout temperature, as `rollout/sampler_entropy`);
+    - "lplus": STARE's L+ tokens (selection 1) with the learner's log-prob and entropy saved: how many, their
+      median surprisal, the median entropy at their positions, and the share whose surprisal is above that
+      entropy (roughly where up-weighting a token raises the entropy, Phi < 0).
+    Both are empty when the run saved none."""
     from stare_agents.rollout_log import read_rollouts, saved_steps
 
     tally = {kind: [0, 0, 0.0] for kind in GROUP_KINDS}  # trajectories, tokens, -sum log-prob
+    surprisal: list[float] = []
+    entropy: list[float] = []
     for step in saved_steps(folder):
         groups: dict[str, list] = {}
         for saved in read_rollouts(folder, step):
             groups.setdefault(saved.trajectory.group_id, []).append(saved)
+            if saved.selection and saved.learner_logprobs and saved.learner_entropy:
+                for chosen, logprob, h in zip(
+                    saved.selection, saved.learner_logprobs, saved.learner_entropy, strict=True
+                ):
+                    if chosen == 1:
+                        surprisal.append(-logprob)
+                        entropy.append(h)
         for group in groups.values():
             if any(r.status == "trained" for r in group):
                 kind = GROUP_KINDS[0]
@@ -108,11 +122,20 @@ def entropy_by_group(folder: Path) -> dict[str, Any]:
                     tally[kind][1] += len(actions)
                     tally[kind][2] -= sum(actions)
     total = sum(tokens for _, tokens, _ in tally.values())
-    return {
+    by_group = {
         kind: {"trajectories": n, "tokens": tokens, "token_share": tokens / total, "entropy": minus / tokens}
         for kind, (n, tokens, minus) in tally.items()
         if tokens
     }
+    lplus: dict[str, Any] = {}
+    if surprisal:
+        lplus = {
+            "tokens": len(surprisal),
+            "median_surprisal": statistics.median(surprisal),
+            "median_entropy": statistics.median(entropy),
+            "surprisal_above_entropy": sum(x > h for x, h in zip(surprisal, entropy, strict=True)) / len(surprisal),
+        }
+    return {"entropy_by_group": by_group, "lplus": lplus}
 
 
 def figures(records: list[dict[str, Any]], target: float, total_steps: int) -> dict[str, Any]:
@@ -210,14 +233,14 @@ def main() -> None:
             records = rl_records(metrics)
             got = figures(records, args.target, args.steps)
             got["gate_inputs"] = gate_inputs(records, args.target, args.ema_decay)
-            got["entropy_by_group"] = entropy_by_group(folder)
+            got.update(rollout_figures(folder))
             got["accuracy"] = accuracy(state, key)
             out[f"{run.name}/{name}"] = got
             curves.append((f"{run.name} {name}", records))
             line = ", ".join(
                 f"{k} {v}"
                 for k, v in got.items()
-                if k not in ("trained_on_nothing", "gate_off", "gate_inputs", "entropy_by_group")
+                if k not in ("trained_on_nothing", "gate_off", "gate_inputs", "entropy_by_group", "lplus")
             )
             print(f"{run} {name}: {line}")
             gate = f"; gate off at {got['gate_off']}" if name == "stare" else ""  # the others have no gate
@@ -235,6 +258,11 @@ def main() -> None:
                     for kind, g in got["entropy_by_group"].items()
                 )
                 print(f"    sampler entropy by group over the saved rollouts: {kinds}")
+            if got["lplus"]:
+                lp = got["lplus"]
+                print(f"    L+ tokens saved: {lp['tokens']}, median surprisal {lp['median_surprisal']:.3f} against a median "
+                      f"entropy at their positions of {lp['median_entropy']:.3f}; surprisal above that entropy: "
+                      f"{lp['surprisal_above_entropy']:.1%}")
             if got["steps"] >= args.steps and got["second_half_mean"] is not None:
                 if name == "stare":
                     share = got["second_half_within_30pct"]

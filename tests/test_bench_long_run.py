@@ -143,18 +143,27 @@ def test_the_sampler_entropy_by_group_kind_by_hand(tmp_path: Path):
     from stare_agents.rollout_log import SavedRollout, write_step
     from stare_agents.trajectory import Trajectory
 
-    def saved(group: str, logprobs: list[float], mask: list[int], *, status: str, correct: bool) -> SavedRollout:
+    def saved(
+        group: str, logprobs: list[float], mask: list[int], *, status: str, correct: bool, learner=None
+    ) -> SavedRollout:
         n = len(logprobs)
         t = Trajectory(prompt_ids=[1], response_ids=list(range(2, 2 + n)), action_mask=mask, rollout_logprobs=logprobs,
                        group_id=group, correct=correct)  # fmt: skip
-        return SavedRollout(step=0, trajectory=t, status=status)
+        if learner is None:
+            return SavedRollout(step=0, trajectory=t, status=status)
+        selection, learner_logprobs, entropy = learner
+        return SavedRollout(step=0, trajectory=t, status=status, selection=selection,
+                            learner_logprobs=learner_logprobs, learner_entropy=entropy)  # fmt: skip
 
     run = tmp_path / "long-s0"
     write_run(run, [0.3, 0.3])
+    write_run(run / "grpo-ds", [0.3, 0.3])
     write_step(run, 0, [
         # trained group: the observation token (mask 0) is not an action token: 3 tokens, not 4
-        saved("a", [-0.2, 0.0, -0.4], [1, 0, 1], status="trained", correct=True),
-        saved("a", [-0.6], [1], status="trained", correct=False),
+        # L+ (selection 1): surprisals 0.2 (entropy 0.5) and 0.4 (entropy 0.1); the L- token (-1) is not L+
+        saved("a", [-0.2, 0.0, -0.4], [1, 0, 1], status="trained", correct=True,
+              learner=([1, 0, 1], [-0.2, 0.0, -0.4], [0.5, 0.0, 0.1])),
+        saved("a", [-0.6], [1], status="trained", correct=False, learner=([-1], [-0.6], [0.9])),
         saved("b", [-0.1, -0.1], [1, 1], status="dropped", correct=True),  # all correct
         saved("b", [-0.3], [1], status="dropped", correct=True),
         saved("c", [-1.0, -2.0], [1, 1], status="dropped", correct=False),  # none correct
@@ -175,3 +184,8 @@ def test_the_sampler_entropy_by_group_kind_by_hand(tmp_path: Path):
     rest = kinds["left out, not all correct"]  # step 0's c and step 1's d
     assert rest["trajectories"] == 2 and rest["tokens"] == 6 and abs(rest["entropy"] - 5.0 / 6) < 1e-12
     assert "trained 0.400 (25% of the tokens)" in out.stdout
+    lplus = json.loads((tmp_path / "f.json").read_text())["long-s0/stare"]["lplus"]
+    assert lplus["tokens"] == 2 and abs(lplus["median_surprisal"] - 0.3) < 1e-12
+    assert abs(lplus["median_entropy"] - 0.3) < 1e-12 and lplus["surprisal_above_entropy"] == 0.5
+    grpo = tmp_path / "f.json"  # GRPO-ds's folder saved no rollouts: nothing to read, nothing printed of it
+    assert json.loads(grpo.read_text())["long-s0/grpo-ds"]["lplus"] == {} and out.stdout.count("L+ tokens saved") == 1
