@@ -141,6 +141,8 @@ def main() -> None:
             },
             "critical_w_o1": probe.critical_w(),
             "critical_w_c2": probe.critical_w(m=args.m, variant="C2"),
+            # C2 at the bench's W: the M below which the step raises the entropy (when L- pushes it down)
+            "critical_m_c2": probe.critical_m(w=args.w),
         }
         if not args.no_control:
             # the random-token control: as many tokens as L+ / L-, drawn uniformly from T+ / T-

@@ -78,3 +78,7 @@ def test_the_bench_probes_a_named_step_under_a_named_model(tmp_path: Path):
     # STARE's reweighting changes the step, so its prediction differs from GRPO-ds's
     rows = batch["weightings"]
     assert rows["stare-c2"]["steps"][0]["predicted"] != rows["grpo-ds"]["steps"][0]["predicted"]
+    # the critical M of C2 at the bench's W, from O1 (M 1) and C2 (the bench's M): the drift is linear in M
+    o1, c2 = rows["stare-o1"]["steps"][0]["predicted"], rows["stare-c2"]["steps"][0]["predicted"]
+    per_m = (o1 - c2) / (1 - got["m"])  # the drift's change per unit of M
+    assert batch["w_sweep"]["critical_m_c2"] == pytest.approx(1 - o1 / per_m, rel=1e-6)

@@ -15,8 +15,9 @@ L_w = -(1/N) sum_t A_t w_t log pi(a_t) over the action tokens (the clipped surro
 before any clip bites). The gradient is linear in the token weights, so the probe splits it once into parts:
 the four quadrants (sign of A, sign of Phi), each split again into STARE's selection (L+ / L- at top_ratio)
 and the rest. Any weighting that is constant on each part (GRPO, STARE O1 or C2 at any W and M, a random-token
-control with the same P) is then a combination of those gradients: `predicted` for it is a dot product, and
-the W at which the first-order drift changes sign is `critical_w`.
+control with the same P) is then a combination of those gradients: `predicted` for it is a dot product, the W
+at which the first-order drift changes sign is `critical_w`, and C2's M at which it does, at a given W,
+`critical_m`.
 """
 
 from __future__ import annotations
@@ -201,6 +202,18 @@ class EntropyProbe:
             if not (n.startswith("pos") and n.endswith("/selected"))
         )
         return -base / plus if plus else math.inf
+
+    def critical_m(self, *, w: float) -> float:
+        """The M at which C2's first-order drift at weight `w` on L+ changes sign: the drift is linear in M,
+        -lr * (base + M * minus) with `minus` L-'s part; M* = -base / minus (inf when L- does not move the
+        entropy). With M below M* (and minus > 0, L- pushing the entropy down) the step raises the entropy."""
+        minus = sum(d for n, d in self.part_dots.items() if n.startswith("neg") and n.endswith("/selected"))
+        base = sum(
+            (w if n.startswith("pos") and n.endswith("/selected") else 1.0) * d
+            for n, d in self.part_dots.items()
+            if not (n.startswith("neg") and n.endswith("/selected"))
+        )
+        return -base / minus if minus else math.inf
 
     def quadrant_counts(self) -> dict[str, int]:
         return {q: int(self.parts[f"{q}/selected"].sum() + self.parts[f"{q}/rest"].sum()) for q in QUADRANTS}

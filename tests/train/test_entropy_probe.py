@@ -52,6 +52,13 @@ def test_the_parts_add_up_and_each_part_is_its_own_step(probe):
     w_star = probe.critical_w()
     if math.isfinite(w_star) and w_star > 0:
         assert probe.predicted(PartWeights.stare("O1", w_star), lr) == pytest.approx(0.0, abs=1e-12)
+    # and linear in C2's M: at the critical M (whatever its sign) the first-order change of C2 at that W vanishes
+    m_star = probe.critical_m(w=1.3)
+    assert math.isfinite(m_star)  # this batch has L- tokens that move the entropy
+    scale = abs(probe.predicted(PartWeights.stare("C2", 1.3, 1.0), lr))
+    assert scale > 0
+    assert probe.predicted(PartWeights.stare("C2", 1.3, m_star), lr) == pytest.approx(0.0, abs=1e-9 * scale)
+    assert probe.predicted(PartWeights.stare("C2", 1.3, m_star + 1.0), lr) != pytest.approx(0.0, abs=1e-3 * scale)
 
 
 def test_the_logit_space_formula_by_hand(probe):
