@@ -19,7 +19,8 @@ below the target (the gate on) over the steps that trained. That is a reading of
 another input would have steered the run elsewhere. What the inputs differ by comes from the saved rollouts:
 the sampler's entropy over the trained groups' action tokens, over the groups left out whose samples were all
 correct, and over the rest left out (all or some wrong, no reward variance), with each kind's share of the
-tokens. A run still under way is reported as far as it has got
+tokens. And STARE's L+ tokens there: their median surprisal against the median entropy at their positions (W
+raises the entropy only through tokens more surprising than their position's entropy, roughly). A run still under way is reported as far as it has got
 ("steps": how many).
 """
 
