@@ -59,15 +59,17 @@ def finite(value: Any) -> bool:
 def gate_inputs(records: list[dict[str, Any]], target: float, decay: float) -> dict[str, Any]:
     """What each gate input reads at the steps that trained (a finite trained-batch entropy): the means of the
     trained batch's and of all sampled trajectories' entropy, the steps each input (and the moving average of
-    the all-sampled entropy over every step, as `StareReweighting.gate_entropy` keeps it) reads below
+    the all-sampled entropy over every step, kept by `Stare.gate_entropy` itself) reads below
     `target`, and the steps where the trained and the all-sampled reading disagree about the gate."""
-    ema: float | None = None
+    from stare_agents.algo.stare import Stare, StareConfig
+
+    moving = Stare(StareConfig(gate_input="ema", ema_decay=decay))  # the trainer's own moving average
     read: list[tuple[float, float, float]] = []
     for r in records:
         if finite(r.get(KEY)):
-            ema = r[KEY] if ema is None else decay * ema + (1 - decay) * r[KEY]
-        if finite(r.get(TRAINED)) and finite(r.get(KEY)) and ema is not None:
-            read.append((r[TRAINED], r[KEY], ema))
+            moving.gate_entropy(math.nan, r[KEY])
+        if finite(r.get(TRAINED)) and finite(r.get(KEY)) and moving.ema is not None:
+            read.append((r[TRAINED], r[KEY], moving.ema))
     if not read:
         return {"gate_input_steps": 0}
     n = len(read)
