@@ -1,0 +1,104 @@
+"""benchmarks/bench_precision_seeds.py: the per-seed, per-precision figures by hand on written run folders, the
+bar at its edges, and presets that load as the precisions they name."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stare_agents import hardware
+from stare_agents.train.config import load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "bench_precision_seeds.py"
+
+
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_precision_seeds", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def write_point(folder: Path, gain: float, low: float, *, rewards=(0.25, 0.5, 0.75), torn: bool = False) -> None:
+    folder.mkdir(parents=True)
+    summary = {
+        "accuracy": {"base": 0.0, "sft": 0.5, "rl": 0.5 + gain},
+        "rl_gain": {"of": "rl - sft", "value": gain, "ci_low": low, "ci_high": gain + 0.06, "tasks": 200},
+        "precision": {"rollout_dtype": "bfloat16", "learner": "bf16"},
+        "mismatch": {"logprob_abs_diff_mean": 0.01, "kl_mean": 1.1e-3, "ratio_outside_mean": 0.03},
+        "wall_time_s": 500.0,
+    }
+    (folder / "summary.json").write_text(json.dumps(summary))
+    lines = [json.dumps({"kind": "rl", "step": i, "rollout/mean_reward": r}) for i, r in enumerate(rewards)]
+    lines.insert(1, json.dumps({"kind": "rl", "step": 99}))  # a step without a reward figure: left out
+    lines.append(json.dumps({"kind": "eval", "point": "sft", "tool_error_rate": 0.4}))
+    lines.append(json.dumps({"kind": "eval", "point": "rl", "tool_error_rate": 0.02}))
+    if torn:
+        lines.append('{"kind": "rl", "step": 3, "rollout/mean_')  # a run killed mid-line
+    (folder / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def test_a_point_read_by_hand_and_the_bar_at_its_edges(tmp_path: Path, caplog: pytest.LogCaptureFixture):
+    b = bench()
+    write_point(tmp_path / "bf16-s0", 0.25, 0.15, torn=True)  # on the bar: passes
+    write_point(tmp_path / "bf16-s1", 0.40, 0.149)  # the interval's lower end just under: misses
+    write_point(tmp_path / "bf16-s2", 0.249, 0.20)  # the gain just under: misses
+    with caplog.at_level(logging.WARNING):
+        p0 = b.read_point(tmp_path / "bf16-s0")
+    assert "could not be read" in caplog.text and "metrics.jsonl" in caplog.text  # the torn line is named
+    assert p0["passes"] and p0["reward"] == {"first": 0.25, "last": 0.75, "max": 0.75}
+    assert p0["tool_error_rate_after_rl"] == 0.02 and p0["ci"] == [0.15, 0.31]
+    p1, p2 = b.read_point(tmp_path / "bf16-s1"), b.read_point(tmp_path / "bf16-s2")
+    assert not p1["passes"] and not p2["passes"]
+    a = b.aggregate({0: p0, 1: p1, 2: p2})
+    assert a["rl_minus_sft_mean"] == pytest.approx((0.25 + 0.40 + 0.249) / 3)
+    assert a["rl_minus_sft_range"] == [0.249, 0.40] and not a["every_seed_passes"]
+    assert b.aggregate({0: p0})["every_seed_passes"]
+    assert b.read_point(tmp_path / "missing") is None
+
+
+def test_report_prints_the_table_and_strict_json(tmp_path: Path):
+    write_point(tmp_path / "fp32-s0", 0.30, 0.22)
+    out = tmp_path / "figures.json"
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", str(tmp_path), "--report", "--seeds", "0,1",
+         "--precisions", "fp32,bf16", "--json", str(out)],
+        capture_output=True, text=True, check=True,
+    )
+    assert "fp32-s1: not finished" in result.stdout and "bf16-s0: not finished" in result.stdout
+    assert "| fp32 | 0 | 0.500 | 0.800 | +0.300 [+0.220, +0.360] | pass |" in result.stdout
+    figures = json.loads(out.read_text(), parse_constant=lambda c: pytest.fail(f"non-strict JSON: {c}"))
+    assert figures["aggregate"] == {
+        "fp32": {"seeds": [0], "rl_minus_sft_mean": 0.30, "rl_minus_sft_range": [0.30, 0.30],
+                 "every_seed_passes": True}
+    }
+    assert "bf16" not in figures["aggregate"]  # no point of it: absent, not NaN
+
+
+def test_an_unknown_precision_is_refused_before_any_run(tmp_path: Path):
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", str(tmp_path), "--precisions", "fp32,fast"],
+        capture_output=True, text=True,
+    )
+    assert result.returncode == 2 and "unknown precision(s) ['fast']" in result.stderr
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    "name, engine, learner",
+    [("fp32", "float32", "fp32"), ("bf16", "bfloat16", "bf16"), ("engine-bf16", "bfloat16", "fp32"),
+     ("learner-bf16", "float32", "bf16"), ("bf16-head-tis", "bfloat16", "bf16")],
+)
+def test_each_precision_loads_as_what_it_names_on_any_cpu(name, engine, learner):
+    config = load_config(recipe="smollm2-arith", overrides=bench().PRECISIONS[name])
+    assert hardware.resolve_dtype(config.model.rollout_dtype) == engine
+    assert hardware.resolve_precision(config.rl.learner.precision) == learner
+    assert config.model.fp32_lm_head == (name == "bf16-head-tis")
+    assert config.rl.learner.importance.active == (name == "bf16-head-tis")
