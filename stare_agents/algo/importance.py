@@ -108,9 +108,11 @@ def mismatch_sums(
 
 
 # When a step's mismatch is large enough to matter (BENCHMARKS.md, "Precision"): the k3 KL estimate or the
-# share of tokens whose ratio leaves [0.9, 1.1] above these.
-WARN_KL = 1e-3
-WARN_OUTSIDE = 0.01
+# share of tokens whose ratio leaves [0.9, 1.1] above these. bf16 on both sides, in runs that learned as fp32
+# did, reached KL 2.7e-3 and 7.3% per step (35 steps, 3 seeds, an AMX Xeon); an engine left on its first
+# weights reads KL 2.6-4e-2 against a trained learner. The lines sit about 2x above the first.
+WARN_KL = 5e-3
+WARN_OUTSIDE = 0.10
 
 
 def mismatch_warning(metrics: dict[str, float], *, corrected: bool, fp32_head: bool) -> str | None:
