@@ -7,8 +7,10 @@ fails, because in CI a skipped real-component test would hide a broken install.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -51,3 +53,11 @@ def docker_sandbox(pool_size: int):
     available, reason = docker_status()
     require(available, "Docker sandbox", reason)
     return DockerSandbox(pool_size)  # started by `with`
+
+
+def load_script(path: Path) -> ModuleType:
+    """A script that is not part of the package (benchmarks/, examples/), imported as a module by its path."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 import os
 import subprocess
@@ -11,17 +10,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from support import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location(
-        "bench_entropy_mechanism", ROOT / "benchmarks" / "bench_entropy_mechanism.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "benchmarks" / "bench_entropy_mechanism.py")
 
 
 def test_a_run_alone_is_its_first_batch_under_its_sft_model():

@@ -3,7 +3,6 @@ bar at its edges, and presets that load as the precisions they name."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import subprocess
@@ -11,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support import load_script
 
 from stare_agents import hardware
 from stare_agents.train.config import load_config
@@ -20,10 +20,7 @@ SCRIPT = ROOT / "benchmarks" / "bench_precision_seeds.py"
 
 
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_precision_seeds", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 def write_point(folder: Path, gain: float, low: float, *, rewards=(0.25, 0.5, 0.75), torn: bool = False) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -10,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support import load_script
 
 from stare_agents.models import prepare_model
 
@@ -18,10 +18,7 @@ SCRIPT = ROOT / "benchmarks" / "bench_w_sweep.py"
 
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location("bench_w_sweep", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 def test_slope_and_sign_change_by_hand():
