@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import subprocess
 import sys
@@ -34,7 +33,7 @@ from stare_agents.jsonl import dumps, read_lines, report_unread
 
 RECIPE = "smollm2-arith"
 PRECISIONS: dict[str, list[str]] = {
-    "fp32": ["model.rollout_dtype=float32", "rl.learner.precision=fp32"],  # the recipe's own RL
+    "fp32": ["model.rollout_dtype=float32", "rl.learner.precision=fp32"],
     "bf16": ["model.rollout_dtype=bfloat16", "rl.learner.precision=bf16"],
     "engine-bf16": ["model.rollout_dtype=bfloat16", "rl.learner.precision=fp32"],
     "learner-bf16": ["model.rollout_dtype=float32", "rl.learner.precision=bf16"],
@@ -46,16 +45,6 @@ PRECISIONS: dict[str, list[str]] = {
     ],
 }
 BAR_GAIN, BAR_LOW = 0.25, 0.15  # issue 27's bar: RL - SFT >= +0.25, the paired interval's lower end >= +0.15
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.partition(":")[2].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def run_point(folder: Path, precision: str, seed: int) -> None:
@@ -155,7 +144,8 @@ def main() -> None:
     unknown = [p for p in precisions if p not in PRECISIONS]
     if unknown:
         parser.error(f"unknown precision(s) {unknown}: choose from {sorted(PRECISIONS)}")
-    if not args.report and "bf16" in " ".join(precisions) and not hardware.bf16_is_fast():
+    needs_bf16 = any("bf16" in override for p in precisions for override in PRECISIONS[p])
+    if not args.report and needs_bf16 and not hardware.bf16_is_fast():
         print("note: this CPU has no avx512_bf16 or AMX: the bf16 points run about 100x slower here", flush=True)
     out = Path(args.out)
     results: dict[str, dict[int, dict[str, Any]]] = {}
@@ -170,11 +160,11 @@ def main() -> None:
                 print(f"{folder}: not finished (no summary.json)", flush=True)
                 continue
             results[precision][seed] = point
-    print(f"CPU: {cpu_name()}; bf16 units: {sorted(hardware.BF16_CPU_FLAGS & hardware.cpu_flags()) or 'none'}")
+    print(f"CPU: {hardware.cpu_model()}; bf16 units: {sorted(hardware.BF16_CPU_FLAGS & hardware.cpu_flags()) or 'none'}")
     print(table(results))
     if args.json:
         figures = {
-            "cpu": cpu_name(),
+            "cpu": hardware.cpu_model(),
             "points": {p: {str(s): v for s, v in points.items()} for p, points in results.items()},
             "aggregate": {p: aggregate(points) for p, points in results.items() if points},
         }

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import platform
 from pathlib import Path
 
 logger = logging.getLogger("stare_agents.hardware")
@@ -18,16 +19,27 @@ BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 
 
 @functools.cache
-def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags (Linux /proc/cpuinfo; empty elsewhere)."""
+def _cpuinfo(field: str) -> str | None:
+    """The first `field` of Linux /proc/cpuinfo (None elsewhere, or without it)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return frozenset()
+        return None
     for line in text.splitlines():
-        if line.startswith("flags"):
-            return frozenset(line.partition(":")[2].split())
-    return frozenset()
+        if line.startswith(field):
+            return line.partition(":")[2].strip()
+    return None
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags (Linux /proc/cpuinfo; empty elsewhere)."""
+    return frozenset((_cpuinfo("flags") or "").split())
+
+
+def cpu_model() -> str:
+    """The CPU's model name, for figures that say where they were measured ("unknown CPU" when not found)."""
+    return _cpuinfo("model name") or platform.processor() or "unknown CPU"
 
 
 @functools.cache
