@@ -24,6 +24,14 @@ With `--common-batch RUN` a third figure takes the batch's difference out as wel
 the start model score one and the same batch, RUN's step-0 rollouts (a run from the same start model, e.g.
 `runs/long-s0`, whose step 0 the SFT model sampled), "common-batch change". What is left between two points of
 one seed is the W and the batches each trained on.
+
+With `--m` the points are STARE-C2 instead (`rl.algorithm=stare-c2`: W on L+ and M on L-, still without the gate
+and with W and M fixed), one at each (W, M), into OUT/p<P>-w<W>-m<M>-s<seed>; per W it also reports the M below
+which the mean drift turns from falling to rising, to set beside the first-order critical M of
+`bench_entropy_mechanism.py` (`critical_m_c2`):
+
+    .venv/bin/python benchmarks/bench_w_sweep.py --model runs/long-s0/sft_model --w 1.5 --m 1,0.5,0.33,0.25,0.1 \
+        --seeds 0,1 --steps 6 --out runs/m-sweep --json runs/m-sweep.json --common-batch runs/long-s0
 """
 
 from __future__ import annotations
@@ -42,18 +50,34 @@ from stare_agents.jsonl import read_lines, report_unread
 KEY = "learner/entropy_all"
 
 
-def point_folder(out: Path, p: float, w: float, seed: int) -> Path:
-    return out / f"p{p:g}-w{w:g}-s{seed}"
+def point_name(p: float, w: float, m: float | None = None) -> str:
+    """A point's name: P and W, and M for a STARE-C2 point (None: O1)."""
+    return f"p{p:g}-w{w:g}" + (f"-m{m:g}" if m is not None else "")
+
+
+def point_folder(out: Path, p: float, w: float, seed: int, m: float | None = None) -> Path:
+    return out / f"{point_name(p, w, m)}-s{seed}"
 
 
 def train_command(
-    recipe: str, model: str, folder: Path, *, p: float, w: float, seed: int, steps: int, extra: list[str]
+    recipe: str,
+    model: str,
+    folder: Path,
+    *,
+    p: float,
+    w: float,
+    seed: int,
+    steps: int,
+    extra: list[str],
+    m: float | None = None,
 ) -> list[str]:
-    """The `stare-agents train` command of one point (resuming when the folder holds a run cut short)."""
+    """The `stare-agents train` command of one point (resuming when the folder holds a run cut short): STARE-O1
+    at W, or STARE-C2 at W and M when `m` is given."""
+    algorithm = ["rl.algorithm=stare"] if m is None else ["rl.algorithm=stare-c2", f"rl.stare.m={m}"]
     command = [
         sys.executable, "-m", "stare_agents.cli", "train", "--recipe", recipe, "--out", str(folder),
         f"seed={seed}", f"model.name={model}", "sft.enabled=false", f"rl.steps={steps}",
-        "rl.algorithm=stare", "rl.stare.gated=false", "rl.stare.adaptive=false",
+        *algorithm, "rl.stare.gated=false", "rl.stare.adaptive=false",
         f"rl.stare.w={w}", f"rl.stare.top_ratio={p}", "eval.num_tasks=0", "eval.every=0", *extra,
     ]  # fmt: skip
     if (folder / "progress.json").exists():
@@ -117,12 +141,13 @@ def slope(points: dict[int, float]) -> float | None:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
 
 
-def sign_change(ws: list[float], drifts: list[float | None]) -> float | None:
-    """The first W at which the drift goes from below zero to zero or above, linear between neighbours."""
-    known = [(w, d) for w, d in zip(ws, drifts, strict=True) if d is not None]
-    for (w0, d0), (w1, d1) in itertools.pairwise(known):
-        if d0 < 0 <= d1:
-            return w0 + (w1 - w0) * (-d0) / (d1 - d0)
+def sign_change(xs: list[float], drifts: list[float | None], *, falling: bool = False) -> float | None:
+    """The first x (in increasing x) at which the drift goes from below zero to zero or above, linear between
+    neighbours; with `falling`, from zero or above to below zero (C2's drift against M, which rises as M falls)."""
+    known = [(x, d) for x, d in zip(xs, drifts, strict=True) if d is not None]
+    for (x0, d0), (x1, d1) in itertools.pairwise(known):
+        if (d0 >= 0 > d1) if falling else (d0 < 0 <= d1):
+            return x0 + (x1 - x0) * (-d0) / (d1 - d0)
     return None
 
 
@@ -138,6 +163,9 @@ def main() -> None:
         "--w", default="1.0,1.05,1.1,1.25,1.5,2,3", help="W values (comma-separated; run in this order)"
     )
     parser.add_argument("--p", default="0.1", help="P values, top_ratio (comma-separated)")
+    parser.add_argument(
+        "--m", help="M values (comma-separated): STARE-C2 points at each (W, M) in place of STARE-O1 at each W"
+    )
     parser.add_argument("--seeds", default="0,1", help="training seeds (comma-separated)")
     parser.add_argument("--steps", type=int, default=6, help="RL steps of each run")
     parser.add_argument("--temperature", type=float, default=0.7, help="the recipe's rollout temperature")
@@ -153,6 +181,9 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     ws, ps, seeds = floats(args.w), floats(args.p), [int(s) for s in args.seeds.split(",") if s]
+    ms: list[float | None] = list(floats(args.m)) if args.m else [None]
+    if any(m is not None and not m > 0 for m in ms):
+        raise SystemExit(f"--m {args.m}: every M must be > 0 (rl.stare.m)")
     common: list = []
     if args.common_batch is not None:  # checked before any point runs, not after hours of them
         if not (args.common_batch / "rollouts").is_dir():
@@ -164,13 +195,13 @@ def main() -> None:
     if not args.report:
         for seed in seeds:  # a seed at a time, so that a sweep cut short has whole seeds to compare
             for p in ps:
-                for w in ws:
-                    folder = point_folder(args.out, p, w, seed)
+                for w, m in itertools.product(ws, ms):
+                    folder = point_folder(args.out, p, w, seed, m)
                     if done(folder):
                         continue
                     folder.parent.mkdir(parents=True, exist_ok=True)
                     command = train_command(
-                        args.recipe, args.model, folder, p=p, w=w, seed=seed, steps=args.steps, extra=args.set
+                        args.recipe, args.model, folder, p=p, w=w, m=m, seed=seed, steps=args.steps, extra=args.set
                     )
                     print("running:", " ".join(command), flush=True)
                     with open(folder.parent / f"{folder.name}.log", "a") as log:
@@ -180,7 +211,8 @@ def main() -> None:
                             f"{folder}: the run failed (exit {finished.returncode}); its log is {folder}.log"
                         )
 
-    ws = sorted(ws)  # run in the order given (the most telling W's first), reported in increasing W
+    ws = sorted(ws)  # run in the order given (the most telling W's first), reported in increasing W (and M)
+    ms = sorted(ms) if ms != [None] else ms
     out: dict[str, Any] = {"steps": args.steps, "model": args.model, "recipe": args.recipe, "points": {}}
     start: dict[tuple, float] = {}  # the start model's entropy on a first batch, by its tokens
 
@@ -198,13 +230,12 @@ def main() -> None:
         return f"{value:+.4f}" if value is not None else "-"
 
     for p in ps:
-        means: dict[str, list[float | None]] = {"slope": [], "fixed_batch_change": []}
-        if common:
-            means["common_batch_change"] = []
-        for w in ws:
+        figures = ["slope", "fixed_batch_change"] + (["common_batch_change"] if common else [])
+        means: dict[tuple[float, float | None], dict[str, float | None]] = {}
+        for w, m in itertools.product(ws, ms):
             per_seed: dict[str, Any] = {}
             for seed in seeds:
-                folder = point_folder(args.out, p, w, seed)
+                folder = point_folder(args.out, p, w, seed, m)
                 values, finished = entropies(folder), done(folder)
                 per_seed[str(seed)] = {
                     "steps": len(values),
@@ -216,23 +247,37 @@ def main() -> None:
                 if common:
                     per_seed[str(seed)]["common_batch_change"] = fixed_change(folder, finished, common)
             point: dict[str, Any] = {"p": p, "w": w, "seeds": per_seed}
-            for figure, found in means.items():
+            if m is not None:
+                point["m"] = m
+            for figure in figures:
                 got = [s[figure] for s in per_seed.values() if s[figure] is not None]
                 point[f"mean_{figure}"] = sum(got) / len(got) if got else None
                 point[f"spread_{figure}"] = max(got) - min(got) if len(got) > 1 else None
-                found.append(point[f"mean_{figure}"])
-            out["points"][f"p{p:g}-w{w:g}"] = point
+            means[w, m] = {figure: point[f"mean_{figure}"] for figure in figures}
+            out["points"][point_name(p, w, m)] = point
             shown = ", ".join(
-                f"s{seed} " + " / ".join(text(s[figure]) for figure in means) for seed, s in per_seed.items()
+                f"s{seed} " + " / ".join(text(s[figure]) for figure in figures) for seed, s in per_seed.items()
             )
             also = f", common-batch change {text(point['mean_common_batch_change'])}" if common else ""
-            print(f"P {p:g} W {w:g}: entropy drift per step {text(point['mean_slope'])}, fixed-batch change "
+            at = f"P {p:g} W {w:g}" + (f" M {m:g}" if m is not None else "")
+            print(f"{at}: entropy drift per step {text(point['mean_slope'])}, fixed-batch change "
                   f"{text(point['mean_fixed_batch_change'])}{also} (mean of the seeds done; {shown})")
-        for figure, found in means.items():
-            crossing = sign_change(ws, found)
-            out[f"sign_change_w_p{p:g}_{figure}"] = crossing
-            print(f"P {p:g}: the mean {figure} changes sign at W = {crossing:.3g}" if crossing is not None
-                  else f"P {p:g}: the mean {figure} does not turn from below zero over W {ws[0]:g}-{ws[-1]:g}")
+        for figure in figures:
+            for m in ms:  # the W at which the drift turns up, at each M (O1: the one row)
+                crossing = sign_change(ws, [means[w, m][figure] for w in ws])
+                where = f"p{p:g}" + (f"-m{m:g}" if m is not None else "")
+                out[f"sign_change_w_{where}_{figure}"] = crossing
+                at = f"P {p:g}" + (f" M {m:g}" if m is not None else "")
+                print(f"{at}: the mean {figure} changes sign at W = {crossing:.3g}" if crossing is not None
+                      else f"{at}: the mean {figure} does not turn from below zero over W {ws[0]:g}-{ws[-1]:g}")
+            if ms == [None] or len(ms) < 2:
+                continue
+            for w in ws:  # C2: the M below which the drift turns up, at each W
+                crossing = sign_change(ms, [means[w, m][figure] for m in ms], falling=True)
+                out[f"sign_change_m_p{p:g}-w{w:g}_{figure}"] = crossing
+                print(f"P {p:g} W {w:g}: the mean {figure} rises below M = {crossing:.3g} and falls above it"
+                      if crossing is not None else
+                      f"P {p:g} W {w:g}: the mean {figure} does not turn from rising to falling over M {ms[0]:g}-{ms[-1]:g}")
     if args.json:
         args.json.write_text(json.dumps(out, indent=2, allow_nan=False))
 

@@ -30,6 +30,22 @@ def test_slope_and_sign_change_by_hand():
     assert bench.sign_change([1.0, 1.5, 2.0], [-0.02, None, 0.02]) == pytest.approx(1.5)
     assert bench.sign_change([1.0, 2.0], [-0.02, -0.01]) is None  # never turns
     assert bench.sign_change([1.0, 2.0], [0.01, -0.01]) is None  # falls with W: not the paper's turn
+    # C2's drift against M: rising at small M, falling at large M; the turn is where it crosses zero
+    assert bench.sign_change([0.25, 0.5, 1.0], [0.03, 0.01, -0.03], falling=True) == pytest.approx(0.625)
+    assert bench.sign_change([0.25, 1.0], [-0.01, 0.02], falling=True) is None  # rises with M: no such turn
+    assert bench.sign_change([0.25, 1.0], [-0.01, 0.02]) == pytest.approx(0.5)  # the rising turn is the W one
+
+
+def test_a_c2_point_runs_stare_c2_at_its_m_and_an_o1_point_is_unchanged(tmp_path: Path):
+    bench = load_bench()
+    o1 = bench.train_command("tiny", "tiny", tmp_path / "a", p=0.1, w=1.5, seed=0, steps=2, extra=[])
+    c2 = bench.train_command("tiny", "tiny", tmp_path / "b", p=0.1, w=1.5, m=0.25, seed=0, steps=2, extra=[])
+    assert "rl.algorithm=stare" in o1 and not any(x.startswith("rl.stare.m=") for x in o1)
+    assert "rl.algorithm=stare-c2" in c2 and "rl.stare.m=0.25" in c2 and "rl.algorithm=stare" not in c2
+    for command in (o1, c2):  # both without the gate and with the weights fixed
+        assert "rl.stare.gated=false" in command and "rl.stare.adaptive=false" in command
+    assert bench.point_folder(tmp_path, 0.1, 1.5, 0).name == "p0.1-w1.5-s0"  # the O1 sweep's folders as before
+    assert bench.point_folder(tmp_path, 0.1, 1.5, 0, 0.25).name == "p0.1-w1.5-m0.25-s0"
 
 
 def entropy_by_hand(model_dir: Path, folder: Path, temperature: float = 0.7) -> float:
@@ -114,6 +130,33 @@ def test_a_point_that_fails_stops_the_sweep_naming_its_log(tmp_path: Path):
     assert got.returncode != 0
     assert "the run failed" in got.stderr and "p0.1-w1-s0.log" in got.stderr
     assert (out / "p0.1-w1-s0.log").read_text().strip()  # the run's own words are kept
+
+
+def write_point(folder: Path, entropies: list[float]) -> None:
+    """A finished point's metrics by hand (no final model: only the drift per step can be read)."""
+    folder.mkdir(parents=True)
+    lines = [{"kind": "rl", "step": s, "learner/entropy_all": e} for s, e in enumerate(entropies)]
+    (folder / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    (folder / "progress.json").write_text(json.dumps({"rl_done": True}))
+
+
+def test_an_m_sweep_reports_the_m_below_which_the_drift_rises(tmp_path: Path):
+    out = tmp_path / "sweep"
+    write_point(out / "p0.1-w1.5-m0.25-s0", [0.30, 0.32, 0.34])  # +0.02 a step
+    write_point(out / "p0.1-w1.5-m1-s0", [0.30, 0.28, 0.26])  # -0.02 a step
+    got = run("--model", "unused", "--w", "1.5", "--m", "1,0.25", "--seeds", "0", "--out", str(out), "--report",
+              "--json", str(tmp_path / "f.json"))  # fmt: skip
+    assert got.returncode == 0, got.stderr
+    assert "P 0.1 W 1.5 M 0.25: entropy drift per step +0.0200" in got.stdout
+    assert "P 0.1 W 1.5 M 1: entropy drift per step -0.0200" in got.stdout
+    assert "P 0.1 W 1.5: the mean slope rises below M = 0.625 and falls above it" in got.stdout
+    figures = json.loads((tmp_path / "f.json").read_text())
+    assert figures["sign_change_m_p0.1-w1.5_slope"] == pytest.approx(0.625)
+    assert figures["points"]["p0.1-w1.5-m0.25"]["m"] == 0.25
+    assert figures["sign_change_w_p0.1-m1_slope"] is None  # one W: no turn over W to report
+    # an M the trainer would refuse is refused before any run
+    wrong = run("--model", "unused", "--w", "1.5", "--m", "0.5,0", "--seeds", "0", "--out", str(tmp_path / "x"))
+    assert wrong.returncode != 0 and "every M must be > 0" in wrong.stderr and "running:" not in wrong.stdout
 
 
 def test_report_reads_only_what_is_there(tmp_path: Path):
