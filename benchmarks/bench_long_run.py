@@ -27,6 +27,7 @@ raises the entropy only through tokens more surprising than their position's ent
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
 import statistics
@@ -34,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from stare_agents.eval.metrics import outcomes_from_samples, pass_at_k
-from stare_agents.jsonl import read_lines, report_unread
+from stare_agents.jsonl import parse_lines, read_lines, report_unread
 from stare_agents.stats import paired_difference
 
 KEY = "learner/entropy_all"
@@ -154,7 +155,7 @@ def figures(records: list[dict[str, Any]], target: float, total_steps: int) -> d
         "second_half_mean": sum(second) / len(second) if second else None,
         "second_half_within_30pct": len(inside) / len(second) if second else None,
         "trained_on_nothing": [r["step"] for r in records if not r.get("data/kept_trajectories")],
-        "gate_off": [r["step"] for r in records if r.get("stare/gate_on") == 0.0],  # STARE's (others: none)
+        "gate_off": [r["step"] for r in records if r.get("stare/gate_on") == 0.0],
         **raising_region(records),
     }
 
@@ -182,12 +183,16 @@ def per_task(data: dict[str, Any] | None, key: str) -> dict[str, float] | None:
 
 
 def pass_at(folder: Path, k: int) -> dict[str, float] | None:
-    """pass@k per problem of the evaluation in `folder` (samples.jsonl; failed samples count as wrong), or
-    None when there is none."""
+    """pass@k per problem of the evaluation in `folder` (samples.jsonl, or samples.jsonl.gz as archived in
+    benchmarks/logs; failed samples count as wrong), or None when there is none."""
     samples = folder / "samples.jsonl"
-    if not samples.exists():
+    if samples.exists():
+        records, unread = read_lines(samples)
+    elif (packed := folder / "samples.jsonl.gz").exists():
+        samples = packed
+        records, unread = parse_lines(gzip.decompress(packed.read_bytes()), packed)
+    else:
         return None
-    records, unread = read_lines(samples)
     report_unread(unread, None, f"lines of {samples}")
     outcomes = outcomes_from_samples(r for _, r in records if isinstance(r, dict))
     return {o.problem_id: pass_at_k(o.samples, o.correct, k) for o in outcomes if o.samples >= k}
@@ -235,6 +240,8 @@ def main() -> None:
                 continue
             records = rl_records(metrics)
             got = figures(records, args.target, args.steps)
+            if name != "stare":  # GRPO-ds logs stare/gate_on 0 at every step: it has no gate to be off
+                del got["gate_off"]
             got["gate_inputs"] = gate_inputs(records, args.target, args.ema_decay)
             got.update(rollout_figures(folder))
             got["accuracy"] = accuracy(state, key)
@@ -246,7 +253,7 @@ def main() -> None:
                 if k not in ("trained_on_nothing", "gate_off", "gate_inputs", "entropy_by_group", "lplus")
             )
             print(f"{run} {name}: {line}")
-            gate = f"; gate off at {got['gate_off']}" if name == "stare" else ""  # the others have no gate
+            gate = f"; gate off at {got['gate_off']}" if "gate_off" in got else ""
             print(f"    trained on nothing at {got['trained_on_nothing']}{gate}")
             read = got["gate_inputs"]
             if read["gate_input_steps"]:

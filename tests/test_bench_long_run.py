@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import subprocess
 import sys
@@ -96,6 +97,9 @@ def test_criteria_three_and_four_are_paired_over_tasks_and_the_raising_region_su
     # and b, none on c, d -> 0.75 - 0.5 = +0.25 (met)
     write_samples(run / "pass8", {"a": 1, "b": 1, "c": 1, "d": 0})
     write_samples(run / "grpo-ds" / "pass8", {"a": 8, "b": 8, "c": 0, "d": 0})
+    plain = run / "grpo-ds" / "pass8" / "samples.jsonl"  # archived as in benchmarks/logs: gzipped, read the same
+    (plain.parent / "samples.jsonl.gz").write_bytes(gzip.compress(plain.read_bytes()))
+    plain.unlink()
     out = subprocess.run(
         [sys.executable, str(SCRIPT), str(run), "--steps", "8", "--json", str(tmp_path / "f.json")],
         capture_output=True, text=True, timeout=300,
@@ -110,6 +114,7 @@ def test_criteria_three_and_four_are_paired_over_tasks_and_the_raising_region_su
     stare = got["long-s0/stare"]  # 7 steps trained (step 1 did not), each with 1 of 10 positive tokens at Phi < 0
     assert abs(stare["positive_tokens_phi_negative"] - 0.1) < 1e-12 and stare["steps_lplus_phi_negative"] == 7
     assert stare["lplus_phi_negative_mean"] == 0.25 and got["long-s0/grpo-ds"]["steps_lplus_phi_negative"] == 0
+    assert "gate_off" in stare and "gate_off" not in got["long-s0/grpo-ds"]  # GRPO-ds has no gate to be off
 
 
 def test_the_gate_inputs_are_read_off_the_log_by_hand(tmp_path: Path):
