@@ -34,6 +34,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from stare_agents.eval.metrics import outcomes_from_samples, pass_at_k
 from stare_agents.jsonl import parse_lines, read_lines, report_unread
 from stare_agents.stats import paired_difference
@@ -211,6 +213,15 @@ def progress(folder: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def precision(folder: Path) -> str:
+    """The learner's precision the run folder's config.yaml names ("RL bf16"), for the plot's title."""
+    path = folder / "config.yaml"
+    if not path.exists():
+        return "precision unknown"
+    config = yaml.safe_load(path.read_text()) or {}
+    return f"RL {config.get('rl', {}).get('learner', {}).get('precision', 'fp32')}"
+
+
 def accuracy(data: dict[str, Any] | None, key: str) -> dict[str, Any] | None:
     if data is None:
         return None
@@ -231,7 +242,9 @@ def main() -> None:
 
     out: dict[str, Any] = {}
     curves: list[tuple[str, list[dict[str, Any]]]] = []
+    precisions: set[str] = set()
     for run in args.runs:
+        precisions.add(precision(run))
         state = progress(run)  # read once: the accuracies of both algorithms and their per-task scores
         for name, folder, key in (("stare", run, "rl"), (args.compare, run / args.compare, f"rl-{args.compare}")):
             metrics = folder / "metrics.jsonl"
@@ -317,7 +330,8 @@ def main() -> None:
         ax.set_xlim(0, args.steps - 1)
         ax.set_ylim(bottom=0)
         ax.legend(fontsize=8, loc="upper right")
-        ax.set_title("STARE beside GRPO-ds: entropy by step (fp32, SmolLM2-135M, smollm2-arith-long)")
+        ax.set_title(f"STARE beside GRPO-ds: entropy by step ({', '.join(sorted(precisions))}, SmolLM2-135M, "
+                     "smollm2-arith-long)")
         fig.tight_layout()
         args.plot.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(args.plot, dpi=110)
