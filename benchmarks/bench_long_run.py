@@ -20,8 +20,10 @@ another input would have steered the run elsewhere. What the inputs differ by co
 the sampler's entropy over the trained groups' action tokens, over the groups left out whose samples were all
 correct, and over the rest left out (all or some wrong, no reward variance), with each kind's share of the
 tokens. And STARE's L+ tokens there: their median surprisal against the median entropy at their positions (W
-raises the entropy only through tokens more surprising than their position's entropy, roughly). A run still under way is reported as far as it has got
-("steps": how many).
+raises the entropy only through tokens more surprising than their position's entropy, roughly). And per task
+kind (a task's id without its trailing hash): the held-out accuracy of the SFT model and of each final model,
+and the training reward in windows of `--window` steps from the saved rollouts, which show the kinds a run
+learns, keeps or loses, and when. A run still under way is reported as far as it has got ("steps": how many).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import argparse
 import gzip
 import json
 import math
+import re
 import statistics
 from pathlib import Path
 from typing import Any
@@ -90,8 +93,23 @@ def gate_inputs(records: list[dict[str, Any]], target: float, decay: float) -> d
 GROUP_KINDS = ("trained", "left out, all correct", "left out, not all correct")
 
 
-def rollout_figures(folder: Path) -> dict[str, Any]:
+def task_kind(task_id: str) -> str:
+    """A task's kind: its id without the trailing hash ("arith-range_sum-70fd62526f" -> "arith-range_sum")."""
+    return re.sub(r"-[0-9a-f]{6,}$", "", task_id)
+
+
+def by_kind(per_task: dict[str, float] | None) -> dict[str, dict[str, float]]:
+    """Held-out score per task kind (`task_kind`): the mean and the number of tasks."""
+    kinds: dict[str, list[float]] = {}
+    for task, score in (per_task or {}).items():
+        kinds.setdefault(task_kind(task), []).append(float(score))
+    return {kind: {"mean": sum(v) / len(v), "tasks": len(v)} for kind, v in sorted(kinds.items())}
+
+
+def rollout_figures(folder: Path, window: int = 16) -> dict[str, Any]:
     """From every saved step of the run (`rollouts/`), read once:
+    - "reward_by_kind": per task kind (`task_kind`), the mean training reward and the trajectories in each window
+      of `window` steps (steps 0..window-1, ...): which kinds a run learns, keeps or loses, and when;
     - "entropy_by_group": per group kind (GROUP_KINDS; a group is trained when any of its rollouts is), the
       trajectories, the action tokens, their share of all, and the sampler's entropy estimate there (minus the
       mean log-prob of the sampled action tokens at the rollout temperature, as `rollout/sampler_entropy`);
@@ -102,12 +120,15 @@ def rollout_figures(folder: Path) -> dict[str, Any]:
     from stare_agents.rollout_log import read_rollouts, saved_steps
 
     tally = {kind: [0, 0, 0.0] for kind in GROUP_KINDS}  # trajectories, tokens, -sum log-prob
+    rewards: dict[str, dict[int, list[float]]] = {}
     surprisal: list[float] = []
     entropy: list[float] = []
     for step in saved_steps(folder):
         groups: dict[str, list] = {}
         for saved in read_rollouts(folder, step):
             groups.setdefault(saved.trajectory.group_id, []).append(saved)
+            kind_rewards = rewards.setdefault(task_kind(saved.trajectory.task_id), {})
+            kind_rewards.setdefault(step // window, []).append(float(saved.trajectory.reward))
             if saved.selection and saved.learner_logprobs and saved.learner_entropy:
                 for chosen, logprob, h in zip(
                     saved.selection, saved.learner_logprobs, saved.learner_entropy, strict=True
@@ -141,7 +162,12 @@ def rollout_figures(folder: Path) -> dict[str, Any]:
             "median_entropy": statistics.median(entropy),
             "surprisal_above_entropy": sum(x > h for x, h in zip(surprisal, entropy, strict=True)) / len(surprisal),
         }
-    return {"entropy_by_group": by_group, "lplus": lplus}
+    reward_by_kind = {
+        kind: [{"steps": f"{w * window}-{w * window + window - 1}", "mean": sum(v) / len(v), "trajectories": len(v)}
+               for w, v in sorted(windows.items())]
+        for kind, windows in sorted(rewards.items())
+    }
+    return {"entropy_by_group": by_group, "lplus": lplus, "reward_by_kind": reward_by_kind}
 
 
 def figures(records: list[dict[str, Any]], target: float, total_steps: int) -> dict[str, Any]:
@@ -237,6 +263,7 @@ def main() -> None:
     parser.add_argument("--plot", type=Path, help="write the entropy-by-step plot here (PNG)")
     parser.add_argument("--json", type=Path, help="write the figures here")
     parser.add_argument("--k", type=int, default=8, help="pass@k of criterion (4), from <folder>/pass8")
+    parser.add_argument("--window", type=int, default=16, help="steps per window of the training reward by task kind")
     parser.add_argument("--ema-decay", type=float, default=0.8, help="rl.stare.ema_decay of the gate-input reading")
     args = parser.parse_args()
 
@@ -256,14 +283,16 @@ def main() -> None:
             if name != "stare":  # GRPO-ds logs stare/gate_on 0 at every step: it has no gate to be off
                 del got["gate_off"]
             got["gate_inputs"] = gate_inputs(records, args.target, args.ema_decay)
-            got.update(rollout_figures(folder))
+            got.update(rollout_figures(folder, args.window))
             got["accuracy"] = accuracy(state, key)
+            got["accuracy_by_kind"] = {point: by_kind(per_task(state, point)) for point in ("sft", key)}
             out[f"{run.name}/{name}"] = got
             curves.append((f"{run.name} {name}", records))
             line = ", ".join(
                 f"{k} {v}"
                 for k, v in got.items()
-                if k not in ("trained_on_nothing", "gate_off", "gate_inputs", "entropy_by_group", "lplus")
+                if k not in ("trained_on_nothing", "gate_off", "gate_inputs", "entropy_by_group", "lplus",
+                             "reward_by_kind", "accuracy_by_kind")
             )
             print(f"{run} {name}: {line}")
             gate = f"; gate off at {got['gate_off']}" if "gate_off" in got else ""
@@ -286,6 +315,13 @@ def main() -> None:
                 print(f"    L+ tokens saved: {lp['tokens']}, median surprisal {lp['median_surprisal']:.3f} against a median "
                       f"entropy at their positions of {lp['median_entropy']:.3f}; surprisal above that entropy: "
                       f"{lp['surprisal_above_entropy']:.1%}")
+            for point, kinds in got["accuracy_by_kind"].items():
+                if kinds:
+                    print(f"    held-out accuracy by kind ({point}): "
+                          + ", ".join(f"{k} {v['mean']:.2f} ({v['tasks']})" for k, v in kinds.items()))
+            for kind, windows in got["reward_by_kind"].items():
+                print(f"    training reward of {kind} by steps: "
+                      + ", ".join(f"{w['steps']} {w['mean']:.2f} ({w['trajectories']})" for w in windows))
             if got["steps"] >= args.steps and got["second_half_mean"] is not None:
                 if name == "stare":
                     share = got["second_half_within_30pct"]

@@ -194,3 +194,41 @@ def test_the_sampler_entropy_by_group_kind_by_hand(tmp_path: Path):
     assert abs(lplus["median_entropy"] - 0.3) < 1e-12 and lplus["surprisal_above_entropy"] == 0.5
     grpo = tmp_path / "f.json"  # GRPO-ds's folder saved no rollouts: nothing to read, nothing printed of it
     assert json.loads(grpo.read_text())["long-s0/grpo-ds"]["lplus"] == {} and out.stdout.count("L+ tokens saved") == 1
+
+
+def test_accuracy_and_training_reward_by_task_kind_by_hand(tmp_path: Path):
+    from stare_agents.rollout_log import SavedRollout, write_step
+    from stare_agents.trajectory import Trajectory
+
+    def saved(step: int, task: str, reward: float) -> SavedRollout:
+        t = Trajectory(prompt_ids=[1], response_ids=[2], action_mask=[1], rollout_logprobs=[-0.1], group_id=task,
+                       task_id=task, reward=reward, correct=reward == 1.0)  # fmt: skip
+        return SavedRollout(step=step, trajectory=t, status="dropped")
+
+    run = tmp_path / "long-s0"
+    write_run(run, [0.3] * 3)
+    # windows of 2 steps: range_sum 1, 0 at steps 0-1 (0.5 of 2) and 0 at step 2; multiply 1 at step 1 only.
+    # An id without a trailing hash is its own kind.
+    write_step(run, 0, [saved(0, "arith-range_sum-0a1b2c3d4e", 1.0), saved(0, "odd-task", 1.0)])
+    write_step(run, 1, [saved(1, "arith-range_sum-ffeeddccbb", 0.0), saved(1, "arith-multiply-123456abcd", 1.0)])
+    write_step(run, 2, [saved(2, "arith-range_sum-0a1b2c3d4e", 0.0)])
+    scores = {"sft": {"arith-range_sum-aaaaaaaaaa": 1.0, "arith-range_sum-bbbbbbbbbb": 0.0, "arith-multiply-cccccccccc": 0.0},
+              "rl": {"arith-range_sum-aaaaaaaaaa": 0.0, "arith-range_sum-bbbbbbbbbb": 0.0, "arith-multiply-cccccccccc": 1.0}}  # fmt: skip
+    (run / "progress.json").write_text(json.dumps({"accuracy": {}, "evaluations": {
+        key: {"per_task": value} for key, value in scores.items()}}))  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), str(run), "--steps", "3", "--window", "2", "--json", str(tmp_path / "f.json")],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    got = json.loads((tmp_path / "f.json").read_text())["long-s0/stare"]
+    assert got["reward_by_kind"] == {
+        "arith-multiply": [{"steps": "0-1", "mean": 1.0, "trajectories": 1}],
+        "arith-range_sum": [{"steps": "0-1", "mean": 0.5, "trajectories": 2}, {"steps": "2-3", "mean": 0.0, "trajectories": 1}],
+        "odd-task": [{"steps": "0-1", "mean": 1.0, "trajectories": 1}],
+    }  # fmt: skip
+    assert got["accuracy_by_kind"]["sft"] == {"arith-multiply": {"mean": 0.0, "tasks": 1},
+                                              "arith-range_sum": {"mean": 0.5, "tasks": 2}}  # fmt: skip
+    assert got["accuracy_by_kind"]["rl"]["arith-multiply"] == {"mean": 1.0, "tasks": 1}
+    assert "training reward of arith-range_sum by steps: 0-1 0.50 (2), 2-3 0.00 (1)" in out.stdout
+    assert "held-out accuracy by kind (rl): arith-multiply 1.00 (1), arith-range_sum 0.00 (2)" in out.stdout
