@@ -29,7 +29,6 @@ learns, keeps or loses, and when. A run still under way is reported as far as it
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import math
 import re
@@ -217,8 +216,13 @@ def pass_at(folder: Path, k: int) -> dict[str, float] | None:
     if samples.exists():
         records, unread = read_lines(samples)
     elif (packed := folder / "samples.jsonl.gz").exists():
+        from stare_agents.rollout_log import gunzip
+
         samples = packed
-        records, unread = parse_lines(gzip.decompress(packed.read_bytes()), packed)
+        data, fault = gunzip(packed.read_bytes())  # a damaged archive: the lines before the fault, and why
+        if fault:
+            print(f"{packed}: {fault}; pass@{k} from the samples before it")
+        records, unread = parse_lines(data, packed)
     else:
         return None
     report_unread(unread, None, f"lines of {samples}")
@@ -245,7 +249,7 @@ def precision(folder: Path) -> str:
     if not path.exists():
         return "precision unknown"
     config = yaml.safe_load(path.read_text()) or {}
-    return f"RL {config.get('rl', {}).get('learner', {}).get('precision', 'fp32')}"
+    return f"RL {config.get('rl', {}).get('learner', {}).get('precision', 'precision unknown')}"
 
 
 def accuracy(data: dict[str, Any] | None, key: str) -> dict[str, Any] | None:

@@ -232,3 +232,31 @@ def test_accuracy_and_training_reward_by_task_kind_by_hand(tmp_path: Path):
     assert got["accuracy_by_kind"]["rl"]["arith-multiply"] == {"mean": 1.0, "tasks": 1}
     assert "training reward of arith-range_sum by steps: 0-1 0.50 (2), 2-3 0.00 (1)" in out.stdout
     assert "held-out accuracy by kind (rl): arith-multiply 1.00 (1), arith-range_sum 0.00 (2)" in out.stdout
+
+
+def test_a_damaged_pass8_archive_is_reported_and_read_up_to_the_fault(tmp_path: Path):
+    run = tmp_path / "long-s0"
+    write_run(run, [0.3] * 2)
+    write_run(run / "grpo-ds", [0.3] * 2)
+    scores = {"rl": {"a": 1.0, "b": 0.0}, "rl-grpo-ds": {"a": 1.0, "b": 0.0}}
+    (run / "progress.json").write_text(json.dumps({"accuracy": {}, "evaluations": {
+        key: {"per_task": value} for key, value in scores.items()}}))  # fmt: skip
+    write_samples(run / "pass8", {"a": 8, "b": 0})
+    write_samples(run / "grpo-ds" / "pass8", {"a": 8, "b": 0})
+    plain = run / "pass8" / "samples.jsonl"  # STARE's archive cut in half: problem a's 8 samples survive, b's not
+    packed = gzip.compress(plain.read_bytes())
+    (plain.parent / "samples.jsonl.gz").write_bytes(packed[: len(packed) // 2])
+    plain.unlink()
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), str(run), "--steps", "2", "--json", str(tmp_path / "f.json")],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "samples.jsonl.gz: truncated" in out.stdout
+    # what survives the cut depends on the compressor's blocks: judged over the problems with all 8 samples left
+    from stare_agents.rollout_log import gunzip
+
+    left = [json.loads(line) for line in gunzip(packed[: len(packed) // 2])[0].split(b"\n")[:-1]]  # whole lines
+    whole = sum(sum(r["problem_id"] == p for r in left) >= 8 for p in ("a", "b"))
+    pair = json.loads((tmp_path / "f.json").read_text())["long-s0/stare-minus-grpo-ds"]
+    assert (pair["pass@8"] or {"problems": 0})["problems"] == whole
