@@ -165,3 +165,21 @@ def test_the_step_record_counts_reflection_words_of_every_sampling_round(tmp_pat
     record = step_record(config, 0, config.algorithm(), sampled, {}, (0.0, 0.0), {"rollout": 1.0})
     assert record["reflection_words"]["hesitation"] == 2 / 4  # "Wait" and "hmm" over four usable trajectories
     assert record["data/sampling_rounds"] == 2 and record["data/kept_trajectories"] == 2
+
+
+def test_the_hold_recipe_is_the_long_recipe_with_the_chosen_stare_settings():
+    """smollm2-arith-hold differs from smollm2-arith-long only where its comment says: the STARE weights (W 1 and
+    M 0.25 fixed, gated on every sampled trajectory) and RL's precision (`fast`), so that the two stay comparable."""
+    import dataclasses
+
+    long, hold = load_config(recipe="smollm2-arith-long"), load_config(recipe="smollm2-arith-hold")
+    stare = hold.algorithm().stare
+    assert (stare.variant, stare.gated, stare.adaptive, stare.w, stare.m) == ("C2", True, False, 1.0, 0.25)
+    assert (stare.gate_input, stare.target_entropy, stare.top_ratio) == ("all", 0.3, 0.1)
+    assert (hold.model.rollout_dtype, hold.rl.learner.precision) == ("fast", "fast")
+    a, b = dataclasses.asdict(long), dataclasses.asdict(hold)
+    for config in (a, b):
+        config.pop("name"), config.pop("out_dir")
+        config["model"].pop("rollout_dtype"), config["rl"]["learner"].pop("precision")
+        config["rl"]["algo"]["stare"] = None
+    assert a == b
