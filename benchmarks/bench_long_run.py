@@ -24,6 +24,15 @@ raises the entropy only through tokens more surprising than their position's ent
 kind (a task's id without its trailing hash): the held-out accuracy of the SFT model and of each final model,
 and the training reward in windows of `--window` steps from the saved rollouts, which show the kinds a run
 learns, keeps or loses, and when. A run still under way is reported as far as it has got ("steps": how many).
+
+A STARE run made without its own compared run, from another run's SFT model (`sft.enabled=false
+model.name=<that run>/sft_model`, or the same recipe and seed redoing the SFT), is judged against that run's
+compared algorithm with `--against`, one folder per run folder:
+
+    .venv/bin/python benchmarks/bench_long_run.py benchmarks/logs/hold-w1-m025-s1 --against benchmarks/logs/long-bf16-s1
+
+The pairing is only fair when both started from the same model, so where both folders scored an SFT model on
+the held-out tasks, the tasks those scores differ on are counted and printed.
 """
 
 from __future__ import annotations
@@ -252,6 +261,21 @@ def precision(folder: Path) -> str:
     return f"RL {config.get('rl', {}).get('learner', {}).get('precision', 'precision unknown')}"
 
 
+def same_start(run: Path, state: dict[str, Any] | None, other: Path, other_state: dict[str, Any] | None) -> None:
+    """Print whether `run` and the folder it is judged `--against` scored the same SFT model: the held-out tasks
+    their SFT scores differ on (none: the same model as far as the evaluation can tell)."""
+    mine, theirs = per_task(state, "sft"), per_task(other_state, "sft")
+    if not mine or not theirs:
+        print(f"{run} against {other}: the SFT scores of both are needed to check they started from one model "
+              f"({'neither' if not mine and not theirs else 'only ' + str(run if mine else other)} has them)")
+        return
+    shared = sorted(set(mine) & set(theirs))
+    differ = [task for task in shared if mine[task] != theirs[task]]
+    print(f"{run} against {other}: SFT held-out scores differ on {len(differ)} of {len(shared)} tasks "
+          f"({sum(mine[t] for t in shared) / len(shared):.3f} vs {sum(theirs[t] for t in shared) / len(shared):.3f})"
+          if shared else f"{run} against {other}: no held-out task scored by both SFT models")
+
+
 def accuracy(data: dict[str, Any] | None, key: str) -> dict[str, Any] | None:
     if data is None:
         return None
@@ -269,7 +293,13 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=8, help="pass@k of criterion (4), from <folder>/pass8")
     parser.add_argument("--window", type=int, default=16, help="steps per window of the training reward by task kind")
     parser.add_argument("--ema-decay", type=float, default=0.8, help="rl.stare.ema_decay of the gate-input reading")
+    parser.add_argument("--against", nargs="+", type=Path,
+                        help="for each run folder, in order: the folder whose compared algorithm (its sub-folder and "
+                             "progress.json) stands in for a run that has none")
     args = parser.parse_args()
+    if args.against is not None and len(args.against) != len(args.runs):
+        parser.error(f"--against needs one folder per run folder: {len(args.runs)} runs, {len(args.against)} given")
+    against = dict(zip(args.runs, args.against, strict=True)) if args.against else {}
 
     out: dict[str, Any] = {}
     curves: list[tuple[str, list[dict[str, Any]]]] = []
@@ -277,10 +307,15 @@ def main() -> None:
     for run in args.runs:
         precisions.add(precision(run))
         state = progress(run)  # read once: the accuracies of both algorithms and their per-task scores
-        for name, folder, key in (("stare", run, "rl"), (args.compare, run / args.compare, f"rl-{args.compare}")):
+        other = against.get(run, run)  # where the compared algorithm's run lies
+        other_state = progress(other) if other != run else state
+        if other != run:
+            same_start(run, state, other, other_state)
+        arms = (("stare", run, "rl", state), (args.compare, other / args.compare, f"rl-{args.compare}", other_state))
+        for name, folder, key, arm_state in arms:
             metrics = folder / "metrics.jsonl"
             if not metrics.exists():
-                print(f"{run} {name}: not started")
+                print(f"{run} {name}: not started" + (f" (looked in {folder})" if other != run else ""))
                 continue
             records = rl_records(metrics)
             got = figures(records, args.target, args.steps)
@@ -288,8 +323,8 @@ def main() -> None:
                 del got["gate_off"]
             got["gate_inputs"] = gate_inputs(records, args.target, args.ema_decay)
             got.update(rollout_figures(folder, args.window))
-            got["accuracy"] = accuracy(state, key)
-            got["accuracy_by_kind"] = {point: by_kind(per_task(state, point)) for point in ("sft", key)}
+            got["accuracy"] = accuracy(arm_state, key)
+            got["accuracy_by_kind"] = {point: by_kind(per_task(arm_state, point)) for point in ("sft", key)}
             out[f"{run.name}/{name}"] = got
             curves.append((f"{run.name} {name}", records))
             line = ", ".join(
@@ -298,7 +333,8 @@ def main() -> None:
                 if k not in ("trained_on_nothing", "gate_off", "gate_inputs", "entropy_by_group", "lplus",
                              "reward_by_kind", "accuracy_by_kind")
             )
-            print(f"{run} {name}: {line}")
+            source = f" (from {other})" if folder != run and other != run else ""
+            print(f"{run} {name}{source}: {line}")
             gate = f"; gate off at {got['gate_off']}" if "gate_off" in got else ""
             print(f"    trained on nothing at {got['trained_on_nothing']}{gate}")
             read = got["gate_inputs"]
@@ -335,8 +371,8 @@ def main() -> None:
                     half = got["second_half_mean"] < got["first"] / 2
                     print(f"    pass line (2): second-half mean {got['second_half_mean']:.3f} vs half of step 0 "
                           f"{got['first'] / 2:.3f}: {'met' if half else 'not met'}")
-        scored = {name: per_task(state, key) for name, key in (("stare", "rl"), ("compare", f"rl-{args.compare}"))}
-        passed = {name: pass_at(folder / "pass8", args.k) for name, folder in (("stare", run), ("compare", run / args.compare))}
+        scored = {"stare": per_task(state, "rl"), "compare": per_task(other_state, f"rl-{args.compare}")}
+        passed = {name: pass_at(folder / "pass8", args.k) for name, folder in (("stare", run), ("compare", other / args.compare))}
         pair = {"accuracy": difference(scored["stare"], scored["compare"]),
                 f"pass@{args.k}": difference(passed["stare"], passed["compare"])}
         out[f"{run.name}/stare-minus-{args.compare}"] = pair

@@ -260,3 +260,34 @@ def test_a_damaged_pass8_archive_is_reported_and_read_up_to_the_fault(tmp_path: 
     whole = sum(sum(r["problem_id"] == p for r in left) >= 8 for p in ("a", "b"))
     pair = json.loads((tmp_path / "f.json").read_text())["long-s0/stare-minus-grpo-ds"]
     assert (pair["pass@8"] or {"problems": 0})["problems"] == whole
+
+
+def test_a_run_without_its_own_grpo_ds_is_judged_against_another_folders(tmp_path: Path):
+    """`--against`: the compared arm (metrics, per-task scores, pass@8) comes from the other folder, and the SFT
+    models' held-out scores are checked task by task (here they differ on one task of four, which is said)."""
+    long, hold = tmp_path / "long-s0", tmp_path / "hold-s0"
+    write_run(long, [0.3] * 8)
+    write_run(long / "grpo-ds", [0.4, 0.3, 0.2, 0.1, 0.1, 0.1, 0.1, 0.1])
+    write_run(hold, [0.3] * 8)
+    sft = {"a": 1.0, "b": 0.0, "c": 0.0, "d": 0.0}
+    (long / "progress.json").write_text(json.dumps({"accuracy": {"sft": 0.25, "rl-grpo-ds": 0.75}, "evaluations": {
+        "sft": {"per_task": sft}, "rl": {"per_task": {"a": 0.0, "b": 0.0, "c": 0.0, "d": 0.0}},
+        "rl-grpo-ds": {"per_task": {"a": 1.0, "b": 1.0, "c": 1.0, "d": 0.0}}}}))  # fmt: skip
+    (hold / "progress.json").write_text(json.dumps({"accuracy": {"sft": 0.5, "rl": 1.0}, "evaluations": {
+        "sft": {"per_task": dict(sft, d=1.0)}, "rl": {"per_task": {"a": 1.0, "b": 1.0, "c": 1.0, "d": 1.0}}}}))  # fmt: skip
+    write_samples(hold / "pass8", {"a": 1, "b": 1, "c": 1, "d": 1})
+    write_samples(long / "grpo-ds" / "pass8", {"a": 8, "b": 0, "c": 0, "d": 0})
+    command = [sys.executable, str(SCRIPT), str(hold), "--steps", "8", "--json", str(tmp_path / "f.json")]
+    alone = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert alone.returncode == 0, alone.stderr
+    assert "hold-s0 grpo-ds: not started" in alone.stdout and "criterion (3) not judged yet" in alone.stdout
+    out = subprocess.run(command + ["--against", str(long)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    got = json.loads((tmp_path / "f.json").read_text())
+    pair = got["hold-s0/stare-minus-grpo-ds"]
+    assert pair["accuracy"]["value"] == 0.25 and pair["pass@8"]["value"] == 0.75  # 1.0 - 0.75, 1.0 - 0.25
+    assert got["hold-s0/grpo-ds"]["accuracy"] == {"sft": 0.25, "rl-grpo-ds": 0.75}  # long-s0's, not hold-s0's
+    assert abs(got["hold-s0/grpo-ds"]["second_half_mean"] - 0.1) < 1e-12
+    assert f"(from {long})" in out.stdout and "SFT held-out scores differ on 1 of 4 tasks (0.500 vs 0.250)" in out.stdout
+    wrong = subprocess.run(command + ["--against", str(long), str(long)], capture_output=True, text=True, timeout=300)
+    assert wrong.returncode == 2 and "one folder per run folder" in wrong.stderr
