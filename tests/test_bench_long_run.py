@@ -281,7 +281,7 @@ def test_a_run_without_its_own_grpo_ds_is_judged_against_another_folders(tmp_pat
     alone = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert alone.returncode == 0, alone.stderr
     assert "hold-s0 grpo-ds: not started" in alone.stdout and "criterion (3) not judged yet" in alone.stdout
-    out = subprocess.run(command + ["--against", str(long)], capture_output=True, text=True, timeout=300)
+    out = subprocess.run([*command, "--against", str(long)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     got = json.loads((tmp_path / "f.json").read_text())
     pair = got["hold-s0/stare-minus-grpo-ds"]
@@ -289,5 +289,5 @@ def test_a_run_without_its_own_grpo_ds_is_judged_against_another_folders(tmp_pat
     assert got["hold-s0/grpo-ds"]["accuracy"] == {"sft": 0.25, "rl-grpo-ds": 0.75}  # long-s0's, not hold-s0's
     assert abs(got["hold-s0/grpo-ds"]["second_half_mean"] - 0.1) < 1e-12
     assert f"(from {long})" in out.stdout and "SFT held-out scores differ on 1 of 4 tasks (0.500 vs 0.250)" in out.stdout
-    wrong = subprocess.run(command + ["--against", str(long), str(long)], capture_output=True, text=True, timeout=300)
+    wrong = subprocess.run([*command, "--against", str(long), str(long)], capture_output=True, text=True, timeout=300)
     assert wrong.returncode == 2 and "one folder per run folder" in wrong.stderr
