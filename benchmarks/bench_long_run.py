@@ -276,6 +276,13 @@ def same_start(run: Path, state: dict[str, Any] | None, other: Path, other_state
           if shared else f"{run} against {other}: no held-out task scored by both SFT models")
 
 
+def recipe(folder: Path) -> str:
+    """The recipe name the run folder's config.yaml carries, for the plot's title."""
+    path = folder / "config.yaml"
+    config = (yaml.safe_load(path.read_text()) or {}) if path.exists() else {}
+    return str(config.get("name", "recipe unknown"))
+
+
 def accuracy(data: dict[str, Any] | None, key: str) -> dict[str, Any] | None:
     if data is None:
         return None
@@ -304,8 +311,11 @@ def main() -> None:
     out: dict[str, Any] = {}
     curves: list[tuple[str, list[dict[str, Any]]]] = []
     precisions: set[str] = set()
+    recipes: set[str] = set()
+    drawn: set[Path] = set()
     for run in args.runs:
         precisions.add(precision(run))
+        recipes.add(recipe(run))
         state = progress(run)  # read once: the accuracies of both algorithms and their per-task scores
         other = against.get(run, run)  # where the compared algorithm's run lies
         other_state = progress(other) if other != run else state
@@ -326,7 +336,9 @@ def main() -> None:
             got["accuracy"] = accuracy(arm_state, key)
             got["accuracy_by_kind"] = {point: by_kind(per_task(arm_state, point)) for point in ("sft", key)}
             out[f"{run.name}/{name}"] = got
-            curves.append((f"{run.name} {name}", records))
+            if folder not in drawn:  # a GRPO-ds run judged --against by several runs is drawn once
+                drawn.add(folder)
+                curves.append((f"{(run if folder == run else folder.parent).name} {name}", records))
             line = ", ".join(
                 f"{k} {v}"
                 for k, v in got.items()
@@ -406,8 +418,8 @@ def main() -> None:
         ax.set_xlim(0, args.steps - 1)
         ax.set_ylim(bottom=0)
         ax.legend(fontsize=8, loc="upper right")
-        ax.set_title(f"STARE beside GRPO-ds: entropy by step ({', '.join(sorted(precisions))}, SmolLM2-135M, "
-                     "smollm2-arith-long)")
+        ax.set_title(f"STARE beside GRPO-ds: entropy by step ({', '.join(sorted(precisions))}, SmolLM2-135M)\n"
+                     f"recipes: {', '.join(sorted(recipes))}", fontsize=10)
         fig.tight_layout()
         args.plot.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(args.plot, dpi=110)
