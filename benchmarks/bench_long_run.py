@@ -423,7 +423,7 @@ def main() -> None:
         fig.tight_layout()
         args.plot.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(args.plot, dpi=110)
-        print(f"plot: {args.plot}")
+        print(f"plot: {args.plot} ({len(curves)} curves)")
 
 
 if __name__ == "__main__":

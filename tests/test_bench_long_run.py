@@ -291,3 +291,18 @@ def test_a_run_without_its_own_grpo_ds_is_judged_against_another_folders(tmp_pat
     assert f"(from {long})" in out.stdout and "SFT held-out scores differ on 1 of 4 tasks (0.500 vs 0.250)" in out.stdout
     wrong = subprocess.run([*command, "--against", str(long), str(long)], capture_output=True, text=True, timeout=300)
     assert wrong.returncode == 2 and "one folder per run folder" in wrong.stderr
+
+
+def test_a_grpo_ds_run_judged_against_by_two_runs_is_drawn_once(tmp_path: Path):
+    """Two STARE runs judged against one folder's GRPO-ds arm: three curves (two STARE, that GRPO-ds once)."""
+    long, first, second = tmp_path / "long-s0", tmp_path / "hold-s0", tmp_path / "hold-s0b"
+    write_run(long, [0.3] * 8)
+    write_run(long / "grpo-ds", [0.4, 0.3, 0.2, 0.1, 0.1, 0.1, 0.1, 0.1])
+    write_run(first, [0.3] * 8)
+    write_run(second, [0.25] * 8)
+    out = subprocess.run([sys.executable, str(SCRIPT), str(first), str(second), "--steps", "8",
+                          "--against", str(long), str(long), "--plot", str(tmp_path / "p.png")],
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert f"plot: {tmp_path / 'p.png'} (3 curves)" in out.stdout
+    assert (tmp_path / "p.png").stat().st_size > 0
