@@ -8,7 +8,9 @@ Each point is one `stare-agents train` run into OUT/p<P>-w<W>-s<seed>: the recip
 learning rate) with `rl.algorithm=stare` (O1), `rl.stare.gated=false`, `rl.stare.adaptive=false`, the given W
 and P, no SFT (the model is the SFT model given) and no held-out evaluation. A point already done is not run
 again, and one cut short resumes from its checkpoint, so the sweep can be spread over sessions (`--report` only
-reads what is there).
+reads what is there). A point done keeps its `final_model/`, metrics and rollouts, all the report reads; its
+`checkpoints/` (model and optimizer state, only for resuming) are deleted unless `--keep-checkpoints`: kept, the
+checkpoints of the W and M sweeps once filled this machine's disk to 95%.
 
 The drift of a run is the least-squares slope of `learner/entropy_all` (the learner's entropy at the rollout
 temperature over every sampled action token, measured before each step's update) against the step. The engine
@@ -40,6 +42,7 @@ import argparse
 import itertools
 import json
 import math
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -83,6 +86,14 @@ def train_command(
     if (folder / "progress.json").exists():
         command.append("--resume")
     return command
+
+
+def drop_checkpoints(folder: Path) -> None:
+    """Delete a done point's `checkpoints/`: what the report reads (`final_model/`, metrics, rollouts) stays."""
+    checkpoints = folder / "checkpoints"
+    if done(folder) and (folder / "final_model").is_dir() and checkpoints.is_dir():
+        shutil.rmtree(checkpoints)
+        print(f"{folder}: done, its checkpoints deleted (--keep-checkpoints keeps them)", flush=True)
 
 
 def done(folder: Path) -> bool:
@@ -178,6 +189,9 @@ def main() -> None:
         help="a run folder from the same start model: its step-0 rollouts are the batch every point is scored on",
     )  # fmt: skip
     parser.add_argument("--report", action="store_true", help="only report the runs already there")
+    parser.add_argument(
+        "--keep-checkpoints", action="store_true", help="keep a done point's checkpoints/ (only needed to train it on)"
+    )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     ws, ps, seeds = floats(args.w), floats(args.p), [int(s) for s in args.seeds.split(",") if s]
@@ -198,6 +212,8 @@ def main() -> None:
                 for w, m in itertools.product(ws, ms):
                     folder = point_folder(args.out, p, w, seed, m)
                     if done(folder):
+                        if not args.keep_checkpoints:
+                            drop_checkpoints(folder)
                         continue
                     folder.parent.mkdir(parents=True, exist_ok=True)
                     command = train_command(
@@ -210,6 +226,8 @@ def main() -> None:
                         raise SystemExit(
                             f"{folder}: the run failed (exit {finished.returncode}); its log is {folder}.log"
                         )
+                    if not args.keep_checkpoints:
+                        drop_checkpoints(folder)
 
     ws = sorted(ws)  # run in the order given (the most telling W's first), reported in increasing W (and M)
     ms = sorted(ms) if ms != [None] else ms
