@@ -211,22 +211,19 @@ def main() -> None:
             for p in ps:
                 for w, m in itertools.product(ws, ms):
                     folder = point_folder(args.out, p, w, seed, m)
-                    if done(folder):
-                        if not args.keep_checkpoints:
-                            drop_checkpoints(folder)
-                        continue
-                    folder.parent.mkdir(parents=True, exist_ok=True)
-                    command = train_command(
-                        args.recipe, args.model, folder, p=p, w=w, m=m, seed=seed, steps=args.steps, extra=args.set
-                    )
-                    print("running:", " ".join(command), flush=True)
-                    with open(folder.parent / f"{folder.name}.log", "a") as log:
-                        finished = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT)
-                    if finished.returncode != 0:
-                        raise SystemExit(
-                            f"{folder}: the run failed (exit {finished.returncode}); its log is {folder}.log"
+                    if not done(folder):
+                        folder.parent.mkdir(parents=True, exist_ok=True)
+                        command = train_command(
+                            args.recipe, args.model, folder, p=p, w=w, m=m, seed=seed, steps=args.steps, extra=args.set
                         )
-                    if not args.keep_checkpoints:
+                        print("running:", " ".join(command), flush=True)
+                        with open(folder.parent / f"{folder.name}.log", "a") as log:
+                            finished = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT)
+                        if finished.returncode != 0:
+                            raise SystemExit(
+                                f"{folder}: the run failed (exit {finished.returncode}); its log is {folder}.log"
+                            )
+                    if not args.keep_checkpoints:  # done, now or before: resuming is all they serve
                         drop_checkpoints(folder)
 
     ws = sorted(ws)  # run in the order given (the most telling W's first), reported in increasing W (and M)
