@@ -112,9 +112,11 @@ def train(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     for noisy in ("vllm", "ray", "httpx", "filelock"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    from stare_agents.train.rl_loop import NoLearningSignal
+
     try:
         summary = run_training(train_config, resume=resume, compare=compare)
-    except FileExistsError as error:
+    except (FileExistsError, NoLearningSignal) as error:  # said plainly; the run folder keeps what it had
         typer.secho(str(error), fg="red", err=True)
         raise typer.Exit(2) from error
     table = Table(

@@ -33,6 +33,7 @@ from stare_agents.algo.importance import mismatch_warning
 from stare_agents.completions_table import log_completions
 from stare_agents.envs.registration import split_kwargs
 from stare_agents.eval import reflection_counts
+from stare_agents.records import read_records
 from stare_agents.rollout import RolloutConfig, RolloutTask, RolloutWorkerGroup
 from stare_agents.rollout.summary import check_failed_share, summarize_episodes
 from stare_agents.rollout_log import RolloutLog
@@ -62,6 +63,7 @@ class SampledStep:
     groups: int = 0
     dropped_groups: int = 0
     position: int = 0  # prompts drawn by the run once this batch was sampled
+    budget_exhausted: bool = False  # every round of rl.sampling_rounds was drawn and the step is still short
     seconds: dict[str, float] = field(default_factory=dict)  # rollout and advantages, as they took
 
     def to_state(self) -> dict[str, Any]:
@@ -73,14 +75,20 @@ class SampledStep:
             "usable": [index[id(t)] for t in self.usable],
             "kept": [index[id(t)] for t in self.kept],
             "advantages": self.advantages.clone(),
-            "figures": [self.rounds, self.groups, self.dropped_groups, self.position],
+            "figures": [
+                self.rounds,
+                self.groups,
+                self.dropped_groups,
+                self.position,
+                int(self.budget_exhausted),
+            ],
             "seconds": dict(self.seconds),
         }
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> SampledStep:
         trajectories = [Trajectory.from_dict(d) for d in state["trajectories"]]
-        rounds, groups, dropped, position = (int(x) for x in state["figures"])
+        rounds, groups, dropped, position, *exhausted = (int(x) for x in state["figures"])
         return cls(
             trajectories=trajectories,
             usable=[trajectories[i] for i in state["usable"]],
@@ -90,6 +98,7 @@ class SampledStep:
             groups=groups,
             dropped_groups=dropped,
             position=position,
+            budget_exhausted=bool(exhausted and exhausted[0]),
             seconds={k: float(v) for k, v in state["seconds"].items()},
         )
 
@@ -113,9 +122,15 @@ def training_tasks(config: TrainConfig, position: int, prompts: int | None = Non
     ]
 
 
+class NoLearningSignal(RuntimeError):
+    """Steps in a row found no group with reward variance within their whole refill budget."""
+
+
 class GroupSampler:
     """Rolls out a step's groups from the run's data position (`position`: prompts drawn so far; refills of
-    dynamic sampling draw more than one batch) and computes their advantages."""
+    dynamic sampling draw more than one batch) and computes their advantages. A step short of its batch after
+    the whole budget says so once (naming the knob); rl.max_empty_steps steps in a row with no group at all stop
+    the run (`NoLearningSignal`)."""
 
     def __init__(
         self,
@@ -127,6 +142,8 @@ class GroupSampler:
     ) -> None:
         self.config, self.workers, self.algorithm = config, workers, algorithm
         self.rollout_config, self.position = rollout_config, position
+        self.empty_steps = 0  # steps in a row whose whole budget found no group with reward variance
+        self.short_warned = False
 
     def sample(self, step: int) -> SampledStep:
         """Roll out rl.prompts_per_step prompts x samples and compute advantages; with dynamic sampling, draw
@@ -175,15 +192,30 @@ class GroupSampler:
         if len(groups) < len({t.group_id for t in out.kept}):  # a refill overshot: train on the first groups
             chosen = [i for i, t in enumerate(out.kept) if t.group_id in groups]
             out.kept, out.advantages = [out.kept[i] for i in chosen], out.advantages[chosen]
-        if algorithm.dynamic_sampling and len(groups) < c.rl.prompts_per_step:
+        out.budget_exhausted = algorithm.dynamic_sampling and len(groups) < c.rl.prompts_per_step
+        if out.budget_exhausted and not self.short_warned:
+            self.short_warned = True  # once a run: each step's record says it (data/budget_exhausted)
             logger.warning(
-                "RL step %d trains %d of rl.prompts_per_step=%d groups: %d sampling round(s) of %d prompts left "
-                "the rest without reward variance; raise rl.sampling_rounds or rl.sampling_batch_factor",
+                "RL step %d trains %d of rl.prompts_per_step=%d groups: its budget of rl.sampling_rounds=%d "
+                "round(s) of %d prompts left the rest without reward variance; raise rl.sampling_rounds (or "
+                "rl.sampling_batch_factor). Later short steps are counted in data/budget_exhausted, not said again",
                 step,
                 len(groups),
                 c.rl.prompts_per_step,
-                out.rounds,
+                c.rl.sampling_rounds,
                 per_round,
+            )
+        self.empty_steps = self.empty_steps + 1 if algorithm.dynamic_sampling and not groups else 0
+        if c.rl.max_empty_steps and self.empty_steps >= c.rl.max_empty_steps:
+            rewards = [t.reward for t in out.usable]
+            mean = sum(rewards) / len(rewards) if rewards else 0.0
+            raise NoLearningSignal(
+                f"RL stopped at step {step}: {self.empty_steps} step(s) in a row drew their whole budget "
+                f"(rl.sampling_rounds={c.rl.sampling_rounds} x {per_round} prompts) and no group had reward variance "
+                f"(every sample of a prompt scored alike; mean reward of the last step {mean:.2f}: "
+                + ("the tasks are solved" if mean >= 0.5 else "the model solves none of them")
+                + "). Give tasks the model solves sometimes (an easier or harder env.kwargs, a cold start), raise "
+                "rl.samples_per_prompt, or set rl.max_empty_steps=0 to go on without learning"
             )
         return out
 
@@ -194,7 +226,9 @@ class OneStepPipeline:
     weights (one version behind the learner's once this step's update is synced), and `wait()` collects it
     after the update. `ahead` (the batch sampled for the next step) goes into checkpoints."""
 
-    def __init__(self, sampler: GroupSampler, steps: int, *, on: bool, ahead: SampledStep | None = None) -> None:
+    def __init__(
+        self, sampler: GroupSampler, steps: int, *, on: bool, ahead: SampledStep | None = None
+    ) -> None:
         self.sampler, self.steps, self.on, self.ahead = sampler, steps, on, ahead
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._future: concurrent.futures.Future[SampledStep] | None = None
@@ -302,6 +336,10 @@ def step_record(
             "rollout/turns": summary["turns_mean"],
             "rollout/tool_calls": summary["tool_calls_per_response"],
             "rollout/tool_error_rate": summary["tool_error_rate"],
+            "rollout/tool_use_share": summary["tool_use_share"],  # responses with at least one tool call
+            "rollout/tool_error_share": summary[
+                "tool_error_share"
+            ],  # responses with a call that did not end ok
             "rollout/void_turns": sum(int(t.info.get("void_turns", 0)) for t in trajectories)
             / max(1, len(trajectories)),
             "rollout/failed": summary["failed"],
@@ -310,7 +348,9 @@ def step_record(
             "rollout/tokens_per_s": summary.get("action_tokens_per_s", 0.0),
             "rollout/wasted_tokens": summary["wasted_tokens"],
             "data/kept_trajectories": len(kept),
+            "data/kept_groups": len({t.group_id for t in kept}),
             "data/sampling_rounds": sampled.rounds,
+            "data/budget_exhausted": int(sampled.budget_exhausted),
             "data/position": sampled.position,
             "data/dropped_groups": sampled.dropped_groups,
             "data/groups": sampled.groups,
@@ -320,6 +360,39 @@ def step_record(
     )
     record.update({f"time/{stage}_s": value for stage, value in seconds.items()})
     return record
+
+
+class ToolUseWatch:
+    """Tool-use collapse (a known failure of agentic RL: the policy stops calling its tool): warns once, naming
+    the figure, when the share of responses that call the tool (rollout/tool_use_share) falls below half of the
+    run's first step's."""
+
+    def __init__(self) -> None:
+        self.start: float | None = None
+        self.warned = False
+
+    def resume(self, records: list[dict[str, Any]]) -> None:
+        first = next((r for r in records if r.get("step") == 0), None)
+        if first is not None and "rollout/tool_use_share" in first:
+            self.start = float(first["rollout/tool_use_share"])
+
+    def check(self, record: dict[str, Any]) -> str | None:
+        share = record.get("rollout/tool_use_share")
+        if share is None:
+            return None
+        if self.start is None:
+            self.start = float(share)
+            return None
+        if self.warned or not share < self.start / 2:
+            return None
+        self.warned = True
+        message = (
+            f"RL step {record['step']}: tool-use collapse? rollout/tool_use_share (responses with at least one tool "
+            f"call) fell to {share:.2f}, under half of the first step's {self.start:.2f}; the policy is learning to "
+            "answer without its tool (check rollout/tool_error_share and the rewards of answers without a call)"
+        )
+        logger.warning(message)
+        return message
 
 
 # -- the loop -------------------------------------------------------------------------------------------------
@@ -352,14 +425,19 @@ class RLLoop:
         self.sampler = GroupSampler(config, workers, algorithm, c.rollout_config(), position)
         self.pipeline = OneStepPipeline(self.sampler, c.rl.steps, on=c.rl.pipeline == "one-step", ahead=ahead)
         self.rollout_log = (
-            RolloutLog(folder, tokenizer_dir=start_dir, fraction=c.logging.rollouts) if c.logging.rollouts else None
+            RolloutLog(folder, tokenizer_dir=start_dir, fraction=c.logging.rollouts)
+            if c.logging.rollouts
+            else None
         )
         self.mismatch_warned = False
+        self.tool_use = ToolUseWatch()
 
     def run(self, start: int) -> Path:
         """Steps `start` .. rl.steps - 1; returns the metrics file they were logged to."""
         c = self.config
         log = RunLog(self.folder, c, purge_from=start)
+        if start:  # the run's first step sets the tool-use level that collapse is judged against
+            self.tool_use.resume(read_records(log.path, "rl"))
         bar = None
         if c.logging.progress:
             from tqdm import tqdm
@@ -368,7 +446,13 @@ class RLLoop:
         try:
             for step in range(start, c.rl.steps):
                 record = self.step(step)
-                if c.eval.num_tasks and c.eval.every and (step + 1) % c.eval.every == 0 and step + 1 < c.rl.steps:
+                self.tool_use.check(record)
+                if (
+                    c.eval.num_tasks
+                    and c.eval.every
+                    and (step + 1) % c.eval.every == 0
+                    and step + 1 < c.rl.steps
+                ):
                     record.update(self.heldout_figures())
                 if c.eval.benchmarks and (
                     (c.eval.every and (step + 1) % c.eval.every == 0) or step + 1 == c.rl.steps
@@ -428,7 +512,9 @@ class RLLoop:
         c, algorithm, learner = self.config, self.algorithm, self.learner
         timer = StageTimer()
         sampled = self.pipeline.take(step)
-        timer.seconds.update(sampled.seconds)  # the rollout's own time (overlapped with the last update if ahead)
+        timer.seconds.update(
+            sampled.seconds
+        )  # the rollout's own time (overlapped with the last update if ahead)
         staleness = [self.workers.weight_version - t.weight_version for t in sampled.kept]
         with timer("update"):
             entropy_all = entropy_of_all(c, learner, sampled.trajectories, sampled.kept, algorithm)
@@ -444,7 +530,9 @@ class RLLoop:
                 )
             else:  # every group had equal rewards (or failed): nothing to learn from this step
                 metrics = StepResult(dict.fromkeys(LEARNER_METRICS, float("nan")), gate_on=learner.gate_on)
-        warning = mismatch_warning(metrics, corrected=c.rl.learner.importance.active, fp32_head=c.model.fp32_lm_head)
+        warning = mismatch_warning(
+            metrics, corrected=c.rl.learner.importance.active, fp32_head=c.model.fp32_lm_head
+        )
         if warning and (not self.mismatch_warned or step % 10 == 0):
             logger.warning("RL step %d: %s", step, warning)
             self.mismatch_warned = True

@@ -40,6 +40,8 @@ def summarize_episodes(trajectories: Sequence[Trajectory], seconds: float | None
     outcomes = [tool_outcomes(t) for t in ran]
     tool_calls = sum(calls for calls, _, _ in outcomes)
     not_ok = sum(failed for _, failed, _ in outcomes)
+    calling = sum(calls > 0 for calls, _, _ in outcomes)
+    erring = sum(failed > 0 for _, failed, _ in outcomes)
     summary: dict[str, Any] = {
         "episodes": n,
         "failed": n - len(ran),
@@ -50,7 +52,13 @@ def summarize_episodes(trajectories: Sequence[Trajectory], seconds: float | None
         "turns_mean": sum(t.num_turns for t in ran) / len(ran) if ran else 0.0,
         "tool_calls_per_response": tool_calls / len(ran) if ran else 0.0,
         "response_tokens_mean": sum(t.num_action_tokens for t in ran) / len(ran) if ran else 0.0,
-        "tool_error_rate": not_ok / tool_calls if tool_calls else 0.0,  # calls that did not end ok (0: no call)
+        "tool_error_rate": not_ok / tool_calls
+        if tool_calls
+        else 0.0,  # calls that did not end ok (0: no call)
+        # shares of the episodes that ran: with at least one tool call, and with at least one call that did not
+        # end ok (tool-use collapse shows as the first falling)
+        "tool_use_share": calling / len(ran) if ran else 0.0,
+        "tool_error_share": erring / len(ran) if ran else 0.0,
         "tool_statuses": dict(statuses),
         "stop_reasons": {
             reason: count

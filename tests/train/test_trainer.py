@@ -99,7 +99,9 @@ def test_tiny_run_writes_every_output(tmp_path):
     rollouts, unread = read_step_file(step_file(folder, 1))  # the viewer's per-token entropy is recorded
     trained = [r for r in rollouts if r.learner_logprobs]
     assert not unread and trained and all(len(r.learner_entropy) == len(r.learner_logprobs) for r in trained)
-    assert all(h > 0 for r in trained for h, m in zip(r.learner_entropy, r.trajectory.action_mask, strict=True) if m)
+    assert all(
+        h > 0 for r in trained for h, m in zip(r.learner_entropy, r.trajectory.action_mask, strict=True) if m
+    )
 
 
 def test_every_json_file_of_a_run_parses_strictly(tmp_path):
@@ -200,7 +202,7 @@ def test_dynamic_sampling_refills_from_the_next_prompts(tmp_path):
     import coin_env  # noqa: F401
 
     dynamic = ["rl.dynamic_sampling=true", "rl.sampling_rounds=3", "rl.steps=2"]
-    train(tiny(tmp_path / "none", *COIN, *dynamic, "rl.samples_per_prompt=1"))
+    train(tiny(tmp_path / "none", *COIN, *dynamic, "rl.samples_per_prompt=1", "rl.max_empty_steps=0"))
     records = read_records(tmp_path / "none" / "metrics.jsonl", "rl")
     assert [
         (r["data/sampling_rounds"], r["data/position"], r["data/kept_trajectories"]) for r in records
@@ -208,12 +210,38 @@ def test_dynamic_sampling_refills_from_the_next_prompts(tmp_path):
         (3, 6, 0),
         (3, 12, 0),
     ]
+    assert [(r["data/kept_groups"], r["data/budget_exhausted"]) for r in records] == [(0, 1), (0, 1)]
     assert all("learner/entropy" not in r for r in records)  # no update without a kept group: not measured
     # four samples per prompt: groups with variance come quickly; at most prompts_per_step (2) are trained on
     train(tiny(tmp_path / "some", *COIN, *dynamic))
     for record in read_records(tmp_path / "some" / "metrics.jsonl", "rl"):
         assert 1 <= record["data/sampling_rounds"] <= 3 and record["data/kept_trajectories"] <= 8
         assert record["data/position"] % 2 == 0
+
+
+def test_steps_that_never_find_reward_variance_stop_the_run_after_the_budget(tmp_path, caplog):
+    """A dataset where no prompt ever has reward variance (one sample per prompt) stops after rl.max_empty_steps
+    steps in a row that spent their whole budget, with a message naming the knobs, not a run that trains on
+    nothing; the steps before the stop are logged, and a short step is said once (not at every step)."""
+    import logging
+
+    import coin_env  # noqa: F401
+
+    from stare_agents.train.rl_loop import NoLearningSignal
+
+    dynamic = ["rl.dynamic_sampling=true", "rl.sampling_rounds=2", "rl.steps=5", "rl.max_empty_steps=3"]
+    with caplog.at_level(logging.WARNING, logger="stare_agents.train"):
+        with pytest.raises(
+            NoLearningSignal, match=r"3 step\(s\) in a row .*rl\.sampling_rounds=2.*max_empty_steps"
+        ):
+            train(tiny(tmp_path / "none", *COIN, *dynamic, "rl.samples_per_prompt=1"))
+    assert caplog.text.count("its budget of rl.sampling_rounds=2") == 1
+    # the stop is raised while step 2 samples: steps 0 and 1 were logged, each with its budget spent
+    records = read_records(tmp_path / "none" / "metrics.jsonl", "rl")
+    assert [(r["step"], r["data/sampling_rounds"], r["data/budget_exhausted"]) for r in records] == [
+        (0, 2, 1),
+        (1, 2, 1),
+    ]
 
 
 def test_weights_over_the_collective_train_the_same_run_as_through_the_driver(tmp_path):
@@ -378,12 +406,15 @@ def test_refill_rounds_draw_a_multiple_of_the_batch_and_a_short_step_says_so(tmp
     import coin_env  # noqa: F401
 
     refill = ["rl.dynamic_sampling=true", "rl.sampling_rounds=2", "rl.sampling_batch_factor=3", "rl.steps=1"]
+    refill.append("rl.max_empty_steps=0")
     with caplog.at_level(logging.WARNING, logger="stare_agents.train"):
         train(tiny(tmp_path / "none", *COIN, *refill, "rl.samples_per_prompt=1", "eval.num_tasks=2"))
     figures = ("data/sampling_rounds", "data/position", "data/kept_trajectories")
     (record,) = read_records(tmp_path / "none" / "metrics.jsonl", "rl")
     assert [record[k] for k in figures] == [2, 12, 0]
-    said = "RL step 0 trains 0 of rl.prompts_per_step=2 groups: 2 sampling round(s) of 6 prompts"
+    said = (
+        "RL step 0 trains 0 of rl.prompts_per_step=2 groups: its budget of rl.sampling_rounds=2 round(s) of 6"
+    )
     assert said in caplog.text
     caplog.clear()
     # four samples per prompt: a round of 6 prompts has groups with variance to spare; the first 2 are trained
@@ -391,7 +422,8 @@ def test_refill_rounds_draw_a_multiple_of_the_batch_and_a_short_step_says_so(tmp
         train(tiny(tmp_path / "some", *COIN, *refill, "eval.num_tasks=2"))
     (record,) = read_records(tmp_path / "some" / "metrics.jsonl", "rl")
     assert [record[k] for k in figures] == [1, 6, 8]
-    assert "sampling round(s)" not in caplog.text
+    assert (record["data/kept_groups"], record["data/budget_exhausted"]) == (2, 0)
+    assert "round(s)" not in caplog.text
     paper = (
         "qwen2.5-7b-tir-stare-c2",
         "qwen2.5-7b-tir-grpo-ds",
@@ -441,7 +473,9 @@ def test_a_run_that_dies_mid_sft_goes_on_from_its_sft_checkpoint(tmp_path, monke
             {k: v for k, v in r.items() if k not in drop} for r in first
         ]
     a, b = load_causal_lm(reference / SFT_MODEL), load_causal_lm(stopped / SFT_MODEL)
-    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
+    assert all(
+        torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True)
+    )
 
 
 def test_an_sft_checkpoint_taken_on_other_traces_is_not_continued(tmp_path, monkeypatch, caplog):

@@ -2,7 +2,6 @@
 checked where it is built, and `TrainConfig`, which builds the runtime settings (worker spec, sampling, SFT,
 benchmark evaluation) next to the fields they copy. See the package docstring for keys and recipes."""
 
-
 from __future__ import annotations
 
 import dataclasses
@@ -331,7 +330,9 @@ class SFTSection:
 
     def __post_init__(self) -> None:
         if self.checkpoint_every < 0:
-            raise ValueError(f"sft.checkpoint_every must be >= 0 (0: no checkpoints), got {self.checkpoint_every}")
+            raise ValueError(
+                f"sft.checkpoint_every must be >= 0 (0: no checkpoints), got {self.checkpoint_every}"
+            )
 
     def sft_config(self, *, seed: int, device: str) -> SFTConfig:
         """The SFT trainer's settings (train/sft.py) from this section, the run's seed and the device."""
@@ -344,6 +345,9 @@ class SFTSection:
             seed=seed,
             device=device,
         )
+
+
+MAX_PROMPT_ROUNDS = 64  # rl.sampling_rounds x rl.sampling_batch_factor: batches of prompts one step may draw
 
 
 @dataclass
@@ -369,9 +373,13 @@ class RLSection:
     # custom Ray resources each learner worker needs (as rollout.resources_per_worker), e.g. {learner_node: 1}
     learner_resources_per_worker: dict[str, float] = field(default_factory=dict)
     drop_void_turns: bool = False  # SimpleTIR: trajectories with a void turn are left out of the loss
-    # dynamic sampling (DAPO): draw up to this many rounds of prompts per step until prompts_per_step groups
-    # have reward variance; 1: filter only (a step may train on fewer groups, and says so)
-    sampling_rounds: int = 1
+    # dynamic sampling (DAPO): the refill budget. A step draws up to this many rounds of prompts until
+    # prompts_per_step groups have reward variance, so that it trains on the batch it names; a step that spends
+    # the budget and is still short trains on what it has and says so (data/budget_exhausted). 1: filter only
+    sampling_rounds: int = 4
+    # a run stops, saying why, after this many steps in a row found no group with reward variance in their
+    # whole budget (every reward equal: the tasks are all solved or all failed); 0: never stop
+    max_empty_steps: int = 2
     # prompts drawn per sampling round, as a multiple of prompts_per_step (the official code's gen_batch_size:
     # 3 x the train batch); the groups past prompts_per_step are left out, the data position moves past them
     sampling_batch_factor: int = 1
@@ -404,9 +412,20 @@ class RLSection:
                 f"rl.sampling_batch_factor >= 1; got {self.steps}, {self.prompts_per_step}, "
                 f"{self.samples_per_prompt}, {self.sampling_rounds}, {self.sampling_batch_factor}"
             )
+        if self.sampling_rounds * self.sampling_batch_factor > MAX_PROMPT_ROUNDS:
+            raise ValueError(
+                f"rl.sampling_rounds x rl.sampling_batch_factor = {self.sampling_rounds} x "
+                f"{self.sampling_batch_factor} batches of prompts a step is over the {MAX_PROMPT_ROUNDS} allowed: a step "
+                "that needs that many to find groups with reward variance has tasks too easy or too hard for the "
+                "model; lower them (the official recipes use 10 x 3)"
+            )
+        if self.max_empty_steps < 0:
+            raise ValueError(f"rl.max_empty_steps must be >= 0 (0: never stop), got {self.max_empty_steps}")
         algorithm = self.algorithm_config()  # the combination is checked where it loads
         gate_input = algorithm.stare.gate_input if algorithm.stare is not None else "trained"
-        if gate_input != "trained" and (self.learner_workers > 1 or algorithm.loss.aggregation != "token-mean"):
+        if gate_input != "trained" and (
+            self.learner_workers > 1 or algorithm.loss.aggregation != "token-mean"
+        ):
             raise ValueError(
                 f"rl.stare.gate_input={gate_input!r} (the entropy over every sampled trajectory, a token mean) needs "
                 f"one learner worker and rl.loss.aggregation=token-mean; got rl.learner_workers="
@@ -427,7 +446,11 @@ class RLSection:
 
     def algorithm_config(self) -> AlgorithmConfig:
         """The algorithm: `algo` under the preset's name (`algorithm`)."""
-        return self.algo if self.algo.name == self.algorithm else dataclasses.replace(self.algo, name=self.algorithm)
+        return (
+            self.algo
+            if self.algo.name == self.algorithm
+            else dataclasses.replace(self.algo, name=self.algorithm)
+        )
 
 
 ALGORITHM_FIELDS = tuple(f.name for f in dataclasses.fields(AlgorithmConfig) if f.name != "name")
