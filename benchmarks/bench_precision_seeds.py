@@ -1,16 +1,21 @@
-"""The default job per RL precision and training seed: does RL learn in bf16 as it does in fp32 on this CPU?
+"""The default job as a distribution: per precision and training seed, does RL gain reliably on this CPU?
 
-    .venv/bin/python benchmarks/bench_precision_seeds.py --out runs/precision --seeds 0,1,2 \\
-        --precisions fp32,bf16 --json runs/precision.json
+    .venv/bin/python benchmarks/bench_precision_seeds.py --out runs/seeds --seeds 0,1,2,3,4 \\
+        --precisions fast,fp32 --replicates 1 --json runs/seeds.json
 
-Each point is one run of the default job (`stare-agents train --recipe smollm2-arith`) into OUT/<precision>-s<seed>,
-with the RL precision's overrides below and nothing else changed: SFT runs in the recipe's `fast` in every point, so
-the points of one seed start RL from the same cold start. A point already done is not run again, and one cut short
-resumes from its checkpoint (`--report` only reads what is there). Per point it prints the held-out accuracies
-(SFT, RL), RL - SFT with its paired 95% interval, the training reward at the first and last step (and its max),
-the rollout/learner mismatch (mean |log r|, KL, share of tokens with r outside [0.9, 1.1], over the run's steps),
-the held-out tool error rate after RL and the job's wall time; per precision the mean and range of RL - SFT over
-the seeds, and whether every seed passes the bar: RL - SFT >= +0.25 with the interval's lower end >= +0.15.
+Each point is one run of the default job (`stare-agents train --recipe smollm2-arith`) into
+OUT/<precision>-s<seed> (replicate r > 0: OUT/<precision>-s<seed>-r<r>), with the precision's overrides below and
+nothing else changed. The points run interleaved (seed by seed, each precision in turn), so that the machine's load
+hits every arm alike; each point records the machine's 1-minute load average every 15 s while it runs
+(bench_load.json in its folder). A point already done is not run again, and one cut short resumes from its
+checkpoint (`--report` only reads what is there). Per point it prints the held-out accuracies (SFT, RL), RL - SFT
+with its paired 95% interval (over held-out tasks: an interval within one run, not over runs), the training reward at
+the first and last step (and its max), the trajectories each step trained on and the steps whose refill budget ran
+out, the rollout/learner mismatch, the held-out tool error rate after RL, the job's wall time and the load; per
+precision the number of runs, the mean, min and max of RL - SFT and its spread (max - min), and the bar: every run
+RL - SFT >= +0.25 with the interval's lower end >= +0.15, a spread <= 0.15 and each job <= 15 minutes. Two runs of the
+same settings and seed (a replicate, or `fast` and `fp32` on a CPU where fast is fp32) are listed as pairs: runs of
+one seed differ on CPU too.
 
 The ablations isolate one side at a time: `engine-bf16` (bf16 vLLM engine, fp32 learner), `learner-bf16` (fp32
 engine, bf16 learner) and `bf16-head-tis` (bf16 on both sides with the fp32 LM head and truncated importance
@@ -22,9 +27,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +40,7 @@ from stare_agents.jsonl import dumps, read_lines, report_unread
 
 RECIPE = "smollm2-arith"
 PRECISIONS: dict[str, list[str]] = {
+    "fast": [],  # the recipe's own: bf16 where the CPU has avx512_bf16 or AMX, fp32 elsewhere
     "fp32": ["model.rollout_dtype=float32", "rl.learner.precision=fp32"],
     "bf16": ["model.rollout_dtype=bfloat16", "rl.learner.precision=bf16"],
     "engine-bf16": ["model.rollout_dtype=bfloat16", "rl.learner.precision=fp32"],
@@ -44,16 +52,54 @@ PRECISIONS: dict[str, list[str]] = {
         "rl.learner.importance.cap=2.0",
     ],
 }
-BAR_GAIN, BAR_LOW = 0.25, 0.15  # issue 27's bar: RL - SFT >= +0.25, the paired interval's lower end >= +0.15
+BAR_GAIN, BAR_LOW = 0.25, 0.15  # every run: RL - SFT >= +0.25, the paired interval's lower end >= +0.15
+BAR_SPREAD, BAR_WALL_S = 0.15, 900.0  # over the runs: max - min of RL - SFT; each job's wall time
+LOAD_FILE = "bench_load.json"
 
 
-def run_point(folder: Path, precision: str, seed: int) -> None:
-    command = [sys.executable, "-m", "stare_agents.cli", "train", "--recipe", RECIPE, "--out", str(folder)]
+def point_folder(out: Path, precision: str, seed: int, replicate: int = 0) -> Path:
+    return out / (f"{precision}-s{seed}" + (f"-r{replicate}" if replicate else ""))
+
+
+class LoadSampler:
+    """The machine's 1-minute load average every `every` seconds while a point runs, added to its folder's
+    bench_load.json (a resumed point adds to what the earlier attempt sampled)."""
+
+    def __init__(self, folder: Path, every: float = 15.0) -> None:
+        self.path, self.every = folder / LOAD_FILE, every
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            self.samples.append(os.getloadavg()[0])
+
+    def __enter__(self) -> LoadSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        earlier = json.loads(self.path.read_text())["samples"] if self.path.exists() else []
+        samples = [*earlier, *self.samples]
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(
+            dumps({"every_s": self.every, "samples": samples, "cpu": hardware.cpu_model()}) + "\n"
+        )
+
+
+def run_point(
+    folder: Path, precision: str, seed: int, recipe: str = RECIPE, extra: list[str] | None = None
+) -> None:
+    command = [sys.executable, "-m", "stare_agents.cli", "train", "--recipe", recipe, "--out", str(folder)]
     if (folder / "progress.json").exists():
         command.append("--resume")
-    command += [f"seed={seed}", *PRECISIONS[precision]]
+    command += [f"seed={seed}", *PRECISIONS[precision], *(extra or [])]
     print("$", " ".join(command), flush=True)
-    subprocess.run(command, check=True)
+    with LoadSampler(folder):
+        subprocess.run(command, check=True)
 
 
 def read_point(folder: Path) -> dict[str, Any] | None:
@@ -65,7 +111,8 @@ def read_point(folder: Path) -> dict[str, Any] | None:
     lines, unread = read_lines(folder / "metrics.jsonl")
     report_unread(unread, None, f"lines of {folder / 'metrics.jsonl'}")
     records = [record for _, record in lines]
-    rewards = [r["rollout/mean_reward"] for r in records if r.get("kind") == "rl" and "rollout/mean_reward" in r]
+    steps = [r for r in records if r.get("kind") == "rl"]
+    rewards = [r["rollout/mean_reward"] for r in steps if "rollout/mean_reward" in r]
     after_rl = [r for r in records if r.get("kind") == "eval" and r.get("point") == "rl"]
     gain = summary["rl_gain"]
     point = {
@@ -77,7 +124,19 @@ def read_point(folder: Path) -> dict[str, Any] | None:
         "passes": gain["value"] >= BAR_GAIN and gain["ci_low"] >= BAR_LOW,
         "precision": summary["precision"],
         "wall_time_s": summary["wall_time_s"],
+        "kept_trajectories": [int(r.get("data/kept_trajectories", 0)) for r in steps],
+        "budget_exhausted_steps": [int(r["step"]) for r in steps if r.get("data/budget_exhausted")],
+        "sampling_rounds": [int(r.get("data/sampling_rounds", 1)) for r in steps],
     }
+    load_path = folder / LOAD_FILE
+    if load_path.exists():
+        samples = json.loads(load_path.read_text())["samples"]
+        if samples:
+            point["load_1m"] = {
+                "mean": statistics.fmean(samples),
+                "max": max(samples),
+                "samples": len(samples),
+            }
     if rewards:
         point["reward"] = {"first": rewards[0], "last": rewards[-1], "max": max(rewards)}
     if "mismatch" in summary:
@@ -92,50 +151,99 @@ def read_point(folder: Path) -> dict[str, Any] | None:
     return point
 
 
-def aggregate(points: dict[int, dict[str, Any]]) -> dict[str, Any]:
+def aggregate(points: dict[Any, dict[str, Any]]) -> dict[str, Any]:
+    """Over the runs of one precision (keys: seed, or (seed, replicate)): their number, mean, range and spread of
+    RL - SFT, and the bar."""
     gains = [p["rl_minus_sft"] for p in points.values()]
+    walls = [p["wall_time_s"] for p in points.values()]
+    spread = max(gains) - min(gains)
     return {
         "seeds": sorted(points),
+        "runs": len(points),
         "rl_minus_sft_mean": statistics.fmean(gains),
         "rl_minus_sft_range": [min(gains), max(gains)],
+        "rl_minus_sft_spread": spread,
         "every_seed_passes": all(p["passes"] for p in points.values()),
+        "spread_passes": spread <= BAR_SPREAD + 1e-9,
+        "wall_time_s_max": max(walls),
+        "wall_time_passes": max(walls) <= BAR_WALL_S,
     }
 
 
-def table(results: dict[str, dict[int, dict[str, Any]]]) -> str:
+def seed_of(label: str) -> int:
+    """A point's seed from its label: "3" (the first run of seed 3) or "3-r1" (its replicate 1)."""
+    return int(label.split("-")[0])
+
+
+def same_setting_pairs(results: dict[str, dict[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Pairs of runs of one seed in one resolved precision (a replicate, or two presets that resolve alike on this
+    CPU): how far runs of the same settings land apart."""
+    runs = [
+        (f"{name}-s{label}", seed_of(label), p)
+        for name, points in results.items()
+        for label, p in points.items()
+    ]
+    pairs = []
+    for i, (name_a, seed_a, a) in enumerate(runs):
+        for name_b, seed_b, b in runs[i + 1 :]:
+            if seed_a == seed_b and a["precision"] == b["precision"]:
+                pairs.append(
+                    {
+                        "seed": seed_a,
+                        "runs": [name_a, name_b],
+                        "rl_minus_sft": [a["rl_minus_sft"], b["rl_minus_sft"]],
+                        "difference": abs(a["rl_minus_sft"] - b["rl_minus_sft"]),
+                    }
+                )
+    return pairs
+
+
+def table(results: dict[str, dict[str, dict[str, Any]]]) -> str:
     rows = [
-        "| precision | seed | SFT | RL | RL - SFT [95% CI] | bar | reward first -> last (max) "
-        "| mean abs log r | KL | r outside [0.9, 1.1] | tool errors after RL | wall s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| precision | seed | SFT | RL | RL - SFT [95% CI over tasks] | bar | reward first -> last (max) "
+        "| trajectories trained a step (min-max) | budget out | mean abs log r | KL | tool errors after RL "
+        "| wall s | load 1m mean (max) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for precision, points in results.items():
-        for seed, p in sorted(points.items()):
+        for label, p in sorted(points.items(), key=lambda kv: (seed_of(kv[0]), kv[0])):
             reward = p.get("reward")
             mismatch = p.get("mismatch", {})
+            kept = p.get("kept_trajectories") or [0]
+            load = p.get("load_1m")
             rows.append(
-                f"| {precision} | {seed} | {p['sft']:.3f} | {p['rl']:.3f} | {p['rl_minus_sft']:+.3f} "
+                f"| {precision} | {label} | {p['sft']:.3f} | {p['rl']:.3f} | {p['rl_minus_sft']:+.3f} "
                 f"[{p['ci'][0]:+.3f}, {p['ci'][1]:+.3f}] | {'pass' if p['passes'] else 'miss'} | "
                 + (f"{reward['first']:.2f} -> {reward['last']:.2f} ({reward['max']:.2f})" if reward else "")
-                + f" | {mismatch.get('logprob_abs_diff_mean', float('nan')):.4f}"
+                + f" | {min(kept)}-{max(kept)} | {len(p.get('budget_exhausted_steps', []))}"
+                f" | {mismatch.get('logprob_abs_diff_mean', float('nan')):.4f}"
                 f" | {mismatch.get('kl_mean', float('nan')):.1e}"
-                f" | {mismatch.get('ratio_outside_mean', float('nan')):.3f}"
-                f" | {p.get('tool_error_rate_after_rl', float('nan')):.3f} | {p['wall_time_s']:.0f} |"
+                f" | {p.get('tool_error_rate_after_rl', float('nan')):.3f} | {p['wall_time_s']:.0f} | "
+                + (f"{load['mean']:.2f} ({load['max']:.2f})" if load else "")
+                + " |"
             )
         if points:
             a = aggregate(points)
             rows.append(
-                f"| {precision} | mean (range), {len(points)} seeds | | | {a['rl_minus_sft_mean']:+.3f} "
-                f"({a['rl_minus_sft_range'][0]:+.3f} to {a['rl_minus_sft_range'][1]:+.3f}) | "
-                f"{'every seed passes' if a['every_seed_passes'] else 'not every seed passes'} | | | | | | |"
+                f"| {precision} | {a['runs']} runs: mean (min to max), spread | | | {a['rl_minus_sft_mean']:+.3f} "
+                f"({a['rl_minus_sft_range'][0]:+.3f} to {a['rl_minus_sft_range'][1]:+.3f}), {a['rl_minus_sft_spread']:.3f} | "
+                f"{'every run passes' if a['every_seed_passes'] else 'not every run passes'}; spread "
+                f"{'<=' if a['spread_passes'] else '>'} {BAR_SPREAD}; longest job {a['wall_time_s_max']:.0f} s "
+                f"{'<=' if a['wall_time_passes'] else '>'} {BAR_WALL_S:.0f} | | | | | | | | |"
             )
     return "\n".join(rows)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="runs/precision", help="the folder of the points")
-    parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--precisions", default="fp32,bf16", help=f"comma-separated, of {sorted(PRECISIONS)}")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", default="runs/seeds", help="the folder of the points")
+    parser.add_argument("--recipe", default=RECIPE)
+    parser.add_argument("--seeds", default="0,1,2,3,4")
+    parser.add_argument("--precisions", default="fast,fp32", help=f"comma-separated, of {sorted(PRECISIONS)}")
+    parser.add_argument("--replicates", type=int, default=1, help="runs per precision and seed")
+    parser.add_argument("--set", action="append", default=[], help="an override for every point (key=value)")
     parser.add_argument("--report", action="store_true", help="only read the points already there")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
@@ -144,29 +252,44 @@ def main() -> None:
     unknown = [p for p in precisions if p not in PRECISIONS]
     if unknown:
         parser.error(f"unknown precision(s) {unknown}: choose from {sorted(PRECISIONS)}")
+    if args.replicates < 1:
+        parser.error(f"--replicates must be >= 1, got {args.replicates}")
     needs_bf16 = any("bf16" in override for p in precisions for override in PRECISIONS[p])
     if not args.report and needs_bf16 and not hardware.bf16_is_fast():
-        print("note: this CPU has no avx512_bf16 or AMX: the bf16 points run about 100x slower here", flush=True)
+        print(
+            "note: this CPU has no avx512_bf16 or AMX: the bf16 points run about 100x slower here", flush=True
+        )
     out = Path(args.out)
-    results: dict[str, dict[int, dict[str, Any]]] = {}
-    for precision in precisions:
-        results[precision] = {}
-        for seed in seeds:
-            folder = out / f"{precision}-s{seed}"
-            if not args.report and read_point(folder) is None:
-                run_point(folder, precision, seed)
-            point = read_point(folder)
-            if point is None:
-                print(f"{folder}: not finished (no summary.json)", flush=True)
-                continue
-            results[precision][seed] = point
-    print(f"CPU: {hardware.cpu_model()}; bf16 units: {sorted(hardware.BF16_CPU_FLAGS & hardware.cpu_flags()) or 'none'}")
+    results: dict[str, dict[str, dict[str, Any]]] = {precision: {} for precision in precisions}
+    for seed in seeds:  # interleaved: every precision of a seed before the next seed
+        for replicate in range(args.replicates):
+            for precision in precisions:
+                folder = point_folder(out, precision, seed, replicate)
+                if not args.report and read_point(folder) is None:
+                    run_point(folder, precision, seed, args.recipe, args.set)
+                point = read_point(folder)
+                if point is None:
+                    print(f"{folder}: not finished (no summary.json)", flush=True)
+                    continue
+                results[precision][f"{seed}" + (f"-r{replicate}" if replicate else "")] = point
+    print(
+        f"CPU: {hardware.cpu_model()}; bf16 units: {sorted(hardware.BF16_CPU_FLAGS & hardware.cpu_flags()) or 'none'}"
+    )
     print(table(results))
+    pairs = same_setting_pairs(results)
+    for pair in pairs:
+        print(
+            f"same settings, seed {pair['seed']}: {pair['runs'][0]} {pair['rl_minus_sft'][0]:+.3f} vs "
+            f"{pair['runs'][1]} {pair['rl_minus_sft'][1]:+.3f} ({pair['difference']:.3f} apart)"
+        )
     if args.json:
         figures = {
             "cpu": hardware.cpu_model(),
-            "points": {p: {str(s): v for s, v in points.items()} for p, points in results.items()},
+            "recipe": args.recipe,
+            "overrides": args.set,
+            "points": results,
             "aggregate": {p: aggregate(points) for p, points in results.items() if points},
+            "same_setting_pairs": pairs,
         }
         Path(args.json).write_text(dumps(figures, indent=2) + "\n")
 

@@ -73,19 +73,65 @@ def test_report_prints_the_table_and_strict_json(tmp_path: Path):
     assert "| fp32 | 0 | 0.500 | 0.800 | +0.300 [+0.220, +0.360] | pass |" in result.stdout
     figures = json.loads(out.read_text(), parse_constant=lambda c: pytest.fail(f"non-strict JSON: {c}"))
     assert figures["aggregate"] == {
-        "fp32": {"seeds": [0], "rl_minus_sft_mean": 0.30, "rl_minus_sft_range": [0.30, 0.30],
-                 "every_seed_passes": True}
+        "fp32": {"seeds": ["0"], "runs": 1, "rl_minus_sft_mean": 0.30, "rl_minus_sft_range": [0.30, 0.30],
+                 "rl_minus_sft_spread": 0.0, "every_seed_passes": True, "spread_passes": True,
+                 "wall_time_s_max": 500.0, "wall_time_passes": True}
     }
     assert "bf16" not in figures["aggregate"]  # no point of it: absent, not NaN
 
 
 def test_an_unknown_precision_is_refused_before_any_run(tmp_path: Path):
     result = subprocess.run(
-        [sys.executable, str(SCRIPT), "--out", str(tmp_path), "--precisions", "fp32,fast"],
+        [sys.executable, str(SCRIPT), "--out", str(tmp_path), "--precisions", "fp32,fastest"],
         capture_output=True, text=True,
     )
-    assert result.returncode == 2 and "unknown precision(s) ['fast']" in result.stderr
+    assert result.returncode == 2 and "unknown precision(s) ['fastest']" in result.stderr
     assert not any(tmp_path.iterdir())
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", str(tmp_path), "--replicates", "0"], capture_output=True, text=True
+    )
+    assert result.returncode == 2 and "--replicates must be >= 1" in result.stderr
+    assert not any(tmp_path.iterdir())
+
+
+def test_the_spread_the_wall_time_the_load_and_same_setting_pairs(tmp_path: Path):
+    """Five runs: the spread (max - min) against 0.15 at its edge, a job over 15 minutes, the load a point
+    sampled, the kept trajectories per step, and two runs of one seed in one resolved precision paired."""
+    b = bench()
+    gains = {"0": 0.30, "1": 0.45, "2": 0.31, "3": 0.35, "4": 0.40}  # spread 0.15: on the bar
+    points = {}
+    for label, g in gains.items():
+        write_point(tmp_path / f"fast-s{label}", g, g - 0.07)
+        points[label] = b.read_point(tmp_path / f"fast-s{label}")
+    a = b.aggregate(points)
+    assert a["runs"] == 5 and a["spread_passes"] and a["every_seed_passes"] and a["wall_time_passes"]
+    assert a["rl_minus_sft_spread"] == pytest.approx(0.15)
+    points["4"] = dict(points["4"], rl_minus_sft=0.451, wall_time_s=901.0)  # spread 0.151, a job of 901 s
+    a = b.aggregate(points)
+    assert not a["spread_passes"] and not a["wall_time_passes"]
+    folder = tmp_path / "fast-s0"
+    (folder / b.LOAD_FILE).write_text(json.dumps({"every_s": 15, "samples": [1.0, 3.0, 2.0]}))
+    records = [{"kind": "rl", "step": i, "data/kept_trajectories": k, "data/budget_exhausted": int(k < 32)}
+               for i, k in enumerate([32, 32, 24])]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    p = b.read_point(folder)
+    assert p["load_1m"] == {"mean": 2.0, "max": 3.0, "samples": 3}
+    assert p["kept_trajectories"] == [32, 32, 24] and p["budget_exhausted_steps"] == [2]
+    write_point(tmp_path / "fp32-s0", 0.20, 0.10)  # same resolved precision as fast-s0 (write_point's)
+    pairs = b.same_setting_pairs({"fast": {"0": p}, "fp32": {"0": b.read_point(tmp_path / "fp32-s0")}})
+    assert len(pairs) == 1 and pairs[0]["seed"] == 0 and pairs[0]["difference"] == pytest.approx(0.10)
+
+
+def test_the_load_sampler_adds_to_what_an_earlier_attempt_sampled(tmp_path: Path):
+    b = bench()
+    with b.LoadSampler(tmp_path, every=0.01) as sampler:
+        while len(sampler.samples) < 2:
+            pass
+    first = json.loads((tmp_path / b.LOAD_FILE).read_text())["samples"]
+    with b.LoadSampler(tmp_path, every=0.01) as sampler:
+        while len(sampler.samples) < 1:
+            pass
+    assert len(json.loads((tmp_path / b.LOAD_FILE).read_text())["samples"]) >= len(first) + 1
 
 
 @pytest.mark.parametrize(
