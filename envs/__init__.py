@@ -8,12 +8,12 @@
     obs, reward, terminated, truncated, info = env.step(model_text)
 
 Registered ids: stare_agents/MathTIR-v0, stare_agents/MathCoT-v0, stare_agents/ArithmeticTIR-v0,
-stare_agents/PythonUnitTest-v0. New environments subclass `TextEnv` or `ToolEnv` (see `core`), and
+stare_agents/ArithmeticTIR-v1, stare_agents/PythonUnitTest-v0. New environments subclass `TextEnv` or `ToolEnv` (see `core`), and
 `check_env` checks them. Tools are objects (`PythonTool(sandbox, ...)`, `Tool`); environments made without a
 sandbox share `shared_sandbox()`; grading runs in a `MathGrader` pool (`default_grader()` per process).
 """
 
-from stare_agents.envs.arithmetic import ArithmeticTIREnv
+from stare_agents.envs.arithmetic import ArithmeticTIREnv, ArithmeticTIRV1Env
 from stare_agents.envs.checker import EnvCheckError, check_env
 from stare_agents.envs.core import (
     FINAL_INFO_KEYS,
@@ -57,6 +57,7 @@ __all__ = [
     "FINAL_INFO_KEYS",
     "INFO_KEYS",
     "ArithmeticTIREnv",
+    "ArithmeticTIRV1Env",
     "EnvCheckError",
     "GradeResult",
     "GraderStats",

@@ -29,6 +29,10 @@ ENVIRONMENTS: dict[str, tuple[str, str]] = {
         "stare_agents.envs.arithmetic:ArithmeticTIREnv",
         "seeded, offline integer problems that need the Python tool",
     ),
+    f"{NAMESPACE}/ArithmeticTIR-v1": (
+        "stare_agents.envs.arithmetic:ArithmeticTIRV1Env",
+        "ArithmeticTIR with twelve kinds at three levels each, drawn uniformly over the 36 (kind, level) cells",
+    ),
     f"{NAMESPACE}/PythonUnitTest-v0": (
         "stare_agents.envs.python_unittest:PythonUnitTestEnv",
         "write a function; reward = fraction of hidden unit tests passing in the sandbox",
