@@ -113,19 +113,20 @@ def test_answers_are_exact_for_hand_computed_tasks() -> None:
     assert math.factorial(10) == 3628800
 
 
-@pytest.mark.parametrize("count", [96, 300])
-def test_export_writes_distinct_heldout_tasks_that_eval_loads(tmp_path, count: int) -> None:
+@pytest.mark.parametrize(("env_id", "count"), [(ENV, 96), (ENV, 300), ("stare_agents/ArithmeticTIR-v1", 300)])
+def test_export_writes_distinct_heldout_tasks_that_eval_loads(tmp_path, env_id: str, count: int) -> None:
     from stare_agents.cli import app
 
     out = tmp_path / "heldout.jsonl"
-    result = CliRunner().invoke(app, ["envs", "export", ENV, "--out", str(out), "--count", str(count)])
+    result = CliRunner().invoke(app, ["envs", "export", env_id, "--out", str(out), "--count", str(count)])
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == count == len({r["id"] for r in rows}) == len({r["problem"] for r in rows})
     assert all(is_heldout(r["problem"]) for r in rows)
     assert len(load_benchmark(str(out)).tasks) == count
     train = CliRunner().invoke(
-        app, ["envs", "export", ENV, "--out", str(tmp_path / "t.jsonl"), "--count", "50", "--split", "train"]
+        app,
+        ["envs", "export", env_id, "--out", str(tmp_path / "t.jsonl"), "--count", "50", "--split", "train"],
     )
     assert train.exit_code == 0, train.output
     train_rows = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]

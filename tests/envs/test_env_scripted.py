@@ -17,6 +17,7 @@ from stare_agents.envs.arithmetic import KINDS
 PINNED = {"problem": "What is 6 times 7?", "answer": "42"}
 ONE_MB = 1024 * 1024
 CODE = "Let me compute.\n```python\n{}\n```"
+ARITHMETIC_VERSIONS = ["stare_agents/ArithmeticTIR-v0", "stare_agents/ArithmeticTIR-v1"]  # one scorer
 
 
 @pytest.fixture(
@@ -396,15 +397,17 @@ def test_arithmetic_tool_call_solves_the_task(sandbox) -> None:
         ("q" * ONE_MB, "no_answer"),
     ],
 )
-def test_arithmetic_failures(sandbox, action: str, reason: str) -> None:
-    env = make("stare_agents/ArithmeticTIR-v0", sandbox)
+@pytest.mark.parametrize("version", ARITHMETIC_VERSIONS)
+def test_arithmetic_failures(sandbox, action: str, reason: str, version: str) -> None:
+    env = make(version, sandbox)
     env.reset(seed=1)
     _, reward, terminated, _, info = env.step(action)
     assert (reward, terminated, info["grade_reason"]) == (0.0, True, reason)
 
 
-def test_arithmetic_separators_and_hedges(sandbox) -> None:
-    env = make("stare_agents/ArithmeticTIR-v0", sandbox)
+@pytest.mark.parametrize("version", ARITHMETIC_VERSIONS)
+def test_arithmetic_separators_and_hedges(sandbox, version: str) -> None:
+    env = make(version, sandbox)
     for action, reward in [
         ("\\boxed{1\\,234\\,567}", 1.0),
         ("\\boxed{1 234 567}", 1.0),
@@ -417,8 +420,9 @@ def test_arithmetic_separators_and_hedges(sandbox) -> None:
         assert env.step(action)[1] == reward, action
 
 
-def test_arithmetic_turn_limit_and_timeout(sandbox) -> None:
-    env = make("stare_agents/ArithmeticTIR-v0", sandbox, max_turns=2, tool_timeout_s=1.0)
+@pytest.mark.parametrize("version", ARITHMETIC_VERSIONS)
+def test_arithmetic_turn_limit_and_timeout(sandbox, version: str) -> None:
+    env = make(version, sandbox, max_turns=2, tool_timeout_s=1.0)
     env.reset(seed=2)
     obs, _, _, _, info = env.step(CODE.format("while True:\n    pass"))
     assert info["tool_timeouts"] == 1 and obs[0]["role"] == "tool"

@@ -28,6 +28,13 @@ CODE = "```python\n{}\n```"
         ),
         ("stare_agents/ArithmeticTIR-v0", {"problem": "p", "answer": "3.5"}, ValueError, "integer string"),
         ("stare_agents/ArithmeticTIR-v0", {"problem": "p", "answer": "x"}, ValueError, "integer string"),
+        ("stare_agents/ArithmeticTIR-v1", {"problem": "p", "answer": "1e3"}, ValueError, "integer string"),
+        (
+            "stare_agents/ArithmeticTIR-v1",
+            {"problem": "p", "answer": "9" * 4001},
+            ValueError,
+            "integer string",
+        ),
         (
             "stare_agents/MathCoT-v0",
             {"index": None},
