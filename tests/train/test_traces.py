@@ -50,6 +50,17 @@ def test_solver_traces_are_correct_for_every_task_kind_and_shaped_like_rollouts(
         solver_traces("stare_agents/MathTIR-v0", [0], tokenizer, eos)
 
 
+def test_solver_traces_of_arithmetic_v1_are_correct_in_every_kind(tokenizer):
+    """sft.data=solver on ArithmeticTIR-v1 (24 traces, as the SFT recipes take): every seed gives a verified
+    trace, whatever its kind and level."""
+    with LocalSandbox(2, allow_host_execution=True) as sandbox:
+        traces = solver_traces(
+            "stare_agents/ArithmeticTIR-v1", range(24), tokenizer, {tokenizer.eos_token_id}, sandbox=sandbox
+        )
+    assert len(traces) == 24 and all(t.correct and t.reward == 1.0 for t in traces)
+    assert len({t.task_id.split("-L")[0] for t in traces}) >= 8  # of the 12 kinds (about 10 expected)
+
+
 def test_conversation_traces_learn_only_the_assistant(tokenizer, tmp_path):
     path = tmp_path / "traces.jsonl"
     conversation = [
