@@ -21,9 +21,10 @@ the sampler's entropy over the trained groups' action tokens, over the groups le
 correct, and over the rest left out (all or some wrong, no reward variance), with each kind's share of the
 tokens. And STARE's L+ tokens there: their median surprisal against the median entropy at their positions (W
 raises the entropy only through tokens more surprising than their position's entropy, roughly). And per task
-kind (a task's id without its trailing hash): the held-out accuracy of the SFT model and of each final model,
-and the training reward in windows of `--window` steps from the saved rollouts, which show the kinds a run
-learns, keeps or loses, and when. A run still under way is reported as far as it has got ("steps": how many).
+kind (a task's id without its trailing hash and level): the held-out accuracy of the SFT model and of each final
+model, and the training reward in windows of `--window` steps from the saved rollouts, which show the kinds a run
+learns, keeps or loses, and when; for ArithmeticTIR-v1, whose ids name a level, the held-out accuracy per level
+too. A run still under way is reported as far as it has got ("steps": how many).
 
 A STARE run made without its own compared run, from another run's SFT model (`sft.enabled=false
 model.name=<that run>/sft_model`, or the same recipe and seed redoing the SFT), is judged against that run's
@@ -42,6 +43,7 @@ import json
 import math
 import re
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -102,15 +104,25 @@ GROUP_KINDS = ("trained", "left out, all correct", "left out, not all correct")
 
 
 def task_kind(task_id: str) -> str:
-    """A task's kind: its id without the trailing hash ("arith-range_sum-70fd62526f" -> "arith-range_sum")."""
-    return re.sub(r"-[0-9a-f]{6,}$", "", task_id)
+    """A task's kind: its id without the trailing hash and level ("arith-range_sum-70fd62526f" and
+    ArithmeticTIR-v1's "arith-range_sum-L2-70fd62526f" -> "arith-range_sum")."""
+    return re.sub(r"(-L[0-9]+)?-[0-9a-f]{6,}$", "", task_id)
 
 
-def by_kind(per_task: dict[str, float] | None) -> dict[str, dict[str, float]]:
-    """Held-out score per task kind (`task_kind`): the mean and the number of tasks."""
+def task_level(task_id: str) -> str:
+    """A task's level where its id names one ("arith-range_sum-L2-70fd62526f" -> "L2"), else "no level"."""
+    found = re.search(r"-(L[0-9]+)-[0-9a-f]{6,}$", task_id)
+    return found[1] if found else "no level"
+
+
+def by_kind(
+    per_task: dict[str, float] | None, group: Callable[[str], str] = task_kind
+) -> dict[str, dict[str, float]]:
+    """Held-out score per task kind (`task_kind`, or another `group` of the task id such as `task_level`): the
+    mean and the number of tasks."""
     kinds: dict[str, list[float]] = {}
     for task, score in (per_task or {}).items():
-        kinds.setdefault(task_kind(task), []).append(float(score))
+        kinds.setdefault(group(task), []).append(float(score))
     return {kind: {"mean": sum(v) / len(v), "tasks": len(v)} for kind, v in sorted(kinds.items())}
 
 
@@ -335,6 +347,9 @@ def main() -> None:
             got.update(rollout_figures(folder, args.window))
             got["accuracy"] = accuracy(arm_state, key)
             got["accuracy_by_kind"] = {point: by_kind(per_task(arm_state, point)) for point in ("sft", key)}
+            got["accuracy_by_level"] = {
+                point: by_kind(per_task(arm_state, point), task_level) for point in ("sft", key)
+            }
             out[f"{run.name}/{name}"] = got
             if folder not in drawn:  # a GRPO-ds run judged --against by several runs is drawn once
                 drawn.add(folder)
@@ -343,7 +358,7 @@ def main() -> None:
                 f"{k} {v}"
                 for k, v in got.items()
                 if k not in ("trained_on_nothing", "gate_off", "gate_inputs", "entropy_by_group", "lplus",
-                             "reward_by_kind", "accuracy_by_kind")
+                             "reward_by_kind", "accuracy_by_kind", "accuracy_by_level")
             )
             source = f" (from {other})" if folder != run and other != run else ""
             print(f"{run} {name}{source}: {line}")
@@ -371,6 +386,10 @@ def main() -> None:
                 if kinds:
                     print(f"    held-out accuracy by kind ({point}): "
                           + ", ".join(f"{k} {v['mean']:.2f} ({v['tasks']})" for k, v in kinds.items()))
+            for point, levels in got["accuracy_by_level"].items():
+                if set(levels) - {"no level"}:
+                    print(f"    held-out accuracy by level ({point}): "
+                          + ", ".join(f"{k} {v['mean']:.2f} ({v['tasks']})" for k, v in levels.items()))
             for kind, windows in got["reward_by_kind"].items():
                 print(f"    training reward of {kind} by steps: "
                       + ", ".join(f"{w['steps']} {w['mean']:.2f} ({w['trajectories']})" for w in windows))

@@ -212,8 +212,9 @@ def test_accuracy_and_training_reward_by_task_kind_by_hand(tmp_path: Path):
     write_step(run, 0, [saved(0, "arith-range_sum-0a1b2c3d4e", 1.0), saved(0, "odd-task", 1.0)])
     write_step(run, 1, [saved(1, "arith-range_sum-ffeeddccbb", 0.0), saved(1, "arith-multiply-123456abcd", 1.0)])
     write_step(run, 2, [saved(2, "arith-range_sum-0a1b2c3d4e", 0.0)])
-    scores = {"sft": {"arith-range_sum-aaaaaaaaaa": 1.0, "arith-range_sum-bbbbbbbbbb": 0.0, "arith-multiply-cccccccccc": 0.0},
-              "rl": {"arith-range_sum-aaaaaaaaaa": 0.0, "arith-range_sum-bbbbbbbbbb": 0.0, "arith-multiply-cccccccccc": 1.0}}  # fmt: skip
+    # ArithmeticTIR-v1 ids name a level: range_sum-L2 is range_sum, and its level L2
+    scores = {"sft": {"arith-range_sum-aaaaaaaaaa": 1.0, "arith-range_sum-L2-bbbbbbbbbb": 0.0, "arith-multiply-cccccccccc": 0.0},
+              "rl": {"arith-range_sum-aaaaaaaaaa": 0.0, "arith-range_sum-L2-bbbbbbbbbb": 0.0, "arith-multiply-cccccccccc": 1.0}}  # fmt: skip
     (run / "progress.json").write_text(json.dumps({"accuracy": {}, "evaluations": {
         key: {"per_task": value} for key, value in scores.items()}}))  # fmt: skip
     out = subprocess.run(
@@ -232,6 +233,8 @@ def test_accuracy_and_training_reward_by_task_kind_by_hand(tmp_path: Path):
     assert got["accuracy_by_kind"]["rl"]["arith-multiply"] == {"mean": 1.0, "tasks": 1}
     assert "training reward of arith-range_sum by steps: 0-1 0.50 (2), 2-3 0.00 (1)" in out.stdout
     assert "held-out accuracy by kind (rl): arith-multiply 1.00 (1), arith-range_sum 0.00 (2)" in out.stdout
+    assert got["accuracy_by_level"]["sft"] == {"L2": {"mean": 0.0, "tasks": 1}, "no level": {"mean": 0.5, "tasks": 2}}
+    assert "held-out accuracy by level (rl): L2 0.00 (1), no level 0.50 (2)" in out.stdout
 
 
 def test_a_damaged_pass8_archive_is_reported_and_read_up_to_the_fault(tmp_path: Path):
