@@ -531,7 +531,11 @@ class ArithmeticTIRV1Env(_IntegerTasksEnv):
         **kwargs: Any,
     ) -> None:
         if isinstance(kinds, str) or not kinds or set(kinds) - set(V1_KINDS):
-            raise ValueError(f"kinds must be a non-empty subset of {V1_KINDS}, got {kinds!r}")
+            unknown = [] if isinstance(kinds, str) else sorted(set(kinds) - set(V1_KINDS), key=str)
+            raise ValueError(
+                f"kinds must be a non-empty subset of {V1_KINDS}, got {kinds!r}"
+                + (f" ({', '.join(map(repr, unknown))} not a v1 kind)" if unknown else "")
+            )
         if (
             isinstance(levels, str | int)
             or not levels

@@ -177,7 +177,7 @@ def test_task_space_has_every_cell_and_exact_sizes() -> None:
     [
         ({"kinds": "gcd"}, "kinds must be a non-empty subset"),  # a string, not a tuple of kinds
         ({"kinds": ()}, "kinds must be a non-empty subset"),
-        ({"kinds": ("collatz_steps",)}, "kinds must be a non-empty subset"),  # a v0-only kind
+        ({"kinds": ("gcd", "collatz_steps")}, "'collatz_steps' not a v1 kind"),  # a v0-only kind
         ({"levels": ()}, "levels must be a non-empty subset"),
         ({"levels": 2}, "levels must be a non-empty subset"),
         ({"levels": (0, 1)}, "levels must be a non-empty subset"),
