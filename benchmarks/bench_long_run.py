@@ -11,8 +11,10 @@ on nothing, the held-out accuracy (progress.json) and what the registered pass l
 within the band in >= 70% of second-half steps, (2) GRPO-ds's second-half mean below half of its first value,
 (3) STARE's held-out accuracy minus GRPO-ds's >= -0.03 (paired over the tasks both scored, with a bootstrap
 interval), (4) STARE's pass@K minus GRPO-ds's >= 0 when both final models were evaluated into `pass8/`
-(`stare-agents eval --k 8 ... --out <folder>/pass8`). Also the mechanism's figure per run: the share of
-positive-advantage tokens in the entropy-raising region (Phi < 0) and of STARE's L+ there, over the steps
+(`stare-agents eval --k 8 ... --out <folder>/pass8`). The second half's spread too: the standard deviation of
+single steps and their range. Also the mechanism's figures per run: the share of positive-advantage tokens
+(successful trajectories') in the entropy-raising region (Phi < 0), the share of negative-advantage tokens
+(failed trajectories') there and the ratio of the two, and the share of STARE's L+ there, over the steps
 that trained. And what each gate input (`rl.stare.gate_input`) reads on the run's own log: the trained batch's
 entropy (`learner/entropy`), that of every sampled trajectory and its moving average, with how often each sits
 below the target (the gate on) over the steps that trained. That is a reading of one run, not a run per input:
@@ -202,6 +204,8 @@ def figures(records: list[dict[str, Any]], target: float, total_steps: int) -> d
         "second_half_steps": len(second),
         "second_half_mean": sum(second) / len(second) if second else None,
         "second_half_within_30pct": len(inside) / len(second) if second else None,
+        "second_half_sd": statistics.stdev(second) if len(second) > 1 else None,  # a single step's noise
+        "second_half_range": [min(second), max(second)] if second else None,
         "trained_on_nothing": [r["step"] for r in records if not r.get("data/kept_trajectories")],
         "gate_off": [r["step"] for r in records if r.get("stare/gate_on") == 0.0],
         **raising_region(records),
@@ -210,14 +214,24 @@ def figures(records: list[dict[str, Any]], target: float, total_steps: int) -> d
 
 def raising_region(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Over the steps that trained: the share of positive-advantage action tokens with Phi < 0 (where pushing a
-    token up raises the entropy: `quadrant/pos_high` of pos_high + pos_low), the mean share of STARE's L+ there
-    (`stare/lplus_negative_phi`, logged for every algorithm) and the steps whose L+ held such a token."""
+    token up raises the entropy: `quadrant/pos_high` of pos_high + pos_low), the same share of the
+    negative-advantage tokens (`quadrant/neg_high`) and the second share over the first (with 0/1 rewards a
+    trained group's positive-advantage tokens are its successful trajectories', the negative ones its failed
+    trajectories'), the mean share of STARE's L+ there (`stare/lplus_negative_phi`, logged for every algorithm)
+    and the steps whose L+ held such a token."""
     trained = [r for r in records if r.get("data/kept_trajectories")]
     high = sum(r.get("quadrant/pos_high", 0) for r in trained)
     low = sum(r.get("quadrant/pos_low", 0) for r in trained)
+    negative_high = sum(r.get("quadrant/neg_high", 0) for r in trained)
+    negative_low = sum(r.get("quadrant/neg_low", 0) for r in trained)
+    positive = high / (high + low) if high + low else None
+    negative = negative_high / (negative_high + negative_low) if negative_high + negative_low else None
+    ratio = negative / positive if positive and negative is not None else None
     lplus = [r["stare/lplus_negative_phi"] for r in trained if isinstance(r.get("stare/lplus_negative_phi"), float)]
     return {
-        "positive_tokens_phi_negative": high / (high + low) if high + low else None,
+        "positive_tokens_phi_negative": positive,
+        "negative_tokens_phi_negative": negative,
+        "phi_negative_failed_over_successful": ratio,
         "lplus_phi_negative_mean": sum(lplus) / len(lplus) if lplus else None,
         "steps_lplus_phi_negative": sum(1 for v in lplus if v > 0),
     }

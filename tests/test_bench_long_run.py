@@ -18,16 +18,19 @@ def write_run(
     *,
     kept: int = 4,
     region: tuple[int, int, float] = (0, 10, 0.0),
+    negative: tuple[int, int] = (0, 10),
     trained: list[float] | None = None,
 ) -> None:
     """metrics.jsonl with one RL record a step (step 1 trained nothing); `region`: each step's quadrant/pos_high,
-    quadrant/pos_low and stare/lplus_negative_phi; `trained`: each step's learner/entropy (the kept batch's,
+    quadrant/pos_low and stare/lplus_negative_phi; `negative`: each step's quadrant/neg_high and quadrant/neg_low;
+    `trained`: each step's learner/entropy (the kept batch's,
     written only at the steps that trained)."""
     folder.mkdir(parents=True)
     lines = []
     for step, value in enumerate(entropies):
         record = {"kind": "rl", "step": step, "data/kept_trajectories": kept if step != 1 else 0,
                   "quadrant/pos_high": region[0], "quadrant/pos_low": region[1],
+                  "quadrant/neg_high": negative[0], "quadrant/neg_low": negative[1],
                   "stare/lplus_negative_phi": region[2]}
         if value is not None:  # not measured: absent, as the run log writes it
             record["learner/entropy_all"] = value
@@ -56,6 +59,8 @@ def test_the_pass_line_figures_by_hand(tmp_path: Path):
     stare, grpo = got["long-s0/stare"], got["long-s0/grpo-ds"]
     assert stare["steps"] == 8 and stare["second_half_within_30pct"] == 0.5 and stare["trained_on_nothing"] == [1]
     assert abs(stare["second_half_mean"] - (0.30 + 0.45 + 0.22 + 0.10) / 4) < 1e-12
+    # deviations from 0.2675: +0.0325, +0.1825, -0.0475, -0.1675; squares sum to 0.064675, / 3 -> SD 0.146828
+    assert abs(stare["second_half_sd"] - 0.146828) < 1e-6 and stare["second_half_range"] == [0.10, 0.45]
     assert stare["accuracy"] == {"sft": 0.4, "rl": 0.55}
     assert grpo["second_half_steps"] == 3 and abs(grpo["second_half_mean"] - 0.1) < 1e-12  # the absent one left out
     assert "pass line (1): 0.50 of second-half steps in the band: not met" in out.stdout
@@ -87,8 +92,8 @@ def write_samples(folder: Path, correct: dict[str, int], n: int = 8) -> None:
 
 def test_criteria_three_and_four_are_paired_over_tasks_and_the_raising_region_summed(tmp_path: Path):
     run = tmp_path / "long-s0"
-    write_run(run, [0.3] * 8, region=(1, 9, 0.25))
-    write_run(run / "grpo-ds", [0.3] * 8, region=(0, 10, 0.0))
+    write_run(run, [0.3] * 8, region=(1, 9, 0.25), negative=(3, 7))
+    write_run(run / "grpo-ds", [0.3] * 8, region=(0, 10, 0.0), negative=(2, 8))
     # STARE solves a, b of a, b, c, d; GRPO-ds a, b, c: held-out difference -0.25 (not met: below -0.03)
     scores = {"rl": {"a": 1.0, "b": 1.0, "c": 0.0, "d": 0.0}, "rl-grpo-ds": {"a": 1.0, "b": 1.0, "c": 1.0, "d": 0.0}}
     evaluations = {key: {"per_task": value} for key, value in scores.items()}
@@ -113,6 +118,11 @@ def test_criteria_three_and_four_are_paired_over_tasks_and_the_raising_region_su
     assert "pass line (4): STARE - grpo-ds pass@8 +0.250" in out.stdout
     stare = got["long-s0/stare"]  # 7 steps trained (step 1 did not), each with 1 of 10 positive tokens at Phi < 0
     assert abs(stare["positive_tokens_phi_negative"] - 0.1) < 1e-12 and stare["steps_lplus_phi_negative"] == 7
+    # 3 of 10 negative-advantage (failed) tokens at Phi < 0 against 1 of 10 positive (successful) ones: 3x
+    assert abs(stare["negative_tokens_phi_negative"] - 0.3) < 1e-12
+    assert abs(stare["phi_negative_failed_over_successful"] - 3.0) < 1e-12
+    grpo = got["long-s0/grpo-ds"]  # no positive token at Phi < 0: a share of 0.2 against 0 has no ratio
+    assert grpo["negative_tokens_phi_negative"] == 0.2 and grpo["phi_negative_failed_over_successful"] is None
     assert stare["lplus_phi_negative_mean"] == 0.25 and got["long-s0/grpo-ds"]["steps_lplus_phi_negative"] == 0
     assert "gate_off" in stare and "gate_off" not in got["long-s0/grpo-ds"]  # GRPO-ds has no gate to be off
 

@@ -37,7 +37,11 @@ def test_the_installed_version_meets_its_floor(name):
     assert installed >= floors()[name], f"{name} {installed} is below the floor {floors()[name]}"
 
 
-def test_the_readme_starts_ray_with_token_auth():
-    readme = (PYPROJECT.parent / "README.md").read_text()
-    assert "ray start --head" not in readme.replace("RAY_AUTH_MODE=token ray start --head", "")
-    assert "ray get-auth-token --generate" in readme
+def test_the_docs_start_ray_with_token_auth():
+    """The README's cluster example and docs/cluster.md's steps: no head node started without token auth."""
+    root = PYPROJECT.parent
+    for page in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
+        text = page.read_text()
+        assert "ray start --head" not in text.replace("RAY_AUTH_MODE=token ray start --head", ""), page
+    for page in (root / "README.md", root / "docs" / "cluster.md"):
+        assert "ray get-auth-token --generate" in page.read_text(), page

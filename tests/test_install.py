@@ -68,11 +68,12 @@ def test_ray_starts_a_local_cluster():
     assert out.stdout.strip().endswith("42")
 
 
-def test_readme_algorithm_snippet_runs():
-    readme = (REPO / "README.md").read_text()
-    start = readme.index("```python\nimport torch\nfrom stare_agents.algo")
-    snippet = readme[start + len("```python\n") : readme.index("```", start + 10)]
+def test_the_algorithm_snippet_runs():
+    """docs/algorithm.md's snippet (STARE in your own training loop), run as a user copies it."""
+    page = (REPO / "docs" / "algorithm.md").read_text()
+    start = page.index("```python\nimport torch\nfrom stare_agents.algo")
+    snippet = page[start + len("```python\n") : page.index("```", start + 10)]
     namespace: dict = {}
-    exec(compile(snippet, "README.md", "exec"), namespace)
+    exec(compile(snippet, "docs/algorithm.md", "exec"), namespace)
     assert namespace["loss"].requires_grad and namespace["logprobs"].grad is not None
     assert "policy/clipfrac" in namespace["metrics"]

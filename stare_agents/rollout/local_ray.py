@@ -19,7 +19,7 @@ told otherwise, and makes whatever temp folder it is given world-writable (0777)
 new instance `ray/` inside a fresh folder of its own, mode 0700 (`private_temp_dir`), which no other user can
 enter. It stays after the run, as Ray's own does, for its logs.
 
-A multi-node run attaches to a cluster started with `ray start` instead (see the README's cluster section):
+A multi-node run attaches to a cluster started with `ray start` instead (see docs/cluster.md):
 `init_ray` is what the trainer calls, and it starts the local instance only when there is no cluster to attach
 to (`cluster_address`: `rollout.ray_address`, else RAY_ADDRESS, else the cluster `ray start` runs on this node).
 Attaching gives Ray no resources: a cluster's nodes declared theirs when `ray start` started them, and Ray

@@ -1,6 +1,6 @@
-"""The default job's precisions are what the README says, on every CPU: SFT and RL (engine and learner) in `fast`
-(bf16 where the CPU has bf16 units, fp32 elsewhere); the long STARE-beside-GRPO-ds runs keep RL in fp32, the
-precision their registered runs were made in."""
+"""The default job's precisions are what the README and docs/precision.md say, on every CPU: SFT and RL (engine
+and learner) in `fast` (bf16 where the CPU has bf16 units, fp32 elsewhere); the long STARE-beside-GRPO-ds runs
+keep RL in fp32, the precision their registered runs were made in."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from stare_agents import hardware
 from stare_agents.train.config import load_config
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(params=[frozenset(), frozenset({"avx2", "avx512_bf16"}), frozenset({"amx_bf16"})])
@@ -39,7 +39,8 @@ def test_the_long_runs_keep_rl_in_fp32_on_every_cpu(cpu):
     assert hardware.resolve_precision(config.rl.learner.precision, "cpu") == "fp32"
 
 
-def test_the_readme_states_those_precisions():
-    text = " ".join(README.read_text(encoding="utf-8").split())
+@pytest.mark.parametrize("page", ["README.md", "docs/precision.md"])
+def test_the_docs_state_those_precisions(page):
+    text = " ".join((ROOT / page).read_text(encoding="utf-8").split())
     assert "SFT and RL (the engine and the learner) run in `fast`" in text
     assert "model.rollout_dtype=float32 rl.learner.precision=fp32" in text
