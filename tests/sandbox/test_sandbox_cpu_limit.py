@@ -5,14 +5,8 @@ is there), with two busy processes on the machine's cores where load is the poin
 
 from __future__ import annotations
 
-import contextlib
-import os
-import subprocess
-import sys
-from collections.abc import Iterator
-
 import pytest
-from sandbox_support import processes
+from sandbox_support import ONE_CPU_SECOND, busy_neighbours, code_niceness, processes
 from support import require
 
 from stare_agents.envs.tools import PythonTool
@@ -20,10 +14,6 @@ from stare_agents.sandbox import DEFAULT_IMAGE, DockerSandbox, LocalSandbox, doc
 from stare_agents.sandbox.channel import check_limits
 from stare_agents.sandbox.runner import WALL_FACTOR, default_wall_timeout
 
-# exactly one second of this process's CPU time, whatever the machine's speed or load
-ONE_CPU_SECOND = (
-    "import time\nend = time.process_time() + 1.0\nwhile time.process_time() < end:\n    pass\nprint('done')"
-)
 ROOMY_WALL_S = 60.0  # a wall cap no loaded machine reaches here: what stops these calls is their CPU time
 
 
@@ -41,33 +31,6 @@ def sandbox(request):
         box = LocalSandbox(pool_size=1, preimport=(), allow_host_execution=True)
     with box:
         yield box
-
-
-def code_niceness(sandbox) -> int:
-    """The niceness the sandbox's code runs at: the local runner's is this process's, Docker's containers are
-    the engine's children (0)."""
-    return 0 if isinstance(sandbox, DockerSandbox) else os.getpriority(os.PRIO_PROCESS, 0)
-
-
-@contextlib.contextmanager
-def busy_neighbours(niceness: int, count: int = 2) -> Iterator[list[subprocess.Popen]]:
-    """`count` Python busy loops at `niceness` (the code's own, as `nice -n 0` beside it: an equal share), one
-    per core of this machine's two, for as long as the block runs."""
-
-    def at_niceness() -> None:
-        with contextlib.suppress(OSError):  # lowering it needs root; then they stay at this process's
-            os.setpriority(os.PRIO_PROCESS, 0, niceness)
-
-    loops = [
-        subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=at_niceness)
-        for _ in range(count)
-    ]
-    try:
-        yield loops
-    finally:
-        for loop in loops:
-            loop.kill()
-            loop.wait()
 
 
 def test_an_honest_program_passes_while_two_busy_processes_share_the_cores(sandbox):
