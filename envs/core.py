@@ -696,10 +696,14 @@ class ToolEnv(TextEnv):
     Args (besides `TextEnv`'s):
         tools: the tools the policy may call (`PythonTool`, `Tool`, or anything with `name`, `schema()`,
             `__call__(arguments)` and `end_episode()`). Default: `[PythonTool(sandbox, timeout_s=tool_timeout_s,
-            stateless=stateless, error_lines=error_lines, accept_tool_answer=accept_tool_answer)]`; with
-            `tools=` given, those five arguments belong to the tool and are refused here.
+            wall_timeout_s=tool_wall_timeout_s, stateless=stateless, error_lines=error_lines,
+            accept_tool_answer=accept_tool_answer)]`; with `tools=` given, those six arguments belong to the
+            tool and are refused here.
         sandbox: the sandbox of the default python tool (None: the process-wide shared one).
-        tool_timeout_s: time limit of one python call (default DEFAULT_TIMEOUT_S, 5 s; at most MAX_TIMEOUT_S).
+        tool_timeout_s: the CPU seconds one python call may use (default DEFAULT_TIMEOUT_S, 5 s; at most
+            MAX_TIMEOUT_S): CPU time, so that a busy machine never fails an honest program.
+        tool_wall_timeout_s: the wall-clock cap of one python call, for code that sleeps or waits (>=
+            tool_timeout_s; default WALL_FACTOR, 4, times tool_timeout_s).
         stateless: run each python call in a fresh namespace (SimpleTIR) instead of one session per episode.
         error_lines: show only the last N lines of a traceback (None: all of it).
         accept_tool_answer: also accept a final answer printed by the tool (`final_answer(x)`, defined in the
@@ -725,6 +729,7 @@ class ToolEnv(TextEnv):
         tools: Sequence[ToolLike] | None = None,
         sandbox: Any = _UNSET,
         tool_timeout_s: float = _UNSET,
+        tool_wall_timeout_s: float | None = _UNSET,
         stateless: bool = _UNSET,
         error_lines: int | None = _UNSET,
         accept_tool_answer: bool = _UNSET,
@@ -757,6 +762,7 @@ class ToolEnv(TextEnv):
         python_options = {
             "sandbox": sandbox,
             "tool_timeout_s": tool_timeout_s,
+            "tool_wall_timeout_s": tool_wall_timeout_s,
             "stateless": stateless,
             "error_lines": error_lines,
             "accept_tool_answer": accept_tool_answer,
@@ -767,6 +773,7 @@ class ToolEnv(TextEnv):
                 PythonTool(
                     given.get("sandbox"),
                     timeout_s=given.get("tool_timeout_s", DEFAULT_TIMEOUT_S),
+                    wall_timeout_s=given.get("tool_wall_timeout_s"),
                     stateless=given.get("stateless", False),
                     error_lines=given.get("error_lines"),
                     accept_tool_answer=given.get("accept_tool_answer", False),

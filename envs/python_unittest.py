@@ -31,6 +31,7 @@ from stare_agents.envs.grading import charge_grading_clock
 from stare_agents.envs.parsing import PYTHON_LANGUAGES, python_blocks
 from stare_agents.envs.tasks import Task, TaskDataset
 from stare_agents.envs.tools import shared_sandbox
+from stare_agents.sandbox.channel import check_limits
 from stare_agents.sandbox.runner import DEFAULT_TIMEOUT_S
 
 HARNESS_SOURCE = Path(__file__).with_name("_unittest_harness.py").read_text(encoding="utf-8")
@@ -155,8 +156,9 @@ BUILTIN_TASKS: list[dict[str, Any]] = [
 class PythonUnitTestEnv(TextEnv):
     """Write a function that passes hidden unit tests; reward = passed / total (in [0, 1]).
 
-    Args (besides `TextEnv`'s): sandbox (None: the process-wide shared one), tool_timeout_s (the whole test
-    run, default DEFAULT_TIMEOUT_S, 5 s), per_test_timeout_s (each test including any load of the submission, default 2 s),
+    Args (besides `TextEnv`'s): sandbox (None: the process-wide shared one), tool_timeout_s (the CPU seconds of
+    the whole test run, default DEFAULT_TIMEOUT_S, 5 s), tool_wall_timeout_s (its wall-clock cap, default 4 x
+    tool_timeout_s), per_test_timeout_s (each test including any load of the submission, default 2 s),
     dataset (rows with "problem" and "tests"; default: the built-in tasks).
 
     Score reasons: "correct" (all pass), "wrong", "error" (the submission does not load), "timeout" (the run
@@ -178,6 +180,7 @@ class PythonUnitTestEnv(TextEnv):
         dataset: Any = None,
         sandbox: Any = None,
         tool_timeout_s: float = DEFAULT_TIMEOUT_S,
+        tool_wall_timeout_s: float | None = None,
         per_test_timeout_s: float = 2.0,
         max_turns: int = 1,
         languages: tuple[str, ...] = PYTHON_LANGUAGES,
@@ -193,7 +196,9 @@ class PythonUnitTestEnv(TextEnv):
             dataset=dataset if dataset is not None else TaskDataset(BUILTIN_TASKS), max_turns=1, **kwargs
         )
         self._sandbox = sandbox
-        self.tool_timeout_s = tool_timeout_s
+        self.tool_timeout_s, self.tool_wall_timeout_s = check_limits(
+            tool_timeout_s, tool_wall_timeout_s, ("tool_timeout_s", "tool_wall_timeout_s")
+        )
         self.per_test_timeout_s = per_test_timeout_s
         self.languages = languages
 
@@ -244,7 +249,7 @@ class PythonUnitTestEnv(TextEnv):
             f"import json as _json\n_driver(_json.loads({json.dumps(params, allow_nan=False)!r}))\n"
         )
         with self.sandbox.session(stateless=True) as session:
-            result = session.run(code, timeout_s=self.tool_timeout_s)
+            result = session.run(code, self.tool_timeout_s, self.tool_wall_timeout_s)
         charge_grading_clock(result.duration_s, timed_out=result.status == "timeout")
         report, violation = _read_report(result.stdout, key, len(tests))
         self.stats.count_call("error" if violation is not None and result.status == "ok" else result.status)

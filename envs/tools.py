@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from stare_agents.envs.grading import _last_box
-from stare_agents.sandbox.runner import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S
+from stare_agents.sandbox.channel import check_limits
+from stare_agents.sandbox.runner import DEFAULT_TIMEOUT_S
 
 if TYPE_CHECKING:
     from stare_agents.sandbox import ExecutionResult, PooledSandbox, Session
@@ -109,7 +110,10 @@ class PythonTool:
     Args:
         sandbox: a `stare_agents.sandbox` sandbox (e.g. `make_sandbox("docker", pool_size=8)`), shared with
             other tools and never closed here. None: the process-wide `shared_sandbox()`.
-        timeout_s: time limit of one call; a timeout is an observation, never an exception.
+        timeout_s: the CPU seconds one call's code may use (its interpreter and every process it starts), so
+            that a busy machine never fails an honest program; a timeout is an observation, never an exception.
+        wall_timeout_s: the wall-clock cap of one call, for code that sleeps or waits (>= timeout_s; None:
+            `runner.WALL_FACTOR` times timeout_s).
         stateless: each call runs in a fresh interpreter leased for that call only (SimpleTIR), instead of
             the episode's own interpreter, which a stateful tool holds from its first call to the episode's
             end. Stateless episodes need no interpreter while the model generates, so a small pool serves
@@ -132,16 +136,15 @@ class PythonTool:
         sandbox: PooledSandbox | None = None,
         *,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        wall_timeout_s: float | None = None,
         stateless: bool = False,
         error_lines: int | None = None,
         accept_tool_answer: bool = False,
     ) -> None:
-        if not 0 < timeout_s <= MAX_TIMEOUT_S:
-            raise ValueError(f"timeout_s must be in (0, {MAX_TIMEOUT_S:g}] seconds, got {timeout_s!r}")
+        self.timeout_s, self.wall_timeout_s = check_limits(timeout_s, wall_timeout_s)
         if error_lines is not None and error_lines < 1:
             raise ValueError(f"error_lines must be >= 1 or None, got {error_lines!r}")
         self._sandbox = sandbox
-        self.timeout_s = float(timeout_s)
         self.stateless = stateless
         self.error_lines = error_lines
         self.accept_tool_answer = accept_tool_answer
@@ -168,12 +171,12 @@ class PythonTool:
             code = FINAL_ANSWER_PREAMBLE + code
         if self.stateless:  # nothing to keep between calls: lease an interpreter for this call only
             with self._open_session() as session:
-                result = session.run(code, timeout_s=self.timeout_s)
+                result = session.run(code, self.timeout_s, self.wall_timeout_s)
         else:
             with self._lock:
                 if self._session is None:
                     self._session = self._open_session()
-                result = self._session.run(code, timeout_s=self.timeout_s)
+                result = self._session.run(code, self.timeout_s, self.wall_timeout_s)
         final_answer = _last_box(result.stdout)[0] if self.accept_tool_answer else None
         return ToolOutput(self.format_result(result), result.status, final_answer)
 
@@ -202,7 +205,10 @@ class PythonTool:
         if stderr:
             parts.append(stderr)
         if result.status == "timeout" and not stderr:
-            parts.append(f"TimeoutError: the code ran longer than {self.timeout_s:g} s and was stopped.")
+            parts.append(
+                f"TimeoutError: the code used more than {self.timeout_s:g} s of CPU time or ran longer than "
+                f"{self.wall_timeout_s:g} s and was stopped."
+            )
         elif result.status == "killed" and not stderr:
             parts.append("Error: the interpreter was killed (out of memory or crashed).")
         return "\n".join(parts)
@@ -224,6 +230,7 @@ class PythonTool:
         clone = PythonTool(
             self._sandbox,
             timeout_s=self.timeout_s,
+            wall_timeout_s=self.wall_timeout_s,
             stateless=self.stateless,
             error_lines=self.error_lines,
             accept_tool_answer=self.accept_tool_answer,
@@ -234,7 +241,8 @@ class PythonTool:
     def __repr__(self) -> str:
         where = type(self._sandbox).__name__ if self._sandbox is not None else "shared sandbox"
         return (
-            f"PythonTool({where}, timeout_s={self.timeout_s:g}, stateless={self.stateless}, "
+            f"PythonTool({where}, timeout_s={self.timeout_s:g}, wall_timeout_s={self.wall_timeout_s:g}, "
+            f"stateless={self.stateless}, "
             f"error_lines={self.error_lines}, accept_tool_answer={self.accept_tool_answer})"
         )
 

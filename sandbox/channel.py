@@ -21,13 +21,26 @@ from stare_agents.sandbox.errors import (
     ResetFailed,
 )
 from stare_agents.sandbox.result import STATUSES
-from stare_agents.sandbox.runner import MAC_BYTES, MAX_TIMEOUT_S, ChannelKey, encode_frame
+from stare_agents.sandbox.runner import (
+    MAC_BYTES,
+    MAX_TIMEOUT_S,
+    ChannelKey,
+    default_wall_timeout,
+    encode_frame,
+)
 
 logger = logging.getLogger("stare_agents.sandbox")
 
-# Extra time the host grants past a call's own limit before it gives up on the runner: the runner's
-# interrupt grace period plus transport. Past it the runner is discarded and replaced.
+# Past a call's limit, the time the code has to stop when interrupted (KeyboardInterrupt) before its interpreter
+# is killed, and the extra time the host grants on top before it gives up on the runner (transport, a busy
+# machine); past both the runner is discarded and replaced. Each within its range: a config cannot make a 2 s
+# call run on for minutes.
+DEFAULT_GRACE_S = 1.0
+GRACE_RANGE_S = (0.1, 10.0)
 HOST_SLACK_S = 10.0
+HOST_SLACK_RANGE_S = (1.0, 60.0)
+# the most output one stream of one call may bring back (its head and tail around a marker), and the least
+MAX_OUTPUT_RANGE = (64, 1 << 20)
 
 # Modules every session's interpreter starts with, already imported: sessions are forked from a template
 # interpreter that imported them once per container (see runner.py), so they cost no time per session.
@@ -52,6 +65,35 @@ def check_timeout(value: object, name: str = "timeout_s") -> float:
             f"pass e.g. {name}=10"
         )
     return float(value)
+
+
+def check_range(name: str, value: object, bounds: tuple[float, float], integer: bool = False) -> None:
+    """Refuse `value` for the setting `name` unless it is a number (an int where `integer`) within `bounds`
+    (inclusive), with a ValueError naming the setting, the value and the range."""
+    kinds = (int,) if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds) or not bounds[0] <= value <= bounds[1]:
+        what = "an int" if integer else "a number"
+        raise ValueError(f"{name} must be {what} in [{bounds[0]:g}, {bounds[1]:g}], got {value!r}")
+
+
+def check_limits(
+    timeout_s: object, wall_timeout_s: object = None, names: tuple[str, str] = ("timeout_s", "wall_timeout_s")
+) -> tuple[float, float]:
+    """A call's (CPU limit, wall-clock cap) in seconds: `timeout_s` CPU seconds (the code's interpreter and every
+    process it starts), `wall_timeout_s` the cap for code that sleeps or waits, in [timeout_s, MAX_TIMEOUT_S]
+    (None: runner.default_wall_timeout(timeout_s), WALL_FACTOR times the CPU limit). `names`: the keys the
+    errors name."""
+    cpu_s = check_timeout(timeout_s, names[0])
+    if wall_timeout_s is None:
+        return cpu_s, default_wall_timeout(cpu_s)
+    wall_s = check_timeout(wall_timeout_s, names[1])
+    if wall_s < cpu_s:
+        raise ValueError(
+            f"{names[1]}={wall_timeout_s!r} is below {names[0]}={timeout_s!r}: {names[0]} is the CPU time a call "
+            f"may use and {names[1]} caps its wall-clock time (for code that sleeps or waits), so it must be at "
+            f"least as long; leave it unset for {default_wall_timeout(cpu_s):g} s"
+        )
+    return cpu_s, wall_s
 
 
 class Channel:
@@ -145,11 +187,12 @@ class Runner:
             )
         status = header.get("status")
         if kind == "run":
-            duration = header.get("duration_s")
             if status not in STATUSES or type(header.get("truncated")) is not bool:
                 raise ProtocolError(f"a run reply with status {str(status)[:40]!r}")
-            if isinstance(duration, bool) or not isinstance(duration, (int, float)) or not duration >= 0:
-                raise ProtocolError(f"a run reply with duration {str(duration)[:40]!r}")
+            for key in ("duration_s", "cpu_s"):
+                value = header.get(key)
+                if type(value) not in (int, float) or not 0 <= value <= 1e9:
+                    raise ProtocolError(f"a run reply with {key} {str(value)[:40]!r}")
         elif status not in ("ok", "error"):
             raise ProtocolError(f"a {kind} reply with status {str(status)[:40]!r}")
         return header, out, err

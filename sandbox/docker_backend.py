@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from stare_agents.sandbox.channel import (
+    DEFAULT_GRACE_S,
     DEFAULT_LEASE_TIMEOUT_S,
     HOST_SLACK_S,
     PREIMPORT,
@@ -84,8 +85,8 @@ class DockerLimits:
     cpuset: str | None = None
     # the containers under a cgroup of their own (LOW_PRIORITY_PARENT) with a 16th of a normal process's CPU
     # weight: the model's code then runs mostly on CPU time the host's other processes (an inference engine on
-    # the same cores) leave idle, instead of slowing every step of the engine's threads. Timeouts stay
-    # wall-clock, so code starved long enough times out (BENCHMARKS.md, Rollout, measures how often). Needs
+    # the same cores) leave idle, instead of slowing every step of the engine's threads. The CPU limit
+    # counts only the CPU time the code gets; the wall-clock cap ends code starved long enough. Needs
     # root for the cgroup; where the weight cannot be set the containers run at normal priority, with a warning
     low_priority: bool = False
 
@@ -469,7 +470,7 @@ class DockerSandbox(PooledSandbox):
         default_timeout_s: float = DEFAULT_TIMEOUT_S,
         max_output_bytes: int = 32 * 1024,
         lease_timeout_s: float | None = DEFAULT_LEASE_TIMEOUT_S,
-        grace_s: float = 1.0,
+        grace_s: float = DEFAULT_GRACE_S,
         host_slack_s: float = HOST_SLACK_S,
         preimport: tuple[str, ...] = PREIMPORT,
         runtime: str | None = None,
@@ -479,6 +480,8 @@ class DockerSandbox(PooledSandbox):
             default_timeout_s=default_timeout_s,
             max_output_bytes=max_output_bytes,
             lease_timeout_s=lease_timeout_s,
+            grace_s=grace_s,
+            host_slack_s=host_slack_s,
         )
         self.image = image
         # a mapping too (sandbox_kwargs from a YAML config: {limits: {memory_mb: 1024, cpuset: "1"}})
@@ -487,8 +490,6 @@ class DockerSandbox(PooledSandbox):
         elif not isinstance(limits, DockerLimits):
             limits = DockerLimits.from_mapping(limits)
         self.limits = limits
-        self.grace_s = grace_s
-        self.host_slack_s = host_slack_s  # past limit + this, a silent container is replaced
         self.preimport = tuple(preimport)
         if runtime is not None and (not isinstance(runtime, str) or not runtime):
             raise ValueError(

@@ -25,7 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from stare_agents.sandbox.backend import SandboxBackend
-from stare_agents.sandbox.channel import DEFAULT_LEASE_TIMEOUT_S, PREIMPORT, START_WAIT_S, Channel, Runner
+from stare_agents.sandbox.channel import (
+    DEFAULT_GRACE_S,
+    DEFAULT_LEASE_TIMEOUT_S,
+    PREIMPORT,
+    START_WAIT_S,
+    Channel,
+    Runner,
+)
 from stare_agents.sandbox.errors import ChannelTimeout, SandboxError
 from stare_agents.sandbox.pool import PooledSandbox
 from stare_agents.sandbox.runner import ALWAYS_HIDDEN, DEFAULT_TIMEOUT_S, landlock_abi
@@ -209,7 +216,7 @@ class LocalSandbox(PooledSandbox):
     # what a run's config may set (rollout.sandbox_kwargs): sizes and timeouts. Never the acknowledgement or
     # the executable the host starts (`python`)
     config_kwargs: frozenset[str] = frozenset(
-        {"default_timeout_s", "max_output_bytes", "lease_timeout_s", "memory_mb"}
+        {"default_timeout_s", "max_output_bytes", "lease_timeout_s", "grace_s", "memory_mb"}
     )
 
     def __init__(
@@ -221,6 +228,7 @@ class LocalSandbox(PooledSandbox):
         memory_mb: int = 4096,
         python: str = sys.executable,
         lease_timeout_s: float | None = DEFAULT_LEASE_TIMEOUT_S,
+        grace_s: float = DEFAULT_GRACE_S,
         preimport: tuple[str, ...] = PREIMPORT,
         allow_host_execution: bool = False,
     ) -> None:
@@ -235,6 +243,7 @@ class LocalSandbox(PooledSandbox):
             default_timeout_s=default_timeout_s,
             max_output_bytes=max_output_bytes,
             lease_timeout_s=lease_timeout_s,
+            grace_s=grace_s,
         )
         self.memory_mb = memory_mb
         self.python = python
@@ -316,6 +325,8 @@ class LocalSandbox(PooledSandbox):
             self.python,
             "--max-output",
             str(self.max_output_bytes),
+            "--grace",
+            str(self.grace_s),
             "--memory-bytes",
             str(self.memory_mb * 1024 * 1024),
             "--memory-hint",

@@ -19,7 +19,16 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from stare_agents.sandbox.backend import SandboxBackend
-from stare_agents.sandbox.channel import HOST_SLACK_S, Runner, check_timeout
+from stare_agents.sandbox.channel import (
+    DEFAULT_GRACE_S,
+    GRACE_RANGE_S,
+    HOST_SLACK_RANGE_S,
+    HOST_SLACK_S,
+    MAX_OUTPUT_RANGE,
+    Runner,
+    check_range,
+    check_timeout,
+)
 from stare_agents.sandbox.errors import ChannelClosed, ChannelTimeout, SandboxError
 from stare_agents.sandbox.result import ExecutionResult
 from stare_agents.sandbox.session import Session
@@ -289,15 +298,14 @@ class PooledSandbox(SandboxBackend):
         default_timeout_s: float,
         max_output_bytes: int,
         lease_timeout_s: float | None,
+        grace_s: float = DEFAULT_GRACE_S,
+        host_slack_s: float = HOST_SLACK_S,
     ) -> None:
         if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 1:
             raise ValueError(f"pool_size must be an int >= 1, got {pool_size!r}")
-        if (
-            isinstance(max_output_bytes, bool)
-            or not isinstance(max_output_bytes, int)
-            or max_output_bytes < 64
-        ):
-            raise ValueError(f"max_output_bytes must be an int >= 64, got {max_output_bytes!r}")
+        check_range("max_output_bytes", max_output_bytes, MAX_OUTPUT_RANGE, integer=True)
+        check_range("grace_s", grace_s, GRACE_RANGE_S)
+        check_range("host_slack_s", host_slack_s, HOST_SLACK_RANGE_S)
         if lease_timeout_s is not None and (
             isinstance(lease_timeout_s, bool)
             or not isinstance(lease_timeout_s, numbers.Real)
@@ -311,7 +319,8 @@ class PooledSandbox(SandboxBackend):
         self.default_timeout_s = check_timeout(default_timeout_s, "default_timeout_s")
         self.max_output_bytes = max_output_bytes
         self.lease_timeout_s = lease_timeout_s
-        self.host_slack_s = HOST_SLACK_S
+        self.grace_s = float(grace_s)  # past a call's limit, how long the code has to stop when interrupted
+        self.host_slack_s = float(host_slack_s)  # past the limit and the grace, a silent runner is replaced
         self._pool: Pool | None = None
         self._start_lock = threading.Lock()
 
@@ -360,16 +369,27 @@ class PooledSandbox(SandboxBackend):
         self.close()
 
     # sessions
-    def session(self, stateless: bool = False, timeout_s: float | None = None, echo: bool = False) -> Session:
+    def session(
+        self,
+        stateless: bool = False,
+        timeout_s: float | None = None,
+        echo: bool = False,
+        wall_timeout_s: float | None = None,
+    ) -> Session:
         """A session with its own interpreter; `with sandbox.session() as s: s.run(code)`.
 
         stateless: each call starts from an empty namespace (SimpleTIR-compatible).
-        timeout_s: the default limit of this session's calls (else the sandbox's default_timeout_s).
+        timeout_s: the CPU seconds each of this session's calls may use by default (else the sandbox's
+            default_timeout_s); wall_timeout_s: their wall-clock cap (else WALL_FACTOR times timeout_s).
         echo: print the value of a trailing expression, as a notebook cell does.
         """
-        return Session(self, stateless=stateless, timeout_s=timeout_s, echo=echo)
+        return Session(
+            self, stateless=stateless, timeout_s=timeout_s, wall_timeout_s=wall_timeout_s, echo=echo
+        )
 
-    def run(self, code: str, timeout_s: float | None = None) -> ExecutionResult:
+    def run(
+        self, code: str, timeout_s: float | None = None, wall_timeout_s: float | None = None
+    ) -> ExecutionResult:
         """One call in a fresh session (nothing carries over from or to other calls)."""
         with self.session(stateless=True) as session:
-            return session.run(code, timeout_s)
+            return session.run(code, timeout_s, wall_timeout_s)

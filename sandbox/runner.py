@@ -43,6 +43,7 @@ import ctypes
 import io
 import json
 import linecache
+import math
 import os
 import select
 import shutil
@@ -671,6 +672,7 @@ class Sweep:
         self.contained = contained
         self.processes = processes
         self.pid = os.getpid()
+        self.clean = True  # the last kill_strays left no process of the code (but the worker, if kept)
 
     def scratch_roots(self) -> tuple[str, ...]:
         if self.mode != "docker":
@@ -691,47 +693,78 @@ class Sweep:
                     handle.returncode = os.waitstatus_to_exitcode(status)
 
     @staticmethod
-    def _pids(select_process) -> list[int]:
-        """Live processes (not this one) for which select_process(pid, /proc/pid/stat fields) holds.
+    def _scan(
+        select_process, zombies: bool = False, skip: tuple[int, ...] = ()
+    ) -> list[tuple[int, list[str]]]:
+        """(pid, /proc/pid/stat fields after the name) of the processes (not PID 1, this one or `skip`) for
+        which select_process(pid, fields) holds; fields[0] is the state, then ppid, pgrp, session, ...
 
         A process whose main thread ended while other threads run on (the raw `exit` syscall) shows as a
         zombie ("Z") in /proc/<pid>/stat; it is alive as long as its status counts more than one thread.
-        Only true zombies are left out (their parents, or this process, collect them)."""
-        pids = []
+        True zombies are left out (their parents, or this process, collect them) unless `zombies`."""
+        found = []
         try:
             names = os.listdir("/proc")
         except OSError:  # no procfs (not Linux): nothing to find
-            return pids
+            return found
+        left_out = (1, os.getpid(), *skip)
         for name in names:
-            if not name.isdigit() or int(name) in (1, os.getpid()):
+            if not name.isdigit() or int(name) in left_out:
                 continue
             pid = int(name)
             try:
                 with open(f"/proc/{pid}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()  # state, ppid, pgrp, session, ...
+                    fields = f.read().rsplit(")", 1)[1].split()
             except OSError:
                 continue
-            if fields[0] in ("Z", "X") and not _has_live_threads(pid):
+            if not zombies and fields[0] in ("Z", "X") and not _has_live_threads(pid):
                 continue
             if select_process(pid, fields):
-                pids.append(pid)
-        return pids
+                found.append((pid, fields))
+        return found
 
-    def strays(self, keep_worker: bool) -> list[int]:
-        """The code's live processes (the worker too, unless kept)."""
+    @classmethod
+    def _pids(cls, select_process) -> list[int]:
+        """Live processes (not PID 1 or this one) for which select_process(pid, stat fields) holds."""
+        return [pid for pid, _ in cls._scan(select_process)]
+
+    def _is_code(self, keep_pid: int):
+        """Whether a process (pid, stat fields) is the code's: not the supervisor's session (the template and
+        its spares; the code's processes cannot join it) and not `keep_pid`."""
         worker = self.processes()[0]
-        keep_pid = worker.pid if keep_worker and worker is not None else -1
         group = worker.pid if worker is not None else -1
-        own_session = os.getsid(0)  # the template and its spares; the code's processes cannot join it
+        own_session = os.getsid(0)
         me = os.getpid()
 
-        def is_stray(pid: int, fields: list[str]) -> bool:
+        def is_code(pid: int, fields: list[str]) -> bool:
             if pid == keep_pid or int(fields[3]) == own_session:
                 return False
             # uncontained, only the code's own processes: its process group, or orphans re-parented here
             return self.contained or int(fields[2]) == group or int(fields[1]) == me
 
-        return self._pids(is_stray)
+        return is_code
+
+    def strays(self, keep_worker: bool) -> list[int]:
+        """The code's live processes (the worker too, unless kept)."""
+        worker = self.processes()[0]
+        keep_pid = worker.pid if keep_worker and worker is not None else -1
+        return self._pids(self._is_code(keep_pid))
+
+    def cpu_ticks(self, worker_only: bool = False) -> int:
+        """The CPU time (clock ticks) of the worker and every other process of the code, live or ended but not
+        yet collected: each one's user and system time plus that of the children it collected. Within a call
+        this only grows (a child's time moves to its parent when collected, and the supervisor collects
+        nothing during a call) except for children a process lets the kernel collect unseen (SIGCHLD ignored),
+        whose time is lost: the wall-clock cap still bounds those. worker_only: read the worker alone."""
+        handles = self.processes()
+        total = 0
+        if handles[0] is not None:
+            fields = _stat_fields(handles[0].pid)
+            total += _ticks(fields) if fields is not None else 0
+        if worker_only:
+            return total
+        skip = tuple(h.pid for h in handles if h is not None)  # the worker (counted above), template, spare
+        return total + sum(_ticks(fields) for _, fields in self._scan(self._is_code(-1), True, skip))
 
     def _only_known_processes(self, keep_worker: bool) -> bool:
         """Contained: whether /proc lists no process but this one, the template, its spare and (if kept) the
@@ -753,11 +786,14 @@ class Sweep:
         again and again until none is left or `budget_s` has passed (a fork bomb keeps making new ones)."""
         killed: set[int] = set()
         until = time.monotonic() + budget_s
+        self.clean = False
         while True:
             self.reap()
             if self._only_known_processes(keep_worker):  # the common case, one directory read
+                self.clean = True
                 break
             pids = self.strays(keep_worker)
+            self.clean = not pids
             if not pids or time.monotonic() > until:
                 break
             for pid in pids:
@@ -802,6 +838,74 @@ class Sweep:
             if names:
                 problems.append(f"{root} is not empty: {sorted(names)[:5]}")
         return problems
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the process's name (state, ppid, ...), None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _ticks(fields: list[str]) -> int:
+    """utime + stime + cutime + cstime (fields 14-17 of /proc/<pid>/stat) in clock ticks."""
+    return sum(int(value) for value in fields[11:15])
+
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+MIN_CPU_POLL_S = 0.01  # how often the CPU limit is checked at most (a tick is 0.01 s)
+MAX_CPU_POLL_S = 0.5  # and at least
+
+
+class CallTimer:
+    """When to interrupt one call: once its code has used its CPU time (looked up as often as it could reach it:
+    a short call is never looked at) or has run to the wall-clock cap; after the interrupt, `grace_until`."""
+
+    def __init__(self, limits: CallLimits, clock: CpuClock, started: float) -> None:
+        self.limits = limits
+        self.clock = clock
+        self.wall_deadline = started + limits.wall_s
+        self.check_at = time.monotonic() + clock.next_check(limits.cpu_s, 0.0)
+        self.grace_until = math.inf
+
+    def reached(self, now: float) -> str | None:
+        """ "cpu" or "wall" once that limit is reached, else None."""
+        if now >= self.check_at:
+            used = self.clock.used()
+            # over the limit in two reads in a row: a child collected between two reads of one scan can count
+            # twice in it, never in the next one too
+            if used >= self.limits.cpu_s and self.clock.used() >= self.limits.cpu_s:
+                return "cpu"
+            self.check_at = now + self.clock.next_check(self.limits.cpu_s, used)
+        return "wall" if now >= self.wall_deadline else None
+
+    def next_look(self) -> float:
+        """The time (time.monotonic()) at which `reached` should be asked again."""
+        return min(self.wall_deadline, self.check_at)
+
+
+class CpuClock:
+    """The CPU seconds the code of one call has used since the clock was made (`used()`), and when to look
+    next (`next_check`). Started before the job is sent; `worker_only` where no other process of the code can
+    be alive (the supervisor has just removed them): then it reads one file instead of scanning /proc."""
+
+    def __init__(self, sweep: Sweep, worker_only: bool) -> None:
+        self.sweep = sweep
+        self.start = sweep.cpu_ticks(worker_only)
+        try:
+            self.cpus = max(1, len(os.sched_getaffinity(0)))
+        except (AttributeError, OSError):
+            self.cpus = os.cpu_count() or 1
+
+    def used(self) -> float:
+        return max(0, self.sweep.cpu_ticks() - self.start) / CLOCK_TICKS
+
+    def next_check(self, limit_s: float, used_s: float) -> float:
+        """Seconds until the code could reach `limit_s` at the earliest (all CPUs it may run on busy), within
+        [MIN_CPU_POLL_S, MAX_CPU_POLL_S]: a busy call is checked a few dozen times, a short one never."""
+        return min(MAX_CPU_POLL_S, max(MIN_CPU_POLL_S, (limit_s - used_s) / self.cpus))
 
 
 def _pipe_empty(fd: int) -> bool:
@@ -1199,7 +1303,9 @@ class CallEnd:
     """How the wait for one call's reply ended (see `Supervisor._wait_for_reply`)."""
 
     reply: dict | None = None  # the worker's reply (see _worker_reply), if one came
-    interrupted: bool = False  # the deadline passed (or a cancel came) and SIGINT was sent
+    interrupted: bool = False  # a limit was reached (or a cancel came) and SIGINT was sent
+    limit: str = "cpu"  # which limit was reached: "cpu" (CPU time) or "wall" (the wall-clock cap)
+    cpu_s: float = 0.0  # CPU seconds the code used until the wait ended
     hard_killed: bool = False  # the grace period after the interrupt passed too
     died: bool = False  # the worker's control pipe closed
     cancelled: bool = False  # the host cancelled the call or went away
@@ -1219,8 +1325,18 @@ class Outcome:
 LOST = "the interpreter was restarted and this session's variables were lost"
 
 
+def limit_note(end: CallEnd, limits: CallLimits) -> str:
+    """What the code ran into, in words: its CPU limit, or the wall-clock cap while it slept or waited."""
+    if end.limit == "wall":
+        return (
+            f"TimeoutError: the code ran past the {limits.wall_s:g} s wall-clock limit while using "
+            f"{end.cpu_s:.2f} s of its {limits.cpu_s:g} s of CPU time (it slept, waited, or got little CPU)"
+        )
+    return f"TimeoutError: the code used its {limits.cpu_s:g} s of CPU time"
+
+
 def call_outcome(
-    end: CallEnd, timeout_s: float, exit_code: int | None = None, memory_hint: str = ""
+    end: CallEnd, limits: CallLimits, exit_code: int | None = None, memory_hint: str = ""
 ) -> Outcome:
     """The status a call gets, the notes that say why, and whether its interpreter is restarted, from how the
     wait for its reply ended. exit_code: the worker's, where it died (None: unknown)."""
@@ -1228,11 +1344,7 @@ def call_outcome(
         note = f"SandboxError: the code wrote to the sandbox's control channel ({end.violation}); {LOST}"
         return Outcome("error", (note,), restart=True)
     if end.hard_killed:
-        what = (
-            "the call was cancelled"
-            if end.cancelled
-            else f"TimeoutError: the code ran past the {timeout_s:g} s limit"
-        )
+        what = "the call was cancelled" if end.cancelled else limit_note(end, limits)
         return Outcome("timeout", (f"{what} and did not stop when interrupted; {LOST}",), restart=True)
     if end.died or end.reply is None:
         return Outcome("killed", (_death_note(exit_code, memory_hint),), restart=True)
@@ -1242,7 +1354,7 @@ def call_outcome(
     if end.cancelled:
         note = "CancelledError: the caller cancelled the call and it was interrupted"
     else:
-        note = f"TimeoutError: the code ran past the {timeout_s:g} s limit and was interrupted"
+        note = f"{limit_note(end, limits)} and was interrupted"
     if end.reply["threads"] > 1:  # threads it started run on: the interpreter cannot be trusted to be idle
         note += f"; threads it started were still running, so {LOST}"
         return Outcome("timeout", (note,), restart=True)
@@ -1250,10 +1362,10 @@ def call_outcome(
 
 
 def compose_reply(
-    outcome: Outcome, out: _Capture, err: _Capture, duration_s: float
+    outcome: Outcome, out: _Capture, err: _Capture, duration_s: float, cpu_s: float = 0.0
 ) -> tuple[dict, bytes, bytes]:
     """The reply frame's header, stdout and stderr: the notes after the code's own stderr; `truncated` when
-    either stream lost its middle."""
+    either stream lost its middle; `duration_s` wall-clock and `cpu_s` CPU seconds of the call."""
     err_bytes = err.result()
     if outcome.notes:
         if err_bytes and not err_bytes.endswith(b"\n"):
@@ -1264,6 +1376,7 @@ def compose_reply(
         "status": outcome.status,
         "truncated": out.truncated or err.truncated,
         "duration_s": duration_s,
+        "cpu_s": cpu_s,
         "stdout": len(out_bytes),
         "stderr": len(err_bytes),
     }
@@ -1304,6 +1417,8 @@ class Supervisor:
         self.host = _HostInput(0)
         self.key: ChannelKey | None = None  # from the host's first frame
         self.deferred: list[dict] = []  # host requests that arrived during a call
+        self.clock: CpuClock | None = None  # the CPU time of the call in progress (or the last one)
+        self.only_worker = True  # no process of the code but the worker can be alive (see CpuClock)
         self.denied: list[str] = []  # what the syscall filter denies (set by main)
         self.isolation: dict | None = None  # local mode: the namespaces and mounts around it (set by main)
         # every process here but this one's session is the code's: a container, or (local mode) the PID
@@ -1508,6 +1623,8 @@ class Supervisor:
         return bytes(reply) == encode_frame({"status": "ok"})
 
     def spawn_worker(self) -> None:
+        # every process of the code was killed before (restart, reset) or none ever ran (start)
+        self.only_worker = self.sweep.clean
         if self.fork_worker():
             return
         to_worker_r, self.ctl_w = os.pipe()
@@ -1577,21 +1694,22 @@ class Supervisor:
         answering a timeout or a cancel), settle what happened (status and notes; restart or reap), and
         compose the reply."""
         started = time.monotonic()
-        timeout_s = bounded_timeout(request.get("timeout_s"))
+        limits = CallLimits.from_request(request)
         cap = request.get("max_output")
         cap = cap if type(cap) is int and 64 <= cap <= self.max_output else self.max_output
         out, err = _Capture(cap), _Capture(cap)
         pending = self._send_job(request)  # (may restart the worker: its pipes are read after this)
         streams = {self.out_r: out, self.err_r: err}
-        end = self._wait_for_reply(pending, streams, started + timeout_s)
-        outcome = self._settle(end, streams, timeout_s)  # (may restart the worker again)
-        return compose_reply(outcome, out, err, time.monotonic() - started)
+        end = self._wait_for_reply(pending, streams, limits, started)
+        outcome = self._settle(end, streams, limits)  # (may restart the worker again)
+        return compose_reply(outcome, out, err, time.monotonic() - started, end.cpu_s)
 
     def _send_job(self, request: dict) -> memoryview:
         """Start the call: a live worker (restarted if it died), the job frame queued on its control pipe;
         returns what could not be written at once (written as the worker reads, never blocking)."""
         if self.worker is None or self.worker.poll() is not None:
             self.restart_worker()
+        self.clock = CpuClock(self.sweep, worker_only=self.only_worker)  # before the code gets its job
         self.call += 1
         code = request.get("code")
         job = {
@@ -1609,28 +1727,38 @@ class Supervisor:
             pending = pending[os.write(self.ctl_w, pending[: 1 << 16]) :]
         return pending
 
-    def _wait_for_reply(self, pending: memoryview, streams: dict, deadline: float) -> CallEnd:
-        """Until the worker replies: write the rest of the job, capture its output, and on the deadline (or
-        a cancel from the host) interrupt it, then give up after the grace period. A worker that dies or
-        writes to the control channel ends the wait at once."""
+    def _wait_for_reply(
+        self, pending: memoryview, streams: dict, limits: CallLimits, started: float
+    ) -> CallEnd:
+        """Until the worker replies: write the rest of the job, capture its output, and when the code has used
+        its CPU time, reaches the wall-clock cap or the host cancels, interrupt it, then give up after the
+        grace period. A worker that dies or writes to the control channel ends the wait at once."""
         call = CallEnd()
         reply_buf = bytearray()
         watch = [self.ctl_r, self.out_r, self.err_r]
         if not self.host.eof:
             watch.append(self.host.fd)  # a "cancel" from the host interrupts the call at once
+        timer = CallTimer(limits, self.clock, started)
         while call.reply is None:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                if not call.interrupted:
+            now = time.monotonic()
+            if not call.interrupted:
+                reached = "cancel" if call.cancelled else timer.reached(now)
+                if reached:
                     call.interrupted = True
+                    if reached != "cancel":
+                        call.limit = reached
                     with contextlib.suppress(OSError):
                         os.kill(self.worker.pid, signal.SIGINT)
-                    deadline = time.monotonic() + self.grace_s
+                    timer.grace_until = time.monotonic() + self.grace_s
                     continue
+            elif now >= timer.grace_until:
                 call.hard_killed = True
                 break
+            wake = timer.grace_until if call.interrupted else timer.next_look()
             try:
-                ready, writable, _ = select.select(watch, [self.ctl_w] if pending else [], [], remaining)
+                ready, writable, _ = select.select(
+                    watch, [self.ctl_w] if pending else [], [], max(0.0, wake - time.monotonic())
+                )
             except InterruptedError:
                 continue
             if writable:
@@ -1652,8 +1780,6 @@ class Supervisor:
                     if self.host.eof:  # the host went away: nobody waits for this call
                         call.cancelled = True
                         watch.remove(fd)
-                    if call.cancelled and not call.interrupted:
-                        deadline = time.monotonic()
                     continue
                 try:
                     data = os.read(fd, 1 << 16)
@@ -1677,9 +1803,10 @@ class Supervisor:
                     watch.remove(fd)
             if call.died or call.violation:
                 break
+        call.cpu_s = self.clock.used()
         return call
 
-    def _settle(self, end: CallEnd, streams: dict, timeout_s: float) -> Outcome:
+    def _settle(self, end: CallEnd, streams: dict, limits: CallLimits) -> Outcome:
         """Act on the call's outcome: an interpreter to restart is killed with everything it started, its
         output drained and a fresh one started; otherwise the code's stray processes are reaped (locally only
         after a timeout) before the output pipes are drained, so that a background writer cannot keep the
@@ -1688,11 +1815,15 @@ class Supervisor:
         if end.died and self.worker is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 exit_code = self.worker.wait(timeout=2)
-        outcome = call_outcome(end, timeout_s, exit_code, self.memory_hint)
+        outcome = call_outcome(end, limits, exit_code, self.memory_hint)
+        swept = True
         if outcome.restart:
             self.kill_code()
         elif outcome.status == "timeout" or self.mode == "docker":
             self.reap_next = self.sweep.kill_strays()
+        else:  # locally, what the code started may run on into its next call
+            swept = False
+        self.only_worker = swept and self.sweep.clean
         self._drain(streams)
         if outcome.restart:
             self.restart_worker()
@@ -1785,7 +1916,12 @@ class Supervisor:
                 f"SandboxError: the sandbox runner failed ({exc!r}); the interpreter was restarted and "
                 f"this session's variables were lost\n"
             ).encode()
-            header = {"status": "error", "truncated": False, "duration_s": time.monotonic() - started}
+            header = {
+                "status": "error",
+                "truncated": False,
+                "duration_s": time.monotonic() - started,
+                "cpu_s": 0.0,
+            }
             return header, b"", message
 
 
@@ -1879,10 +2015,20 @@ def _worker_reply(buffer: bytearray, call: int) -> dict | None:
     return reply
 
 
-# One python call's time limit: the default (a tool's, a session's) and the cap, for the host and the runner
-# alike (the host imports them from here: this file ships alone into the container)
+# One python call's limits, for the host and the runner alike (the host imports them from here: this file ships
+# alone into the container). `timeout_s` is CPU time: the seconds of CPU the code uses, in its interpreter and in
+# every process it starts, so that a busy machine (a slower share of a core) never fails an honest program.
+# `wall_timeout_s` caps the wall-clock time of a call whose code sleeps or waits and so uses no CPU; by default
+# WALL_FACTOR times the CPU limit (a program that gets a quarter of a core still uses its whole CPU limit).
 DEFAULT_TIMEOUT_S = 5.0
 MAX_TIMEOUT_S = 3600.0
+WALL_FACTOR = 4.0
+
+
+def default_wall_timeout(timeout_s: float) -> float:
+    """The wall-clock cap of a call whose CPU limit is `timeout_s` when none is given: WALL_FACTOR times it,
+    at most MAX_TIMEOUT_S."""
+    return min(MAX_TIMEOUT_S, WALL_FACTOR * timeout_s)
 
 
 def bounded_timeout(value: object) -> float:
@@ -1891,6 +2037,24 @@ def bounded_timeout(value: object) -> float:
     if type(value) in (int, float) and 0 < value <= MAX_TIMEOUT_S:
         return float(value)
     return DEFAULT_TIMEOUT_S
+
+
+@dataclass(frozen=True)
+class CallLimits:
+    """One call's limits: `cpu_s`, the CPU seconds its code may use (its interpreter and every process it starts,
+    threads included), and `wall_s` (>= cpu_s), the wall-clock cap for code that sleeps or waits."""
+
+    cpu_s: float = DEFAULT_TIMEOUT_S
+    wall_s: float = WALL_FACTOR * DEFAULT_TIMEOUT_S
+
+    @classmethod
+    def from_request(cls, request: dict) -> CallLimits:
+        """The limits a request asks for as the supervisor applies them: the host validates both (see
+        channel.check_limits); anything else that reaches here becomes the defaults rather than an exception."""
+        cpu_s = bounded_timeout(request.get("timeout_s"))
+        wall = request.get("wall_timeout_s")
+        valid = type(wall) in (int, float) and cpu_s <= wall <= MAX_TIMEOUT_S
+        return cls(cpu_s, float(wall) if valid else default_wall_timeout(cpu_s))
 
 
 def _ignore_signal(signum, frame) -> None:

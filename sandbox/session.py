@@ -8,7 +8,7 @@ import time
 import weakref
 from typing import TYPE_CHECKING
 
-from stare_agents.sandbox.channel import MAX_CODE_BYTES, PING_WAIT_S, RESET_WAIT_S, Runner, check_timeout
+from stare_agents.sandbox.channel import MAX_CODE_BYTES, PING_WAIT_S, RESET_WAIT_S, Runner, check_limits
 from stare_agents.sandbox.errors import (
     ChannelClosed,
     ChannelTimeout,
@@ -51,8 +51,11 @@ def _return_abandoned(lease: _Lease) -> None:
 class Session:
     """One stateful interpreter leased from a sandbox's pool. Use as a context manager.
 
-    `run(code, timeout_s=None)` executes code and returns an ExecutionResult; it never raises for what the
-    code does. With stateless=True each call starts from an empty namespace (SimpleTIR-style); imported
+    `run(code, timeout_s=None, wall_timeout_s=None)` executes code and returns an ExecutionResult; it never
+    raises for what the code does. `timeout_s` is the CPU time the call's code may use (its interpreter and
+    every process it starts), `wall_timeout_s` caps its wall-clock time (code that sleeps or waits; default
+    runner.WALL_FACTOR times timeout_s); unset, the session's limits (else the sandbox's default_timeout_s).
+    With stateless=True each call starts from an empty namespace (SimpleTIR-style); imported
     modules stay cached and files written to the scratch folder remain until the session ends.
 
     Threads may share a session (calls run one at a time). `close()` may come from any thread, also
@@ -61,11 +64,19 @@ class Session:
     """
 
     def __init__(
-        self, sandbox: PooledSandbox, *, stateless: bool = False, timeout_s: float | None = None, echo: bool
+        self,
+        sandbox: PooledSandbox,
+        *,
+        stateless: bool = False,
+        timeout_s: float | None = None,
+        wall_timeout_s: float | None = None,
+        echo: bool,
     ) -> None:
         self.sandbox = sandbox
         self.stateless = stateless
-        self.timeout_s = check_timeout(timeout_s) if timeout_s is not None else sandbox.default_timeout_s
+        self.timeout_s, self.wall_timeout_s = check_limits(
+            sandbox.default_timeout_s if timeout_s is None else timeout_s, wall_timeout_s
+        )
         self.echo = echo
         self.used = False  # this session's code has run on its runner: its death must be reported
         self.closed = False
@@ -139,17 +150,24 @@ class Session:
                     pool.replace(runner)
         raise SandboxError("five runners in a row failed their check between sessions")
 
-    def _check_call(self, code: str, timeout_s: float | None) -> float:
+    def _check_call(
+        self, code: str, timeout_s: float | None, wall_timeout_s: float | None
+    ) -> tuple[float, float]:
+        """The call's (CPU limit, wall-clock cap): its own, else derived from its timeout_s, else the session's."""
         if not isinstance(code, str):
             raise TypeError(f"code must be a str, got {type(code).__name__}")
         if len(code) > MAX_CODE_BYTES // 4 and len(code.encode("utf-8", "surrogatepass")) > MAX_CODE_BYTES:
             raise ValueError(
                 f"code of more than {MAX_CODE_BYTES} bytes (UTF-8) cannot be sent to the sandbox"
             )
-        return self.timeout_s if timeout_s is None else check_timeout(timeout_s)
+        if timeout_s is None and wall_timeout_s is None:
+            return self.timeout_s, self.wall_timeout_s
+        return check_limits(self.timeout_s if timeout_s is None else timeout_s, wall_timeout_s)
 
-    def run(self, code: str, timeout_s: float | None = None) -> ExecutionResult:
-        limit = self._check_call(code, timeout_s)
+    def run(
+        self, code: str, timeout_s: float | None = None, wall_timeout_s: float | None = None
+    ) -> ExecutionResult:
+        limit = self._check_call(code, timeout_s, wall_timeout_s)
         with self._calls:
             with self._state:
                 if self.closed:
@@ -164,19 +182,20 @@ class Session:
                 if give_back:
                     self._give_back()
 
-    def _run(self, code: str, limit: float) -> ExecutionResult:
+    def _run(self, code: str, limit: tuple[float, float]) -> ExecutionResult:
         started = time.perf_counter()
         runner = self._settled_runner()
         self.used = True
         request = {
             "op": "run",
             "code": code,
-            "timeout_s": limit,
+            "timeout_s": limit[0],
+            "wall_timeout_s": limit[1],
             "stateless": self.stateless,
             "echo": self.echo,
             "max_output": self.sandbox.max_output_bytes,
         }
-        deadline = time.monotonic() + limit + self.sandbox.host_slack_s
+        deadline = time.monotonic() + limit[1] + self.sandbox.grace_s + self.sandbox.host_slack_s
         try:
             header, out, err = runner.request(request, deadline, self.sandbox.max_output_bytes)
         except (ChannelClosed, ChannelTimeout, ProtocolError, ResetFailed, OSError) as exc:
@@ -188,10 +207,11 @@ class Session:
             status=header["status"],
             truncated=header["truncated"],
             duration_s=time.perf_counter() - started,
+            cpu_s=float(header["cpu_s"]),
         )
 
     def _runner_lost(
-        self, runner: Runner, exc: BaseException, started: float, limit: float
+        self, runner: Runner, exc: BaseException, started: float, limit: tuple[float, float]
     ) -> ExecutionResult:
         """The runner died, hung or broke its protocol: replace it; this call reports what happened and the
         session goes on with a fresh interpreter."""
@@ -201,7 +221,10 @@ class Session:
         self.used = False
         if isinstance(exc, ChannelTimeout):
             status = "timeout"
-            what = f"the sandbox did not answer within {limit:g} s + {self.sandbox.host_slack_s:g} s"
+            what = (
+                f"the sandbox did not answer within the {limit[1]:g} s wall-clock limit + "
+                f"{self.sandbox.grace_s + self.sandbox.host_slack_s:g} s"
+            )
         elif isinstance(exc, ProtocolError):
             status, what = "error", f"SandboxError: the sandbox's reply was not valid: {exc}"
         else:

@@ -17,6 +17,7 @@ import threading
 import time
 
 import pytest
+from sandbox_support import processes
 from support import require
 
 from stare_agents.sandbox import DEFAULT_IMAGE, DockerLimits, DockerSandbox, docker_status
@@ -61,35 +62,6 @@ def sandbox():
     assert sandbox_containers(client, instance=instance) == []
 
 
-PROCESSES = """
-import json, os
-def stat(pid):
-    return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()  # state, ppid, pgrp, session
-runner_session = stat(1)[3]
-code, runner = [], []
-for p in os.listdir("/proc"):
-    if p.isdigit() and int(p) not in (1, os.getpid()):
-        try:
-            fields = stat(p)
-        except OSError:
-            continue
-        if fields[0] == "X":  # dead, being removed by the kernel this instant (a replaced worker): runs nothing
-            continue
-        (runner if fields[3] == runner_session else code).append(f"{p} {fields[0]} {fields[1]}")
-print(json.dumps([code, runner]))
-"""
-
-
-def processes(session) -> list[str]:
-    """Processes in the session's container other than this interpreter and the runner's own (PID 1,
-    its template interpreter and one spare worker, which live in PID 1's session)."""
-    r = session.run(PROCESSES)
-    assert r.status == "ok", r
-    code, runner = json.loads(r.stdout)
-    assert len(runner) <= 3, runner  # template, spare, and at most a spare being forked
-    return code
-
-
 def assert_pool_serves_next_session(sandbox) -> None:
     """Both containers of the pool answer a fresh session normally and hold no leftover process."""
     sessions = [sandbox.session() for _ in range(sandbox.pool_size)]
@@ -112,16 +84,16 @@ def assert_pool_serves_next_session(sandbox) -> None:
 def test_infinite_loop(sandbox):
     with sandbox.session() as s:
         s.run("before = 1")
-        r = s.run("attack_state = 1\nwhile True: pass", timeout_s=1)
-        assert r.status == "timeout" and "TimeoutError" in r.stderr and r.duration_s < 4
+        r = s.run("attack_state = 1\nwhile True: pass", timeout_s=1, wall_timeout_s=60)  # CPU time stops it
+        assert r.status == "timeout" and "used its 1 s of CPU time" in r.stderr and 1 <= r.cpu_s < 2
         assert s.run("print(before, attack_state)").stdout == "1 1\n"  # the interrupt kept the session
     assert_pool_serves_next_session(sandbox)
 
 
 def test_sleep_past_timeout(sandbox):
     with sandbox.session() as s:
-        r = s.run("import time\nattack_state = 1\ntime.sleep(60)", timeout_s=1)
-        assert r.status == "timeout" and r.duration_s < 4
+        r = s.run("import time\nattack_state = 1\ntime.sleep(60)", timeout_s=1, wall_timeout_s=1.5)
+        assert r.status == "timeout" and "1.5 s wall-clock limit" in r.stderr and r.duration_s < 4
     assert_pool_serves_next_session(sandbox)
 
 
@@ -137,7 +109,7 @@ def test_interrupt_swallowed_restarts_the_interpreter(sandbox):
 def test_fork_bomb(sandbox):
     with sandbox.session() as s:
         code = "import os\nattack_state = 1\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
-        r = s.run(code, timeout_s=2)
+        r = s.run(code, timeout_s=2, wall_timeout_s=2)  # the host gives up at 2 + grace 1 + slack 3 s
         assert r.status == "timeout" and r.duration_s < 8
         assert processes(s) == []  # the bomb's processes were killed with the call
         assert s.run("print('after bomb')").stdout == "after bomb\n"

@@ -490,7 +490,7 @@ def test_many_sessions_some_closed_or_timed_out_mid_call_each_result_is_its_own(
             closer = threading.Timer(1.0, s.close)
             if mode == 0:
                 closer.start()
-            r = s.run(slow, timeout_s=1.0 if mode == 1 else 10)
+            r = s.run(slow, timeout_s=1.0 if mode == 1 else 10, wall_timeout_s=1.0 if mode == 1 else None)
             if mode == 0:
                 closer.join()
             second = r.stdout if r.status == "ok" else r.status

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from stare_agents.sandbox.result import STATUSES
-from stare_agents.sandbox.runner import CallEnd, Outcome, _Capture, call_outcome, compose_reply
+from stare_agents.sandbox.runner import CallEnd, CallLimits, Outcome, _Capture, call_outcome, compose_reply
 
 LOST = "the interpreter was restarted and this session's variables were lost"
 
@@ -29,7 +29,7 @@ def reply(status: str = "ok", threads: int = 1) -> dict:
             Outcome(
                 "timeout",
                 (
-                    "TimeoutError: the code ran past the 2.5 s limit and was interrupted; "
+                    "TimeoutError: the code used its 2.5 s of CPU time and was interrupted; "
                     "the session's variables are kept",
                 ),
             ),
@@ -40,7 +40,7 @@ def reply(status: str = "ok", threads: int = 1) -> dict:
             Outcome(
                 "timeout",
                 (
-                    "TimeoutError: the code ran past the 2.5 s limit and was interrupted; "
+                    "TimeoutError: the code used its 2.5 s of CPU time and was interrupted; "
                     "the session's variables are kept",
                 ),
             ),
@@ -51,7 +51,7 @@ def reply(status: str = "ok", threads: int = 1) -> dict:
             Outcome(
                 "timeout",
                 (
-                    "TimeoutError: the code ran past the 2.5 s limit and was interrupted; "
+                    "TimeoutError: the code used its 2.5 s of CPU time and was interrupted; "
                     "the session's variables are kept",
                 ),
             ),
@@ -62,8 +62,30 @@ def reply(status: str = "ok", threads: int = 1) -> dict:
             Outcome(
                 "timeout",
                 (
-                    "TimeoutError: the code ran past the 2.5 s limit and was interrupted; threads it started "
+                    "TimeoutError: the code used its 2.5 s of CPU time and was interrupted; threads it started "
                     f"were still running, so {LOST}",
+                ),
+                restart=True,
+            ),
+        ),
+        # the wall-clock cap reached by code that slept or waited: said so, with the CPU time it used
+        (
+            CallEnd(reply=reply("interrupted"), interrupted=True, limit="wall", cpu_s=0.013),
+            Outcome(
+                "timeout",
+                (
+                    "TimeoutError: the code ran past the 10 s wall-clock limit while using 0.01 s of its 2.5 s "
+                    "of CPU time (it slept, waited, or got little CPU) and was interrupted; the session's variables are kept",
+                ),
+            ),
+        ),
+        (
+            CallEnd(interrupted=True, hard_killed=True, limit="wall", cpu_s=0.0),
+            Outcome(
+                "timeout",
+                (
+                    "TimeoutError: the code ran past the 10 s wall-clock limit while using 0.00 s of its 2.5 s "
+                    f"of CPU time (it slept, waited, or got little CPU) and did not stop when interrupted; {LOST}",
                 ),
                 restart=True,
             ),
@@ -85,7 +107,7 @@ def reply(status: str = "ok", threads: int = 1) -> dict:
             Outcome(
                 "timeout",
                 (
-                    f"TimeoutError: the code ran past the 2.5 s limit and did not stop when interrupted; {LOST}",
+                    f"TimeoutError: the code used its 2.5 s of CPU time and did not stop when interrupted; {LOST}",
                 ),
                 restart=True,
             ),
@@ -124,7 +146,7 @@ def reply(status: str = "ok", threads: int = 1) -> dict:
     ],
 )
 def test_call_outcome(end, expected):
-    outcome = call_outcome(end, timeout_s=2.5)
+    outcome = call_outcome(end, CallLimits(2.5, 10.0))
     assert outcome == expected
     assert outcome.status in STATUSES
 
@@ -162,7 +184,7 @@ def test_call_outcome(end, expected):
     ],
 )
 def test_a_worker_that_died_is_killed(exit_code, memory_hint, note):
-    outcome = call_outcome(CallEnd(died=True), timeout_s=5, exit_code=exit_code, memory_hint=memory_hint)
+    outcome = call_outcome(CallEnd(died=True), CallLimits(), exit_code=exit_code, memory_hint=memory_hint)
     assert outcome == Outcome("killed", (note,), restart=True)
 
 
@@ -189,11 +211,25 @@ def test_capture_keeps_head_and_tail_around_a_marker():
 
 def test_compose_reply_puts_the_notes_after_the_codes_stderr_and_says_truncated():
     outcome = Outcome("timeout", ("TimeoutError: ...", "second note"))
-    header, out, err = compose_reply(outcome, capture(64, b"partial"), capture(64, b"Traceback"), 1.5)
+    header, out, err = compose_reply(outcome, capture(64, b"partial"), capture(64, b"Traceback"), 1.5, 0.75)
     assert (out, err) == (b"partial", b"Traceback\nTimeoutError: ...\nsecond note\n")
-    assert header == {"status": "timeout", "truncated": False, "duration_s": 1.5, "stdout": 7, "stderr": 40}
+    assert header == {
+        "status": "timeout",
+        "truncated": False,
+        "duration_s": 1.5,
+        "cpu_s": 0.75,
+        "stdout": 7,
+        "stderr": 40,
+    }
     header, out, err = compose_reply(Outcome("ok"), capture(8, b"x" * 20), capture(8, b"line\n"), 0.25)
     assert err == b"line\n" and out == b"xxxx\n... [12 bytes of output truncated] ...\nxxxx"
-    assert header == {"status": "ok", "truncated": True, "duration_s": 0.25, "stdout": 48, "stderr": 5}
+    assert header == {
+        "status": "ok",
+        "truncated": True,
+        "duration_s": 0.25,
+        "cpu_s": 0.0,
+        "stdout": 48,
+        "stderr": 5,
+    }
     _, _, err = compose_reply(Outcome("ok"), capture(8), capture(64, b"ends with a newline\n"), 0.0)
     assert err == b"ends with a newline\n"  # nothing to note: stderr as the code wrote it

@@ -53,6 +53,10 @@ HOSTILE = [
     (["env.kwargs.max_turns=3"], "env.kwargs.max_turns", "3", "env.max_turns"),
     (["env.max_turns=0"], "env.max_turns", "0", "an int >= 1"),
     (["env.tool_timeout_s=99999"], "env.tool_timeout_s", "99999", f"(0, {MAX_TIMEOUT_S:g}]"),
+    (["env.tool_wall_timeout_s=0"], "env.tool_wall_timeout_s", "0", f"(0, {MAX_TIMEOUT_S:g}]"),
+    (["env.tool_timeout_s=2", "env.tool_wall_timeout_s=1"], "env.tool_wall_timeout_s=1", "below", "at least"),
+    (["env.tool_wall_timeout_s=4"], "env.tool_wall_timeout_s=4", "below env.tool_timeout_s=5", "at least"),
+    (["env.kwargs.tool_wall_timeout_s=9"], "env.kwargs.tool_wall_timeout_s", "9", "env.tool_wall_timeout_s"),
     (["rollout.gpu_memory_utilization=1.5"], "rollout.gpu_memory_utilization", "1.5", "(0, 1]"),
     (["rollout.tensor_parallel_size=0"], "rollout.tensor_parallel_size", "0", "an int >= 1"),
     (["rollout.max_num_seqs=0"], "rollout.max_num_seqs", "0", "an int >= 1"),
@@ -133,7 +137,9 @@ def test_the_algorithms_fields_are_typed_keys_over_the_presets_values():
         assert rl.algorithm_config() == AlgorithmConfig.preset(name), name
     # the deprecated spelling still reads
     assert (
-        load_config(recipe="tiny", overrides=["rl.algorithm_overrides.loss.clip_low=0.1"]).algorithm().loss.clip_low
+        load_config(recipe="tiny", overrides=["rl.algorithm_overrides.loss.clip_low=0.1"])
+        .algorithm()
+        .loss.clip_low
         == 0.1
     )
 
@@ -143,11 +149,15 @@ def test_the_rl_section_holds_an_algorithm_config_whose_fields_are_its_own_keys(
     built over the preset, whose fields are keys of rl itself, in the loader and in the saved config."""
     rl_fields = {f.name for f in dataclasses.fields(RLSection)}
     assert set(ALGORITHM_FIELDS) == {f.name for f in dataclasses.fields(AlgorithmConfig)} - {"name"}
-    assert not rl_fields & set(ALGORITHM_FIELDS) and typing.get_type_hints(RLSection)["algo"] is AlgorithmConfig
+    assert (
+        not rl_fields & set(ALGORITHM_FIELDS) and typing.get_type_hints(RLSection)["algo"] is AlgorithmConfig
+    )
     assert RLSection().algorithm_config() == AlgorithmConfig.preset(RLSection().algorithm)
     config = load_config(overrides=["rl.algorithm=grpo-ds", "rl.loss.clip_high=0.25"])
     assert config.rl.algo.loss.clip_high == 0.25 and config.algorithm().name == "grpo-ds"
-    assert config.algorithm() == dataclasses.replace(AlgorithmConfig.preset("grpo-ds"), loss=config.rl.algo.loss)
+    assert config.algorithm() == dataclasses.replace(
+        AlgorithmConfig.preset("grpo-ds"), loss=config.rl.algo.loss
+    )
     saved = config.to_dict()["rl"]  # flat under rl, as the user writes them, and no "algo" key
     assert "algo" not in saved and set(ALGORITHM_FIELDS) <= set(saved) and saved["loss"]["clip_high"] == 0.25
     path = tmp_path / "config.yaml"
@@ -183,11 +193,19 @@ def test_the_resolved_config_round_trips_and_is_what_show_config_prints(tmp_path
 
 
 def test_max_turns_and_the_tool_timeout_are_typed_keys_that_reach_the_environment():
-    config = load_config(recipe="tiny", overrides=["env.max_turns=5", "env.tool_timeout_s=2.5"])
+    overrides = ["env.max_turns=5", "env.tool_timeout_s=2.5", "env.tool_wall_timeout_s=7"]
+    config = load_config(recipe="tiny", overrides=overrides)
     kwargs = config.env.make_kwargs()
-    assert kwargs == {"digits": 4, "kinds": ["multiply"], "max_turns": 5, "tool_timeout_s": 2.5}
+    assert kwargs == {
+        "digits": 4,
+        "kinds": ["multiply"],
+        "max_turns": 5,
+        "tool_timeout_s": 2.5,
+        "tool_wall_timeout_s": 7,
+    }
     env = gym.make(config.env.id, sandbox=NoSandbox(), **kwargs).unwrapped
-    assert env.max_turns == 5 and env.tools()["python"].timeout_s == 2.5
+    tool = env.tools()["python"]
+    assert env.max_turns == 5 and (tool.timeout_s, tool.wall_timeout_s) == (2.5, 7.0)
     default = gym.make(config.env.id, sandbox=NoSandbox()).unwrapped
     assert default.tools()["python"].timeout_s == DEFAULT_TIMEOUT_S
 
@@ -208,7 +226,9 @@ def test_one_tool_timeout_default_and_one_cap():
     assert defaults == [DEFAULT_TIMEOUT_S] * 6
     assert channel.MAX_TIMEOUT_S is runner.MAX_TIMEOUT_S == MAX_TIMEOUT_S
     assert runner.bounded_timeout(MAX_TIMEOUT_S + 1) == DEFAULT_TIMEOUT_S
-    with pytest.raises(ValueError, match=r"timeout_s must be in \(0, 3600\] seconds, got 5000"):
+    with pytest.raises(
+        ValueError, match=r"timeout_s must be a finite number of seconds in \(0, 3600\], got 5000"
+    ):
         PythonTool(NoSandbox(), timeout_s=5000)
 
 

@@ -6,15 +6,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from stare_agents.algo.config import ALGORITHMS
-from stare_agents.train.config.schema import TrainConfig
+from stare_agents.train.config.schema import TYPED_ENV_KEYS, TrainConfig
 from stare_agents.train.config.typed import plain_data
 
 
 def check_run(config: TrainConfig, *, compare: str | None = None) -> None:
     """What the types cannot say, checked before any work (model, engines, base evaluation, SFT) starts:
     `--compare` names another algorithm; `env.imports` import; the environment exists, takes every keyword of
-    `env.kwargs` (and `env.max_turns` / `env.tool_timeout_s` when set) and can be constructed with them, for
-    training and held-out tasks; `sft.data` can be served (the environment has a solver, or the file exists).
+    `env.kwargs` (and the typed keys TYPED_ENV_KEYS when set) and can be constructed with them, for training
+    and held-out tasks; `sft.data` can be served (the environment has a solver, or the file exists).
     Every error is a ValueError naming the key, the value and what is allowed."""
     from stare_agents.envs.registration import (
         accepted_kwargs,
@@ -44,7 +44,7 @@ def check_run(config: TrainConfig, *, compare: str | None = None) -> None:
     if accepted is not None:
         for key, value in kwargs.items():
             if key not in accepted:
-                name = f"env.{key}" if key in ("max_turns", "tool_timeout_s") else f"env.kwargs.{key}"
+                name = f"env.{key}" if key in TYPED_ENV_KEYS else f"env.kwargs.{key}"
                 raise ValueError(
                     f"{name}={value!r}: {what} takes no keyword {key!r}; allowed: "
                     f"{', '.join(sorted(accepted - {'sandbox', 'tools'}))}"

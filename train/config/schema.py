@@ -23,7 +23,8 @@ from stare_agents.rollout.placement import Placement, check_custom_resources
 from stare_agents.rollout.render import Rendering
 from stare_agents.rollout.weight_sync import WeightSync
 from stare_agents.sandbox import DEFAULT_BACKEND, Backend, backend_class, check_config_kwargs
-from stare_agents.sandbox.runner import MAX_TIMEOUT_S
+from stare_agents.sandbox.channel import check_limits
+from stare_agents.sandbox.runner import DEFAULT_TIMEOUT_S
 from stare_agents.train.config.typed import INLINE, build, convert, plain_data, settings_dict
 from stare_agents.train.learner import LearnerConfig
 from stare_agents.train.policy import OptimizerConfig, Precision
@@ -56,6 +57,10 @@ class ModelSection:
     fp32_lm_head: bool = False
 
 
+# keys of the environment's that have typed keys of their own in `env` (never in env.kwargs)
+TYPED_ENV_KEYS = ("max_turns", "tool_timeout_s", "tool_wall_timeout_s")
+
+
 @dataclass
 class EnvSection:
     """The environment. `id` is a registered id, or gymnasium's `module:Name-v0` (the module is imported
@@ -66,8 +71,11 @@ class EnvSection:
     kwargs: dict[str, Any] = field(default_factory=dict)  # for gym.make (training and evaluation)
     imports: list[str] = field(default_factory=list)  # modules that register your own environments
     max_turns: int | None = None  # the episode's turn limit (None: the environment's default_max_turns)
-    # one python tool call's time limit in seconds (None: the environment's default, 5 s for ToolEnv's tool)
+    # the CPU seconds one python tool call may use (None: the environment's default, 5 s for ToolEnv's tool): CPU
+    # time, so that a busy machine never fails an honest program
     tool_timeout_s: float | None = None
+    # the wall-clock cap of one python tool call, for code that sleeps or waits (None: 4 x the CPU limit)
+    tool_wall_timeout_s: float | None = None
     train_seed: int = 0  # training task i of the run is reset with seed train_seed + i
     eval_seed: int = 1_000_000  # held-out tasks: eval_seed + i (disjoint from training seeds)
 
@@ -79,26 +87,29 @@ class EnvSection:
             self.id = name
             if module not in self.imports:
                 self.imports = [*self.imports, module]
-        for key in ("max_turns", "tool_timeout_s"):
+        for key in TYPED_ENV_KEYS:
             if key in self.kwargs:
                 raise ValueError(
                     f"env.kwargs.{key}={self.kwargs[key]!r}: set env.{key} instead (a typed key, checked at load)"
                 )
         if self.max_turns is not None and self.max_turns < 1:
             raise ValueError(f"env.max_turns={self.max_turns!r}: allowed: an int >= 1, or null (the env's)")
-        if self.tool_timeout_s is not None and not 0 < self.tool_timeout_s <= MAX_TIMEOUT_S:
-            raise ValueError(
-                f"env.tool_timeout_s={self.tool_timeout_s!r}: allowed: seconds in (0, {MAX_TIMEOUT_S:g}], "
-                "or null (the environment's default)"
-            )
+        if self.tool_timeout_s is not None or self.tool_wall_timeout_s is not None:
+            try:
+                check_limits(
+                    DEFAULT_TIMEOUT_S if self.tool_timeout_s is None else self.tool_timeout_s,
+                    self.tool_wall_timeout_s,
+                    ("env.tool_timeout_s", "env.tool_wall_timeout_s"),
+                )
+            except (TypeError, ValueError) as error:
+                raise ValueError(f"{error} (or null: the environment's default)") from None
 
     def make_kwargs(self) -> dict[str, Any]:
-        """What `gymnasium.make(self.id, ...)` gets: `kwargs`, plus `max_turns` and `tool_timeout_s` when set."""
+        """What `gymnasium.make(self.id, ...)` gets: `kwargs`, plus the typed keys (TYPED_ENV_KEYS) that are set."""
         kwargs = dict(self.kwargs)
-        if self.max_turns is not None:
-            kwargs["max_turns"] = self.max_turns
-        if self.tool_timeout_s is not None:
-            kwargs["tool_timeout_s"] = self.tool_timeout_s
+        for key in TYPED_ENV_KEYS:
+            if getattr(self, key) is not None:
+                kwargs[key] = getattr(self, key)
         return kwargs
 
 
