@@ -249,7 +249,7 @@ class PythonUnitTestEnv(TextEnv):
             f"import json as _json\n_driver(_json.loads({json.dumps(params, allow_nan=False)!r}))\n"
         )
         with self.sandbox.session(stateless=True) as session:
-            result = session.run(code, self.tool_timeout_s, self.tool_wall_timeout_s)
+            result = session.run(code, timeout_s=self.tool_timeout_s, wall_timeout_s=self.tool_wall_timeout_s)
         charge_grading_clock(result.duration_s, timed_out=result.status == "timeout")
         report, violation = _read_report(result.stdout, key, len(tests))
         self.stats.count_call("error" if violation is not None and result.status == "ok" else result.status)

@@ -171,12 +171,12 @@ class PythonTool:
             code = FINAL_ANSWER_PREAMBLE + code
         if self.stateless:  # nothing to keep between calls: lease an interpreter for this call only
             with self._open_session() as session:
-                result = session.run(code, self.timeout_s, self.wall_timeout_s)
+                result = session.run(code, timeout_s=self.timeout_s, wall_timeout_s=self.wall_timeout_s)
         else:
             with self._lock:
                 if self._session is None:
                     self._session = self._open_session()
-                result = self._session.run(code, self.timeout_s, self.wall_timeout_s)
+                result = self._session.run(code, timeout_s=self.timeout_s, wall_timeout_s=self.wall_timeout_s)
         final_answer = _last_box(result.stdout)[0] if self.accept_tool_answer else None
         return ToolOutput(self.format_result(result), result.status, final_answer)
 

@@ -72,6 +72,10 @@ NOT_FROM_CONFIG = {
         "a config file cannot acknowledge that model-written code runs on this host; whoever starts the run "
         f"does, with {ALLOW_LOCAL_ENV}=1 in its environment (or use the Docker sandbox)"
     ),
+    "allow_unlimited_memory": (
+        "a config file cannot lift the sandbox's memory limit; whoever starts the run does, with "
+        "STARE_SANDBOX_UNLIMITED_MEMORY=1 in its environment (or set memory_mb)"
+    ),
     "python": "the local sandbox starts this process's own interpreter; a config cannot choose what the host runs",
     "isolate_network": (
         "the local sandbox's code always gets a network namespace of its own (loopback only), or the sandbox "

@@ -41,6 +41,8 @@ HOST_SLACK_S = 10.0
 HOST_SLACK_RANGE_S = (1.0, 60.0)
 # the most output one stream of one call may bring back (its head and tail around a marker), and the least
 MAX_OUTPUT_RANGE = (64, 1 << 20)
+# a sandbox's memory limit in MB (a Docker container's; a local runner's, per process and, as root, in all)
+MEMORY_RANGE_MB = (32, 262_144)
 
 # Modules every session's interpreter starts with, already imported: sessions are forked from a template
 # interpreter that imported them once per container (see runner.py), so they cost no time per session.
@@ -73,7 +75,8 @@ def check_range(name: str, value: object, bounds: tuple[float, float], integer: 
     kinds = (int,) if integer else (int, float)
     if isinstance(value, bool) or not isinstance(value, kinds) or not bounds[0] <= value <= bounds[1]:
         what = "an int" if integer else "a number"
-        raise ValueError(f"{name} must be {what} in [{bounds[0]:g}, {bounds[1]:g}], got {value!r}")
+        low, high = (bound if isinstance(bound, int) else f"{bound:g}" for bound in bounds)
+        raise ValueError(f"{name} must be {what} in [{low}, {high}], got {value!r}")
 
 
 def check_limits(

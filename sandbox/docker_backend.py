@@ -22,6 +22,7 @@ from stare_agents.sandbox.channel import (
     DEFAULT_GRACE_S,
     DEFAULT_LEASE_TIMEOUT_S,
     HOST_SLACK_S,
+    MEMORY_RANGE_MB,
     PREIMPORT,
     START_WAIT_S,
     Channel,
@@ -60,7 +61,7 @@ DEFAULT_IMAGE = f"stare-agents/sandbox:{_version()}"
 # the range each size of DockerLimits must lie in (inclusive): outside it a limit no longer limits, or the
 # runner cannot start
 LIMIT_RANGES: dict[str, tuple[int | float, int | float]] = {
-    "memory_mb": (32, 262_144),
+    "memory_mb": MEMORY_RANGE_MB,
     "pids": (1, 4096),
     "cpus": (0.01, 1024),  # the engine's smallest quota is a 100th of a CPU
     "tmpfs_mb": (1, 65_536),
@@ -523,6 +524,7 @@ class DockerSandbox(PooledSandbox):
 
     @classmethod
     def check_settings(cls, kwargs: dict[str, Any], where: str) -> None:
+        super().check_settings(kwargs, where)
         limits = kwargs.get("limits")
         if limits is not None and not isinstance(limits, DockerLimits):
             try:

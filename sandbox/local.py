@@ -28,14 +28,16 @@ from stare_agents.sandbox.backend import SandboxBackend
 from stare_agents.sandbox.channel import (
     DEFAULT_GRACE_S,
     DEFAULT_LEASE_TIMEOUT_S,
+    MEMORY_RANGE_MB,
     PREIMPORT,
     START_WAIT_S,
     Channel,
     Runner,
+    check_range,
 )
 from stare_agents.sandbox.errors import ChannelTimeout, SandboxError
 from stare_agents.sandbox.pool import PooledSandbox
-from stare_agents.sandbox.runner import ALWAYS_HIDDEN, DEFAULT_TIMEOUT_S, landlock_abi
+from stare_agents.sandbox.runner import ALWAYS_HIDDEN, DEFAULT_TIMEOUT_S, SHARED_SCRATCH, landlock_abi
 
 logger = logging.getLogger("stare_agents.sandbox")
 
@@ -194,6 +196,108 @@ def docker_sockets_in_reach(hidden: list[str]) -> tuple[list[str], list[str]]:
     return covered, exposed
 
 
+LOCAL_PIDS = 128  # processes and threads of one runner's code, as in a Docker container (DockerLimits.pids)
+CGROUP_ROOT = "/sys/fs/cgroup"
+UNLIMITED_MEMORY_ENV = "STARE_SANDBOX_UNLIMITED_MEMORY"
+
+
+def unlimited_memory_acknowledged(allow_unlimited_memory: bool) -> bool:
+    """True when the caller passed allow_unlimited_memory=True or STARE_SANDBOX_UNLIMITED_MEMORY is 1/true/yes."""
+    value = os.environ.get(UNLIMITED_MEMORY_ENV, "").strip().lower()
+    return allow_unlimited_memory or value in ("1", "true", "yes")
+
+
+def check_memory_mb(value: object, name: str = "memory_mb", acknowledged: bool = False) -> None:
+    """Refuse a local runner's memory limit outside MEMORY_RANGE_MB; 0 (no limit) only when acknowledged."""
+    if value == 0 and not isinstance(value, bool) and acknowledged:
+        return
+    if value == 0 and not isinstance(value, bool):
+        raise ValueError(
+            f"{name}=0 would run model-written code with no memory limit; that needs the same acknowledgement "
+            f"as host execution: {UNLIMITED_MEMORY_ENV}=1 in the environment of whoever starts the run (a config "
+            f"file cannot), or a limit in [{MEMORY_RANGE_MB[0]}, {MEMORY_RANGE_MB[1]}] MB"
+        )
+    check_range(name, value, MEMORY_RANGE_MB, integer=True)
+
+
+class RunnerCgroup:
+    """The cgroup of one local runner (as root): at most `pids` processes and threads and `memory_bytes` of
+    memory in all (0: no memory limit), as a Docker container's. cgroup v1: one folder per controller below this
+    process's own cgroup (so whatever limits the trainer limits the code too); v2: under /sys/fs/cgroup/
+    stare-local. The runner joins `folders` before anything else; `remove()` kills what is left and removes them."""
+
+    def __init__(self, name: str, pids: int, memory_bytes: int, root: str = CGROUP_ROOT) -> None:
+        self.folders: list[str] = []
+        try:
+            if os.path.exists(os.path.join(root, "cgroup.controllers")):
+                self._make_v2(root, name, pids, memory_bytes)
+            else:
+                self._make_v1(root, name, pids, memory_bytes)
+        except OSError:
+            self.remove()
+            raise
+
+    def _make_v1(self, root: str, name: str, pids: int, memory_bytes: int) -> None:
+        with open("/proc/self/cgroup") as f:
+            own = {
+                c: path
+                for _, controllers, path in (line.rstrip("\n").split(":", 2) for line in f)
+                for c in controllers.split(",")
+            }
+        for controller in ("pids", "memory"):
+            if not os.path.isdir(os.path.join(root, controller)):
+                raise OSError(f"no cgroup v1 {controller} hierarchy under {root}")
+        pids_folder = os.path.join(root, "pids", own.get("pids", "/").strip("/"), f"stare-local-{name}")
+        memory_folder = os.path.join(root, "memory", own.get("memory", "/").strip("/"), f"stare-local-{name}")
+        for folder in (pids_folder, memory_folder):
+            os.mkdir(folder)
+            self.folders.append(folder)
+        _write(pids_folder, "pids.max", str(pids))
+        if memory_bytes:
+            _write(memory_folder, "memory.limit_in_bytes", str(memory_bytes))
+            if os.path.exists(os.path.join(memory_folder, "memory.memsw.limit_in_bytes")):
+                _write(memory_folder, "memory.memsw.limit_in_bytes", str(memory_bytes))  # and no swap on top
+
+    def _make_v2(self, root: str, name: str, pids: int, memory_bytes: int) -> None:
+        parent = os.path.join(root, "stare-local")
+        os.makedirs(parent, exist_ok=True)
+        for folder in (root, parent):
+            _write(folder, "cgroup.subtree_control", "+pids +memory")
+        folder = os.path.join(parent, name)
+        os.mkdir(folder)
+        self.folders.append(folder)
+        _write(folder, "pids.max", str(pids))
+        if memory_bytes:
+            _write(folder, "memory.max", str(memory_bytes))
+            if os.path.exists(os.path.join(folder, "memory.swap.max")):
+                _write(folder, "memory.swap.max", "0")
+
+    def remove(self) -> None:
+        """Kill every process left in the cgroup and remove its folders (best effort, within a few seconds)."""
+        import signal
+
+        for folder in reversed(self.folders):
+            until = time.monotonic() + 5
+            while os.path.isdir(folder):
+                with contextlib.suppress(OSError), open(os.path.join(folder, "cgroup.procs")) as f:
+                    for pid in f.read().split():
+                        with contextlib.suppress(OSError):
+                            os.kill(int(pid), signal.SIGKILL)
+                try:
+                    os.rmdir(folder)
+                except OSError as exc:
+                    if time.monotonic() > until:
+                        logger.warning("could not remove the local sandbox's cgroup %s: %s", folder, exc)
+                        break
+                    time.sleep(0.02)
+        self.folders = []
+
+
+def _write(folder: str, name: str, value: str) -> None:
+    with open(os.path.join(folder, name), "w") as f:
+        f.write(value)
+
+
 class LocalSandbox(PooledSandbox):
     """Runs code in local subprocesses with rlimits, in namespaces of their own.
 
@@ -201,9 +305,12 @@ class LocalSandbox(PooledSandbox):
     (a network namespace with loopback only), none of the host's processes (a PID namespace per runner: it
     cannot see or signal the trainer, its environment processes or another session), no file outside its
     scratch folder changed in any way (every mount read-only, Landlock for content), no Docker or other
-    daemon socket (/run covered), no other session's scratch folder and not the user's home (covered). The
-    code gets a scrubbed environment; as root it runs as `nobody`, otherwise as this user, mapped to itself.
-    It bounds time, memory (RLIMIT_AS) and output. It can still read whatever that user can elsewhere: never
+    daemon socket (/run covered, /dev/null over every other unix socket bound on this host when it starts), no
+    /tmp, /var/tmp or /dev/shm, no other session's scratch folder and not the user's home (covered). The code
+    gets a scrubbed environment; as root it runs as `nobody`, otherwise as this user, mapped to itself. It
+    bounds CPU and wall-clock time, output, processes (LOCAL_PIDS, 128, as a container: a cgroup as root,
+    RLIMIT_NPROC in its user namespace otherwise) and memory (`memory_mb` per process, RLIMIT_AS, and as root in
+    all, by the cgroup; 0, no limit, only with STARE_SANDBOX_UNLIMITED_MEMORY=1 or allow_unlimited_memory). It can still read whatever that user can elsewhere: never
     point it at untrusted code on a machine you care about. It says so once, loudly.
 
     It refuses to be created unless acknowledged: `allow_host_execution=True` from Python, or
@@ -218,6 +325,7 @@ class LocalSandbox(PooledSandbox):
     config_kwargs: frozenset[str] = frozenset(
         {"default_timeout_s", "max_output_bytes", "lease_timeout_s", "grace_s", "memory_mb"}
     )
+    pids = LOCAL_PIDS
 
     def __init__(
         self,
@@ -231,6 +339,7 @@ class LocalSandbox(PooledSandbox):
         grace_s: float = DEFAULT_GRACE_S,
         preimport: tuple[str, ...] = PREIMPORT,
         allow_host_execution: bool = False,
+        allow_unlimited_memory: bool = False,
     ) -> None:
         if not local_execution_acknowledged(allow_host_execution):
             raise SandboxError(
@@ -245,6 +354,7 @@ class LocalSandbox(PooledSandbox):
             lease_timeout_s=lease_timeout_s,
             grace_s=grace_s,
         )
+        check_memory_mb(memory_mb, acknowledged=unlimited_memory_acknowledged(allow_unlimited_memory))
         self.memory_mb = memory_mb
         self.python = python
         self.preimport = tuple(preimport)
@@ -264,13 +374,21 @@ class LocalSandbox(PooledSandbox):
                 f"the local sandbox started but cannot run code here: {result.output()[-500:]}"
             )
 
+    @classmethod
+    def check_settings(cls, kwargs: dict[str, Any], where: str) -> None:
+        super().check_settings(kwargs, where)
+        if "memory_mb" in kwargs:  # 0 only with the environment's acknowledgement, never the config's
+            check_memory_mb(kwargs["memory_mb"], f"{where}.memory_mb", unlimited_memory_acknowledged(False))
+
     def _before_start(self) -> None:
         if landlock_abi() < 1:
             raise SandboxError(
                 "the local sandbox needs Landlock (Linux >= 5.13) to keep model-written code from writing "
                 "outside its scratch folder, and this kernel has none: use the Docker sandbox"
             )
-        covered, exposed = docker_sockets_in_reach([*ALWAYS_HIDDEN, *self.hidden, tempfile.gettempdir()])
+        covered, exposed = docker_sockets_in_reach(
+            [*ALWAYS_HIDDEN, *SHARED_SCRATCH, *self.hidden, tempfile.gettempdir()]
+        )
         if exposed:
             raise SandboxError(
                 f"the local sandbox's code could open the Docker socket {exposed[0]} (this user may connect to "
@@ -295,15 +413,29 @@ class LocalSandbox(PooledSandbox):
         logger.warning(
             "LocalSandbox is NOT a security boundary: model-written code runs on this host as uid %s, in "
             "namespaces of its own (%s: no network, only its own processes), with every mount read-only but "
-            "its scratch folder and %s covered, writes confined by Landlock (scopes: %s), %d MB of address "
-            "space and time limits%s. It can still read what that user can elsewhere. Use DockerSandbox "
-            "(`stare-agents sandbox doctor`) for untrusted code.",
+            "its scratch folder, %s covered and /dev/null over %d other unix socket(s), writes confined by "
+            "Landlock (scopes: %s), %s, CPU and wall-clock limits%s. It can still read what that user can "
+            "elsewhere. Use DockerSandbox (`stare-agents sandbox doctor`) for untrusted code.",
             info.get("uid"),
             ", ".join(isolation["namespaces"]),
             ", ".join(isolation["covered"]),
+            isolation.get("sockets_covered", 0),
             scopes,
-            self.memory_mb,
+            self.memory_words(),
             sockets,
+        )
+
+    def memory_words(self) -> str:
+        """The runner's process and memory bounds, in words."""
+        per_process = (
+            f"{self.memory_mb} MB of address space per process" if self.memory_mb else "no memory limit"
+        )
+        if os.geteuid() == 0:  # a cgroup of its own
+            total = f", {self.memory_mb} MB in all" if self.memory_mb else ""
+            return f"{self.pids} processes and threads{total} (cgroup), {per_process}"
+        return (
+            f"{self.pids} processes of its user in its user namespace (RLIMIT_NPROC), {per_process} (no cgroup as "
+            "a non-root user: total memory is bounded only by that product)"
         )
 
     def _start_runner(self) -> Runner:
@@ -330,13 +462,27 @@ class LocalSandbox(PooledSandbox):
             "--memory-bytes",
             str(self.memory_mb * 1024 * 1024),
             "--memory-hint",
-            f"{self.memory_mb} MB of address space",
+            f"{self.memory_mb} MB" if os.geteuid() == 0 else f"{self.memory_mb} MB of address space",
+            "--pids",
+            str(self.pids),
             "--preimport",
             ",".join(self.preimport),
             "--remove-workdir",
             *drop,
             *(f"--hide={folder}" for folder in self.hidden),
         ]
+        cgroup = None
+        if os.geteuid() == 0:  # bounded as a container is: processes and memory in all (the runner's +1: the
+            try:  # process outside its namespaces that waits for it)
+                cgroup = RunnerCgroup(os.path.basename(workdir), self.pids + 1, self.memory_mb * 1024 * 1024)
+            except OSError as exc:
+                shutil.rmtree(workdir, ignore_errors=True)
+                raise SandboxError(
+                    f"the local sandbox cannot make the cgroup that bounds its code to {self.pids} processes and "
+                    f"{self.memory_mb} MB ({exc}): run it as a non-root user (RLIMIT_NPROC in its own user "
+                    "namespace) or use the Docker sandbox"
+                ) from exc
+            command += [f"--cgroup={folder}" for folder in cgroup.folders]
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir}
         process = subprocess.Popen(  # a scrubbed environment: no tokens, keys or paths of the host's
             command,
@@ -351,6 +497,8 @@ class LocalSandbox(PooledSandbox):
             if process.poll() is None:
                 process.kill()
                 process.wait(timeout=5)
+            if cgroup is not None:
+                cgroup.remove()
             shutil.rmtree(workdir, ignore_errors=True)
 
         runner = Runner(PipeChannel(process), f"local-{process.pid}", on_close=cleanup)

@@ -17,6 +17,7 @@ import time
 import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from stare_agents.sandbox.backend import SandboxBackend
 from stare_agents.sandbox.channel import (
@@ -323,6 +324,21 @@ class PooledSandbox(SandboxBackend):
         self.host_slack_s = float(host_slack_s)  # past the limit and the grace, a silent runner is replaced
         self._pool: Pool | None = None
         self._start_lock = threading.Lock()
+
+    @classmethod
+    def check_settings(cls, kwargs: dict[str, Any], where: str) -> None:
+        """A config's sizes and timeouts, each within its range (a ValueError naming `where`.key), so that none
+        can lift a limit: the output cap, the interrupt's grace, the host's slack, the default CPU limit."""
+        ranges = {
+            "max_output_bytes": (MAX_OUTPUT_RANGE, True),
+            "grace_s": (GRACE_RANGE_S, False),
+            "host_slack_s": (HOST_SLACK_RANGE_S, False),
+        }
+        for key, (bounds, integer) in ranges.items():
+            if key in kwargs:
+                check_range(f"{where}.{key}", kwargs[key], bounds, integer)
+        if "default_timeout_s" in kwargs:
+            check_timeout(kwargs["default_timeout_s"], f"{where}.default_timeout_s")
 
     # subclasses
     def _start_runner(self) -> Runner:

@@ -362,6 +362,8 @@ MOUNT_SETATTR = 442  # the same on every arch
 AT_FDCWD, AT_RECURSIVE = -100, 0x8000
 MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID = 0x1, 0x2
 ALWAYS_HIDDEN = ("/run", "/var/run")  # daemons' sockets: Docker's, containerd's, D-Bus, rootless Docker's
+# folders every user may write to: other programs' sockets (tmux, ssh-agent, X11), files and shared memory
+SHARED_SCRATCH = ("/tmp", "/var/tmp", "/dev/shm")
 
 
 def _check(result: int, what: str) -> None:
@@ -408,9 +410,10 @@ def _first_unreachable(path: str) -> str | None:
 
 
 def folders_to_cover(workdir: str, hide: list[str], needed: list[str], other_user: bool) -> list[str]:
-    """The folders `isolate` covers, outermost first, none inside another: ALWAYS_HIDDEN, `hide`, the scratch
-    folder's parent and (for another user) the unreachable folders on the way to `needed`. Never "/"."""
-    wanted = [*ALWAYS_HIDDEN, *hide, os.path.dirname(workdir)]
+    """The folders `isolate` covers, outermost first, none inside another: ALWAYS_HIDDEN, SHARED_SCRATCH, `hide`,
+    the scratch folder's parent and (for another user) the unreachable folders on the way to `needed`. Never
+    "/"."""
+    wanted = [*ALWAYS_HIDDEN, *SHARED_SCRATCH, *hide, os.path.dirname(workdir)]
     if other_user:
         wanted += [folder for folder in map(_first_unreachable, needed) if folder]
     real = sorted(
@@ -479,8 +482,44 @@ def wait_outside(child: int, workdir: str | None) -> None:
     os._exit(code if code >= 0 else 128 - code)
 
 
-def isolate(workdir: str, hide: list[str], needed: list[str], other_user: bool) -> list[str]:
-    """In the new mount namespace (as its owner): the mounts described above; returns the covered folders."""
+def listening_unix_sockets() -> list[str]:
+    """The paths of the unix sockets bound in this network namespace (/proc/net/unix), abstract ones left out
+    (the runner's network namespace has its own)."""
+    try:
+        with open("/proc/net/unix", "rb") as f:
+            lines = f.read().splitlines()[1:]
+    except OSError:
+        return []
+    paths = []
+    for line in lines:
+        fields = line.split(None, 7)  # Num RefCount Protocol Flags Type St Inode Path
+        if len(fields) == 8 and fields[7].startswith(b"/"):
+            paths.append(os.fsdecode(fields[7]))
+    return sorted(set(paths))
+
+
+def sockets_to_cover(sockets: list[str], workdir: str, covered: list[str]) -> list[str]:
+    """The socket files among `sockets` that stay in sight after `covered` is covered: outside the scratch
+    folder and every covered folder, and a socket still (a stale entry may have gone)."""
+    import stat
+
+    found = []
+    for path in sockets:
+        if any(_within(path, folder) for folder in [workdir, *covered]):
+            continue
+        try:
+            if stat.S_ISSOCK(os.lstat(path).st_mode):
+                found.append(path)
+        except OSError:
+            continue  # gone, or out of this user's reach (then also out of the code's)
+    return found
+
+
+def isolate(
+    workdir: str, hide: list[str], needed: list[str], other_user: bool, sockets: list[str] = ()
+) -> list[str]:
+    """In the new mount namespace (as its owner): the mounts described above, and /dev/null over each of
+    `sockets` (the host's bound unix sockets) left in sight; returns the covered folders, then those sockets."""
     workdir = os.path.realpath(workdir)
     needed = [os.path.realpath(path) for path in needed]
     covered = folders_to_cover(workdir, hide, needed, other_user)
@@ -502,9 +541,13 @@ def isolate(workdir: str, hide: list[str], needed: list[str], other_user: bool) 
     _set_mount_attr(workdir, clear=MOUNT_ATTR_RDONLY)  # bound back from the read-only tree: writable again
     for folder in covered:
         _set_mount_attr(folder, add=MOUNT_ATTR_RDONLY)
+    hidden_sockets = sockets_to_cover(list(sockets), workdir, covered)
+    for path in hidden_sockets:  # a socket elsewhere: connect() finds /dev/null there, no socket
+        _mount("/dev/null", path, None, MS_BIND)
+        _set_mount_attr(path, add=MOUNT_ATTR_RDONLY)
     _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)  # this PID namespace's processes only
     os.chdir(workdir)
-    return covered
+    return [*covered, *hidden_sockets]
 
 
 def become(uid: int, gid: int) -> None:
@@ -520,6 +563,7 @@ def isolation_problems(workdir: str, covered: list[str]) -> list[str]:
     """What of `isolate`'s promises does not hold in this process (checked by the supervisor before it
     answers the host's hello)."""
     import socket
+    import stat
 
     problems = []
     if os.getpid() != 1:
@@ -532,7 +576,10 @@ def isolation_problems(workdir: str, covered: list[str]) -> list[str]:
     if os.statvfs(workdir).f_flag & os.ST_RDONLY:
         problems.append(f"the scratch folder {workdir} is read-only")
     for folder in covered:
-        if not os.statvfs(folder).f_flag & os.ST_RDONLY:
+        if not os.path.isdir(folder):  # a socket covered by /dev/null
+            if stat.S_ISSOCK(os.stat(folder).st_mode):
+                problems.append(f"the socket {folder} is in reach")
+        elif not os.statvfs(folder).f_flag & os.ST_RDONLY:
             problems.append(f"{folder} is not covered")
         elif folder in ALWAYS_HIDDEN and os.listdir(folder):
             problems.append(f"{folder} is not empty")
@@ -2134,6 +2181,15 @@ def main(argv: list[str]) -> None:
         default=[],
         help="a folder to cover in the runner's mount namespace (local)",
     )
+    parser.add_argument(
+        "--cgroup",
+        action="append",
+        default=[],
+        help="a cgroup folder to join before anything else (local, as root: its pids and memory limits)",
+    )
+    parser.add_argument(
+        "--pids", type=int, default=0, help="processes and threads at most (local, non-root: RLIMIT_NPROC)"
+    )
     parser.add_argument("--isolated", default=None, help=argparse.SUPPRESS)  # set by the runner itself
     args = parser.parse_args(argv)
     covered: list[str] = []
@@ -2159,7 +2215,7 @@ def main(argv: list[str]) -> None:
         args.python,
         args.workdir,
         args.max_output,
-        args.grace,
+        min(10.0, max(0.1, args.grace)),  # the host's GRACE_RANGE_S: a runner never waits longer
         args.memory_hint,
         args.memory_bytes,
         tuple(name for name in args.preimport.split(",") if name),
@@ -2171,7 +2227,9 @@ def main(argv: list[str]) -> None:
         supervisor.isolation = {
             "namespaces": ["mount", "pid", "network", "ipc", *(["user"] if args.drop_to == "" else [])],
             "read_only": "/",
-            "covered": covered,
+            "covered": [path for path in covered if os.path.isdir(path)],
+            "sockets_covered": sum(not os.path.isdir(path) for path in covered),
+            "pids": args.pids or None,
             "landlock_scopes": [*LANDLOCK_SCOPES.values()] if abi >= LANDLOCK_SCOPES_SINCE else [],
         }
     supervisor.serve()
@@ -2183,6 +2241,13 @@ def _isolate_local(args, argv: list[str]) -> list[str]:
     (PID 1 of the new namespaces, no longer root) runs this file again with --isolated."""
     if args.isolated is not None:
         return json.loads(args.isolated)
+    for folder in args.cgroup:  # first: every process of the runner, and of the code, is counted there
+        try:
+            with open(os.path.join(folder, "cgroup.procs"), "w") as f:
+                f.write(str(os.getpid()))
+        except OSError as exc:
+            refuse_to_start(f"cannot join the cgroup {folder} that bounds its processes and memory: {exc}")
+    unix_sockets = listening_unix_sockets()  # this network namespace's, before the runner leaves it
     drop = None
     if os.geteuid() == 0:
         if not args.drop_to:
@@ -2198,9 +2263,16 @@ def _isolate_local(args, argv: list[str]) -> list[str]:
         )
     if child:
         wait_outside(child, args.workdir if args.remove_workdir else None)
+    if args.pids > 0 and drop is None:  # counted in the runner's own user namespace: its processes only
+        import resource
+
+        try:
+            resource.setrlimit(resource.RLIMIT_NPROC, (args.pids, args.pids))
+        except (OSError, ValueError) as exc:
+            refuse_to_start(f"cannot bound its processes to {args.pids} (RLIMIT_NPROC): {exc}")
     needed = [sys.base_prefix, sys.prefix, os.path.abspath(__file__), os.path.realpath(sys.executable)]
     try:
-        covered = isolate(args.workdir, args.hide, needed, other_user=drop is not None)
+        covered = isolate(args.workdir, args.hide, needed, other_user=drop is not None, sockets=unix_sockets)
         if drop is not None:
             become(*drop)
     except OSError as exc:

@@ -85,12 +85,19 @@ class RolloutConfig:
 
 
 def make_env(task: RolloutTask, sandbox: Any = None) -> Any:
-    """`gymnasium.make(task.env_id, **env_kwargs)`, handing `sandbox` to tool environments."""
+    """`gymnasium.make(task.env_id, **env_kwargs)`, handing `sandbox` to tool environments. A run's sandbox is the
+    one its environments use: env_kwargs that name another (or None, which would send the tool to the process-wide
+    Docker sandbox) while `sandbox` is given are refused, never silently preferred."""
     import gymnasium as gym
 
     import stare_agents.envs  # noqa: F401  (registers the stare_agents/* ids)
 
     kwargs = dict(task.env_kwargs)
+    if sandbox is not None and "sandbox" in kwargs and kwargs["sandbox"] is not sandbox:
+        raise ValueError(
+            f"env_kwargs.sandbox={kwargs['sandbox']!r} conflicts with the run's sandbox ({type(sandbox).__name__}): "
+            "the run's sandbox (rollout.sandbox) is handed to its environments; remove env.kwargs.sandbox"
+        )
     if sandbox is not None and "sandbox" not in kwargs:
         entry_point = gym.spec(task.env_id).entry_point
         creator = (

@@ -57,6 +57,9 @@ HOSTILE = [
     (["env.tool_timeout_s=2", "env.tool_wall_timeout_s=1"], "env.tool_wall_timeout_s=1", "below", "at least"),
     (["env.tool_wall_timeout_s=4"], "env.tool_wall_timeout_s=4", "below env.tool_timeout_s=5", "at least"),
     (["env.kwargs.tool_wall_timeout_s=9"], "env.kwargs.tool_wall_timeout_s", "9", "env.tool_wall_timeout_s"),
+    # a sandbox: none run whose environment names a sandbox of its own (null: the tool's process-wide Docker one)
+    (["rollout.sandbox=none", "env.kwargs.sandbox=null"], "env.kwargs.sandbox", "None", "set rollout.sandbox"),
+    (["env.kwargs.sandbox=local"], "env.kwargs.sandbox", "'local'", "set rollout.sandbox"),
     (["rollout.gpu_memory_utilization=1.5"], "rollout.gpu_memory_utilization", "1.5", "(0, 1]"),
     (["rollout.tensor_parallel_size=0"], "rollout.tensor_parallel_size", "0", "an int >= 1"),
     (["rollout.max_num_seqs=0"], "rollout.max_num_seqs", "0", "an int >= 1"),
@@ -516,3 +519,21 @@ def test_every_rollout_setting_reaches_the_workers_or_the_trainer():
     assert built(*with_processes, "rollout.env_cpus=[0]") != built(*with_processes)
     with pytest.raises(ValueError, match="top_p"):
         built("rollout.top_p=0.9")
+
+
+def test_the_runs_sandbox_wins_over_a_sandbox_in_env_kwargs():
+    """Given the run's sandbox, make_env refuses env_kwargs naming another: before, `sandbox: None` there gave
+    the python tool the process-wide Docker sandbox in a run that said `sandbox: none`."""
+    from stare_agents.rollout import RolloutTask, make_env
+
+    task = RolloutTask("stare_agents/ArithmeticTIR-v0", env_kwargs={"sandbox": None})
+    with pytest.raises(
+        ValueError, match=r"env_kwargs.sandbox=None conflicts with the run's sandbox \(NoSandbox\)"
+    ):
+        make_env(task, NoSandbox())
+    run_sandbox = NoSandbox()
+    same = make_env(
+        RolloutTask("stare_agents/ArithmeticTIR-v0", env_kwargs={"sandbox": run_sandbox}), run_sandbox
+    )
+    assert same.unwrapped.tools()["python"].sandbox is run_sandbox
+    same.close()

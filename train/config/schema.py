@@ -59,6 +59,14 @@ class ModelSection:
 
 # keys of the environment's that have typed keys of their own in `env` (never in env.kwargs)
 TYPED_ENV_KEYS = ("max_turns", "tool_timeout_s", "tool_wall_timeout_s")
+# environment arguments that a run sets itself, never env.kwargs: why, and what to set instead
+NOT_ENV_KWARGS = {
+    "sandbox": (
+        "the run's sandbox (rollout.sandbox) is the one its environments' tools use; a sandbox here (null "
+        "included, which sends the tool to a Docker sandbox of its own) would run code where the run did not "
+        "say; set rollout.sandbox"
+    ),
+}
 
 
 @dataclass
@@ -87,6 +95,9 @@ class EnvSection:
             self.id = name
             if module not in self.imports:
                 self.imports = [*self.imports, module]
+        for key in NOT_ENV_KWARGS:
+            if key in self.kwargs:
+                raise ValueError(f"env.kwargs.{key}={self.kwargs[key]!r}: not allowed: {NOT_ENV_KWARGS[key]}")
         for key in TYPED_ENV_KEYS:
             if key in self.kwargs:
                 raise ValueError(
