@@ -9,6 +9,7 @@ import importlib
 import inspect
 import os
 import sys
+import warnings
 from collections.abc import Iterable, Mapping
 
 import gymnasium as gym
@@ -41,7 +42,14 @@ ENVIRONMENTS: dict[str, tuple[str, str]] = {
 
 
 def register_envs() -> None:
-    """Register every built-in environment with gymnasium (idempotent)."""
+    """Register every built-in environment with gymnasium (idempotent).
+
+    An older version of ours is kept on purpose (ArithmeticTIR-v0 draws the tasks old runs drew), so gymnasium's
+    "is out of date, consider upgrading" warning on making it is turned off for this namespace; the table above
+    and envs/README.md say what each version is."""
+    warnings.filterwarnings(
+        "ignore", message=rf".*The environment {NAMESPACE}/\S+ is out of date", category=DeprecationWarning
+    )
     for env_id, (entry_point, _) in ENVIRONMENTS.items():
         if env_id not in gym.registry:
             gym.register(id=env_id, entry_point=entry_point)

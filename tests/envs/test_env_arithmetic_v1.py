@@ -198,3 +198,17 @@ def test_solution_code_refuses_a_task_without_a_v1_kind() -> None:
             stare_agents.envs.Task(problem="p", answer="1", id="x", data={"kind": "collatz_steps"})
         )
     assert set(V1_TABLE) == set(V1_KINDS) and len(V1_KINDS) == 12
+
+
+def test_making_v0_does_not_tell_users_to_upgrade() -> None:
+    """v0 is kept on purpose: gymnasium's "out of date, consider upgrading to v1" is turned off for our ids
+    (pytest resets warning filters per test, so the registration's filter is set again here)."""
+    import warnings
+
+    from stare_agents.envs.registration import register_envs
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        register_envs()
+        gym.make("stare_agents/ArithmeticTIR-v0").close()
+    assert not [w for w in caught if "out of date" in str(w.message)]
