@@ -91,15 +91,39 @@ class LoadSampler:
 
 
 def run_point(
-    folder: Path, precision: str, seed: int, recipe: str = RECIPE, extra: list[str] | None = None
+    folder: Path,
+    precision: str,
+    seed: int,
+    recipe: str = RECIPE,
+    extra: list[str] | None = None,
+    attempts: int = 1,
 ) -> None:
-    command = [sys.executable, "-m", "stare_agents.cli", "train", "--recipe", recipe, "--out", str(folder)]
-    if (folder / "progress.json").exists():
-        command.append("--resume")
-    command += [f"seed={seed}", *PRECISIONS[precision], *(extra or [])]
-    print("$", " ".join(command), flush=True)
-    with LoadSampler(folder):
-        subprocess.run(command, check=True)
+    """Run (or resume) one point; a run that dies (e.g. a worker killed by Ray's memory monitor on a shared
+    machine) is resumed from its checkpoint, up to `attempts` times in all; each failed attempt is logged in the
+    folder (bench_attempts.txt)."""
+    for attempt in range(1, attempts + 1):
+        command = [
+            sys.executable,
+            "-m",
+            "stare_agents.cli",
+            "train",
+            "--recipe",
+            recipe,
+            "--out",
+            str(folder),
+        ]
+        if (folder / "progress.json").exists():
+            command.append("--resume")
+        command += [f"seed={seed}", *PRECISIONS[precision], *(extra or [])]
+        print("$", " ".join(command), flush=True)
+        with LoadSampler(folder):
+            code = subprocess.run(command).returncode
+        if code == 0:
+            return
+        with (folder / "bench_attempts.txt").open("a") as log:
+            log.write(f"attempt {attempt}: exit {code}\n")
+        print(f"{folder}: attempt {attempt} of {attempts} ended with exit {code}", flush=True)
+    raise SystemExit(f"{folder}: {attempts} attempt(s) failed; run the same command again to resume it")
 
 
 def read_point(folder: Path) -> dict[str, Any] | None:
@@ -244,6 +268,7 @@ def main() -> None:
     parser.add_argument("--precisions", default="fast,fp32", help=f"comma-separated, of {sorted(PRECISIONS)}")
     parser.add_argument("--replicates", type=int, default=1, help="runs per precision and seed")
     parser.add_argument("--set", action="append", default=[], help="an override for every point (key=value)")
+    parser.add_argument("--attempts", type=int, default=3, help="runs of a point that dies, resumed, in all")
     parser.add_argument("--report", action="store_true", help="only read the points already there")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
@@ -266,7 +291,7 @@ def main() -> None:
             for precision in precisions:
                 folder = point_folder(out, precision, seed, replicate)
                 if not args.report and read_point(folder) is None:
-                    run_point(folder, precision, seed, args.recipe, args.set)
+                    run_point(folder, precision, seed, args.recipe, args.set, args.attempts)
                 point = read_point(folder)
                 if point is None:
                     print(f"{folder}: not finished (no summary.json)", flush=True)

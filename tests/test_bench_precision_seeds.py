@@ -145,3 +145,25 @@ def test_each_precision_loads_as_what_it_names_on_any_cpu(name, engine, learner)
     assert hardware.resolve_precision(config.rl.learner.precision) == learner
     assert config.model.fp32_lm_head == (name == "bf16-head-tis")
     assert config.rl.learner.importance.active == (name == "bf16-head-tis")
+
+
+def test_a_point_that_dies_is_resumed_and_each_failed_attempt_is_logged(tmp_path: Path, monkeypatch):
+    """A run killed on a shared machine (exit 1: e.g. Ray's memory monitor) is run again with --resume once its
+    folder has progress.json; after `attempts` failures the bench stops, naming the folder."""
+    b = bench()
+    calls: list[list[str]] = []
+    codes = iter([1, 0])
+
+    def fake_run(command, **kwargs):
+        calls.append(command)
+        (tmp_path / "p" / "progress.json").write_text("{}")  # the first attempt got as far as a checkpoint
+        return subprocess.CompletedProcess(command, next(codes))
+
+    (tmp_path / "p").mkdir()
+    monkeypatch.setattr(b.subprocess, "run", fake_run)
+    b.run_point(tmp_path / "p", "fp32", 3, attempts=2)
+    assert "--resume" not in calls[0] and "--resume" in calls[1] and "seed=3" in calls[1]
+    assert (tmp_path / "p" / "bench_attempts.txt").read_text() == "attempt 1: exit 1\n"
+    codes = iter([1, 1])
+    with pytest.raises(SystemExit, match="2 attempt"):
+        b.run_point(tmp_path / "p", "fp32", 3, attempts=2)
