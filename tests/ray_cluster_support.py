@@ -54,9 +54,10 @@ def cluster_env(folder: Path) -> dict[str, str]:
     return env
 
 
-def start_head(folder: Path, *, num_cpus: int = 2, timeout_s: float = 180.0) -> str:
-    """`ray start --head` on 127.0.0.1 with its temp folder `folder`/ray; returns the cluster's address (the one
-    `ray start` writes to `folder`/ray/ray_current_cluster)."""
+def start_head(folder: Path, *, num_cpus: int = 2, token: bool = True, timeout_s: float = 180.0) -> str:
+    """`ray start --head` on 127.0.0.1 with its temp folder `folder`/ray (and token authentication unless
+    `token` is False); returns the cluster's address (the one `ray start` writes to
+    `folder`/ray/ray_current_cluster)."""
     temp_dir = folder / "ray"
     command = [
         RAY,
@@ -70,7 +71,8 @@ def start_head(folder: Path, *, num_cpus: int = 2, timeout_s: float = 180.0) -> 
         "--include-dashboard=false",
         "--disable-usage-stats",
     ]
-    done = subprocess.run(command, env=cluster_env(folder), capture_output=True, text=True, timeout=timeout_s)
+    env = {**cluster_env(folder), **({} if token else {"RAY_AUTH_MODE": "disabled"})}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout_s)
     if done.returncode != 0:
         stop_cluster(folder)
         raise RuntimeError(f"ray start --head failed ({done.returncode}): {done.stderr[-3000:]}")

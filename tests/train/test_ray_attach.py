@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import socket
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -87,6 +89,8 @@ def test_attaching_gives_ray_no_resources(no_cluster_here, monkeypatch) -> None:
     import ray
 
     calls: list[dict] = []
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    monkeypatch.setattr(local_ray, "answers_without_token", lambda address: False)  # a cluster with tokens
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", lambda **kwargs: calls.append(kwargs))
     monkeypatch.setattr(local_ray, "init_local_ray", lambda **kwargs: calls.append({"local": kwargs}))
@@ -96,6 +100,85 @@ def test_attaching_gives_ray_no_resources(no_cluster_here, monkeypatch) -> None:
         {"address": "127.0.0.1:6379", "log_to_driver": True},
         {"local": {"num_cpus": 4, "log_to_driver": True}},
     ]
+
+
+@pytest.fixture
+def gcs_here():
+    """Something listening on loopback, as a `ray start` cluster's GCS would: its address."""
+    with socket.socket() as gcs:
+        gcs.bind(("127.0.0.1", 0))
+        gcs.listen()
+        yield f"127.0.0.1:{gcs.getsockname()[1]}"
+
+
+NOBODY = 65534
+
+
+@pytest.mark.parametrize("plant", ["group-writable", "world-writable", "another user's", "a link"])
+def test_an_address_file_someone_else_could_have_written_is_ignored(
+    no_cluster_here, gcs_here, plant, caplog, tmp_path
+) -> None:
+    """Issue 51, item 1: any local user can write Ray's shared temp folder, so `ray_current_cluster` there may
+    name their cluster; a run attaches to it only when the file is the user's own and no one else's to write."""
+    no_cluster_here.parent.mkdir(parents=True)
+    if plant == "a link":  # a link to a file of the user's naming the cluster: the link itself is anyone's
+        target = tmp_path / "elsewhere"
+        target.write_text(gcs_here)
+        target.chmod(0o644)
+        no_cluster_here.symlink_to(target)
+    else:
+        no_cluster_here.write_text(gcs_here + "\n")
+        no_cluster_here.chmod({"group-writable": 0o664, "world-writable": 0o666}.get(plant, 0o644))
+        if plant == "another user's":
+            if os.geteuid() != 0:
+                pytest.skip("planting another user's file needs root (address_file_problem is tested below)")
+            os.chown(no_cluster_here, NOBODY, NOBODY)
+    with caplog.at_level(logging.WARNING, logger="stare_agents.rollout"):
+        assert cluster_address(None) == (None, f"{no_cluster_here} not trusted")
+    said = {
+        "group-writable": "others may write it (mode 0664)",
+        "world-writable": "others may write it (mode 0666)",
+        "another user's": f"(uid {NOBODY}), not to you (uid {os.getuid()})",
+        "a link": "cannot be opened as a plain file",
+    }[plant]
+    assert (
+        str(no_cluster_here) in caplog.text and said in caplog.text and "RAY_ADDRESS=HOST:PORT" in caplog.text
+    )
+    with pytest.raises(ConnectionError, match=r"rollout\.ray_address=auto: .* is not to be trusted") as error:
+        cluster_address("auto")
+    assert said in str(error.value)
+    assert cluster_address(gcs_here) == (
+        gcs_here,
+        "rollout.ray_address",
+    )  # named by the user: theirs to judge
+
+
+def test_the_address_file_judgement() -> None:
+    from stare_agents.rollout.local_ray import address_file_problem
+
+    me = os.getuid()
+
+    def stats(mode: int, uid: int = me, links: int = 1) -> os.stat_result:
+        return os.stat_result((mode, 0, 0, links, uid, 0, 0, 0, 0, 0))
+
+    plain = stat.S_IFREG
+    assert address_file_problem(stats(plain | 0o644), me) is None  # what `ray start` writes under umask 022
+    assert address_file_problem(stats(plain | 0o600), me) is None
+    assert address_file_problem(stats(plain | 0o644, uid=me + 1), me).endswith(f"not to you (uid {me})")
+    assert address_file_problem(stats(plain | 0o620), me) == "others may write it (mode 0620)"
+    assert address_file_problem(stats(plain | 0o602), me) == "others may write it (mode 0602)"
+    assert address_file_problem(stats(plain | 0o644, links=2), me) == "it has 2 hard links"
+    assert address_file_problem(stats(stat.S_IFIFO | 0o644), me) == "it is not a plain file"
+
+
+def test_attaching_needs_token_authentication(monkeypatch) -> None:
+    """RAY_AUTH_MODE=disabled is refused before anything connects; unset, it becomes token."""
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    with pytest.raises(ConnectionError, match=r"RAY_AUTH_MODE=disabled: a run attaches .* only with token"):
+        local_ray.require_token_auth("127.0.0.1:1", "RAY_ADDRESS")
+    monkeypatch.delenv("RAY_AUTH_MODE")
+    local_ray.require_token_auth("127.0.0.1:1", "RAY_ADDRESS")  # nothing answers there: ray.init will say so
+    assert os.environ["RAY_AUTH_MODE"] == "token"
 
 
 def test_the_key_is_typed_and_shown() -> None:
@@ -120,16 +203,44 @@ def test_the_trainer_attaches_to_a_ray_start_cluster(tmp_path) -> None:
             "ray start on this node": ({"RAY_TMPDIR": str(folder)}, []),  # Ray's default folder: folder/ray
         }
         for name, (extra, overrides) in cases.items():
-            env = {**cluster_env(folder), **extra}
-            done = subprocess.run(
-                [sys.executable, "-c", DRIVER, str(tmp_path / name.replace(" ", "-")), *overrides],
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=300,
-            )
+            done = run_driver(tmp_path / name.replace(" ", "-"), {**cluster_env(folder), **extra}, *overrides)
             assert done.returncode == 0, f"{name}: {done.stderr[-4000:]}"
             seen = json.loads(done.stdout.strip().splitlines()[-1])
             assert seen == {"gcs": address, "cpus": 2.0, "answer": 42}, (name, seen)
+        # the same cluster's address file made writable by others: the run starts a private Ray and says why
+        (folder / "ray" / "ray_current_cluster").chmod(0o666)
+        done = run_driver(tmp_path / "planted", {**cluster_env(folder), "RAY_TMPDIR": str(folder)})
+        assert done.returncode == 0, done.stderr[-4000:]
+        seen = json.loads(done.stdout.strip().splitlines()[-1])
+        assert seen["gcs"] != address and seen["answer"] == 42, seen
+        assert "others may write it (mode 0666)" in done.stderr and "private local Ray starts" in done.stderr
+    finally:
+        remove(folder)
+
+
+def run_driver(out: Path, env: dict[str, str], *overrides: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", DRIVER, str(out), *overrides],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_cluster_without_token_authentication_is_refused(tmp_path) -> None:
+    """Issue 51, item 1: a cluster that answers requests without a token runs code for whoever reaches it, and
+    in the driver through it; the run refuses it by name, even when the user named it."""
+    folder = short_folder()
+    try:
+        address = start_head(folder, num_cpus=1, token=False)
+        assert local_ray.answers_without_token(address) is True
+        done = run_driver(tmp_path / "run", {**cluster_env(folder), "RAY_ADDRESS": address})
+        assert done.returncode != 0
+        assert (
+            f"the Ray cluster at {address} (from RAY_ADDRESS) answers requests without a token" in done.stderr
+        )
     finally:
         remove(folder)
