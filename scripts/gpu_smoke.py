@@ -713,9 +713,9 @@ def check_cluster_run(opts: argparse.Namespace, work: Path) -> dict[str, Any]:
         "rl.learner_gpus_per_worker=1",
         *opts.train_args,
     ]
-    if opts.ray_address:
-        overrides.append(f"rollout.ray_address={opts.ray_address}")
-    figures = _killed_and_resumed(work, out, overrides, 880 * opts.deadline_scale)
+    # the cluster as RAY_ADDRESS: the key rollout.ray_address needs STARE_ALLOW_CONFIG_CODE=1 (a config's own)
+    env = {"RAY_ADDRESS": opts.ray_address} if opts.ray_address else {}
+    figures = _killed_and_resumed_env(work, out, overrides, 880 * opts.deadline_scale, env)
     logs = "".join(p.read_text() for p in work.glob("*.log"))
     figures["sync_lines"] = [line for line in logs.splitlines() if "weight sync:" in line]
     return figures

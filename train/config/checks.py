@@ -6,15 +6,17 @@ from __future__ import annotations
 from pathlib import Path
 
 from stare_agents.algo.config import ALGORITHMS
+from stare_agents.train.config.config_code import check_config_code
 from stare_agents.train.config.schema import TYPED_ENV_KEYS, TrainConfig
 from stare_agents.train.config.typed import plain_data
 
 
 def check_run(config: TrainConfig, *, compare: str | None = None) -> None:
     """What the types cannot say, checked before any work (model, engines, base evaluation, SFT) starts:
-    `--compare` names another algorithm; `env.imports` import; the environment exists, takes every keyword of
-    `env.kwargs` (and the typed keys TYPED_ENV_KEYS when set) and can be constructed with them, for training
-    and held-out tasks; `sft.data` can be served (the environment has a solver, or the file exists).
+    code the config would make the trainer import or run is acknowledged (`config_code`, before `env.imports`
+    import); `--compare` names another algorithm; `env.imports` import; the environment exists, takes every
+    keyword of `env.kwargs` (and the typed keys TYPED_ENV_KEYS when set) and can be constructed with them, for
+    training and held-out tasks; `sft.data` can be served (the environment has a solver, or the file exists).
     Every error is a ValueError naming the key, the value and what is allowed."""
     from stare_agents.envs.registration import (
         accepted_kwargs,
@@ -26,6 +28,7 @@ def check_run(config: TrainConfig, *, compare: str | None = None) -> None:
     from stare_agents.rollout import RolloutTask, make_env
     from stare_agents.sandbox import NoSandbox
 
+    check_config_code(config)
     if compare is not None and (compare not in ALGORITHMS or compare == config.rl.algorithm):
         others = [name for name in ALGORITHMS if name != config.rl.algorithm]
         raise ValueError(

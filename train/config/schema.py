@@ -134,7 +134,8 @@ class RolloutSection:
     use_ray: bool = True  # False: one in-process worker (no Ray)
     # the Ray cluster to attach to: HOST:PORT of its head; "auto": the one `ray start` runs on this node (an
     # error if none); "local": a private local instance. None: $RAY_ADDRESS, else a `ray start` cluster on this
-    # node, else a private local instance listening on 127.0.0.1 (see stare_agents.rollout.local_ray.init_ray)
+    # node, else a private local instance listening on 127.0.0.1 (see stare_agents.rollout.local_ray.init_ray).
+    # HOST:PORT here needs STARE_ALLOW_CONFIG_CODE=1 (train/config/config_code.py); RAY_ADDRESS needs nothing
     ray_address: str | None = None
     workers: int = 1
     temperature: float = 1.0
@@ -180,7 +181,8 @@ class RolloutSection:
     tensor_parallel_size: int = 1  # vLLM: GPUs one engine shards the model over (num_gpus_per_worker too)
     max_num_seqs: int | None = None  # vLLM: sequences in one engine step (None: vLLM's default)
     # anything else for vllm.LLM / EngineArgs, e.g. {enable_chunked_prefill: true}; checked against vLLM's
-    # EngineArgs where vLLM is installed; the keys above and those the engine sets itself are refused here
+    # EngineArgs where vLLM is installed; the keys above and those the engine sets itself are refused here;
+    # trust_remote_code and options naming code (class paths) need STARE_ALLOW_CONFIG_CODE=1 (config_code.py)
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
     # how weights reach the engines after each step: "driver" (the learner's state dict through Ray's object
     # store; the fastest here with one CPU learner), "collective" (the learner broadcasts bf16/fp32 buckets
