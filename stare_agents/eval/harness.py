@@ -17,9 +17,11 @@ How it runs:
 4. An interrupted run started again with the same folder and settings resumes: samples already in
    `samples.jsonl` are kept and not redone (a torn last line is cut off); different settings or a different
    model in the same folder is an error. `run.json` holds what a resume must match. A kept sample is not
-   taken on trust: it must have exactly the known fields, the benchmark's answer and a reward in the
-   environment's range, and one marked correct is graded again (`check_resumed_grades`); otherwise the file
-   is refused by name.
+   taken on trust: a record without exactly the known fields of their types refuses the file by name (the
+   folder is left as it was), and every record is graded again from its own response text by the protocol
+   environment's `score` (`regrade_resumed`): one whose grade, extracted answer or reward is not what that
+   gives (an edited or forged record, or one graded by another grader) is set aside into
+   `samples.rejected.jsonl`, sampled again, and counted in results.json (`timing.samples_regraded_rerun`).
 5. At the end `results.json`, `results.md` and `pass_at_k.png` are computed from `samples.jsonl` alone.
 """
 
@@ -29,6 +31,7 @@ import hashlib
 import json
 import logging
 import math
+import os
 import time
 import typing
 from collections.abc import Callable, Sequence
@@ -422,15 +425,65 @@ def check_sample_records(records: Sequence[dict[str, Any]], path: Path) -> None:
             )
 
 
-def check_resumed_grades(
-    records: Sequence[dict[str, Any]], benchmarks: Sequence[Benchmark], protocol: Protocol, path: Path
-) -> None:
-    """Refuse resumed samples whose grade this run would not give: the `answer` must be the benchmark's, the
-    reward inside the protocol environment's `reward_range`, and a sample marked correct must be correct
-    again when its `extracted` answer is graded against the benchmark's answer, by the environment's own
-    `score` of a final `\\boxed{extracted}`. (A sample marked wrong is kept: it cannot raise a score.)"""
+REJECTED_FILE = "samples.rejected.jsonl"
+# stops where the environment graded the episode (it terminated or truncated it); at the others the rollout
+# ended it (reward 0, never correct)
+GRADED_STOPS = ("answered", "void_turn", "turn_limit")
+
+
+@dataclass
+class Regraded:
+    """Resumed sample records split by grading them again: those kept, and those to sample again, each with
+    why (`regrade_resumed`)."""
+
+    kept: list[dict[str, Any]] = field(default_factory=list)
+    rerun: list[tuple[dict[str, Any], str]] = field(default_factory=list)
+
+
+def regrade_problem(record: dict[str, Any], task: Task, grader: Any) -> str | None:
+    """Why a resumed record's grade is not the one this run gives it, or None. The record must carry the
+    benchmark's answer; where the environment graded the episode (`GRADED_STOPS`) its `correct`, `extracted` and
+    `reward` must be what the environment's `score` gives its policy text (its turns' texts joined, as the
+    episode handed them to the environment), clipped into the reward range; elsewhere the episode was never
+    graded: not correct, reward the range's low end."""
+    from stare_agents.envs.core import clip_reward
+
+    reference = str(task.answer)
+    if record["answer"] != reference:
+        return f"its answer {record['answer']!r} is not the benchmark's, {reference!r}"
+    low = float(grader.reward_range[0])
+    said = (record["correct"], record["extracted"], float(record["reward"]))
+    if record["stop_reason"] not in GRADED_STOPS:
+        if record["correct"] or float(record["reward"]) != low:
+            return (
+                f"it ended {record['stop_reason']!r}, ungraded, yet says correct={said[0]}, reward={said[2]}"
+            )
+        return None
+    turns = record["turns"]
+    if not all(isinstance(turn, dict) and isinstance(turn.get("text"), str) for turn in turns):
+        return "its turns do not hold the policy's text"
+    try:
+        score = grader.score(task, "\n".join(turn["text"] for turn in turns))
+        reward = clip_reward(score.reward, grader.reward_range)[0]
+    except Exception as error:  # an environment whose grading needs what is not here (a sandbox)
+        return f"it cannot be graded again here ({type(error).__name__}: {error})"
+    given = (bool(score.correct), score.extracted, float(reward))
+    if said != given:
+        return (
+            f"graded again from its response text it is correct={given[0]}, extracted={given[1]!r}, "
+            f"reward={given[2]}, where the record says correct={said[0]}, extracted={said[1]!r}, reward={said[2]}"
+        )
+    return None
+
+
+def regrade_resumed(
+    records: Sequence[dict[str, Any]], benchmarks: Sequence[Benchmark], protocol: Protocol
+) -> Regraded:
+    """Grade every resumed record again from its response text with the protocol environment's own `score`
+    (`regrade_problem`): a record that grades otherwise is sampled again, never counted as it says."""
+    out = Regraded()
     if not records:
-        return
+        return out
     from stare_agents.rollout import RolloutTask, make_env
     from stare_agents.sandbox import NoSandbox
 
@@ -440,36 +493,35 @@ def check_resumed_grades(
     env_kwargs = {**protocol.make_env_kwargs(), "dataset": [row]}
     env = make_env(RolloutTask(protocol.env_id, env_kwargs=env_kwargs), NoSandbox())  # grades; runs no code
     try:
-        grader = env.unwrapped
-        low, high = grader.reward_range
-        for number, record in enumerate(records, 1):
-            task = tasks[(record["benchmark"], record["problem_id"])]
-            reference, extracted = str(task.answer), record["extracted"]
-            problems = []
-            if record["answer"] != reference:
-                problems.append(f"answer {record['answer']!r} is not the benchmark's, {reference!r}")
-            if not low <= record["reward"] <= high:
-                problems.append(
-                    f"reward {record['reward']!r} is outside the environment's range [{low}, {high}]"
-                )
-            if record["correct"] and not problems:
-                if extracted is None:
-                    problems.append("it is marked correct without an extracted answer")
-                else:
-                    score = grader.score(task, f"\\boxed{{{extracted}}}")
-                    if not score.correct:
-                        problems.append(
-                            f"it is marked correct, but its extracted answer {extracted!r} graded again "
-                            f"against {reference!r} is {score.reason!r}"
-                        )
-            if problems:
-                raise ValueError(
-                    f"{path}: record {number} ({record['benchmark']!r}, {record['problem_id']!r}, sample "
-                    f"{record['sample_index']}): {'; '.join(problems)}. The file was edited or damaged and is "
-                    f"not resumed: use another --out folder, or delete {path} to sample everything again."
-                )
+        for record in records:
+            problem = regrade_problem(
+                record, tasks[(record["benchmark"], record["problem_id"])], env.unwrapped
+            )
+            if problem is None:
+                out.kept.append(record)
+            else:
+                out.rerun.append((record, problem))
     finally:
         env.close()
+    return out
+
+
+def set_aside(samples_path: Path, regraded: Regraded) -> None:
+    """Move the records to sample again out of `samples_path` into REJECTED_FILE beside it (appended, fsynced,
+    each with why), then replace `samples_path` by the kept records at once (a crash in between leaves them in
+    both, and the next resume sets them aside again)."""
+    from stare_agents.jsonl import dumps_line
+
+    rejected = samples_path.with_name(REJECTED_FILE)
+    with open(rejected, "a", encoding="utf-8") as handle:
+        for record, why in regraded.rerun:
+            handle.write(dumps_line({"rejected_because": why, "record": record}) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    fresh = samples_path.with_name(samples_path.name + ".tmp")
+    fresh.unlink(missing_ok=True)
+    append_samples(fresh, regraded.kept)
+    fresh.replace(samples_path)
 
 
 def _token_problems(tokens: Any, response_tokens: int) -> list[str]:
@@ -563,15 +615,10 @@ def evaluate(
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    # everything a resume may refuse is checked before anything in `out` is written: a refusal leaves it as it was
     _check_resume(out, settings)
-    (out / RUN_FILE).write_text(dumps({"settings": settings, "model": identity}, indent=2) + "\n")
     samples_path = out / SAMPLES_FILE
-    cut = drop_torn_tail(samples_path)
-    if cut:
-        logger.warning(
-            "%s: dropped a torn last line (%d bytes) left by an interrupted run", samples_path, cut
-        )
-    existing = read_samples(samples_path)
+    existing = read_samples(samples_path, unread=[])  # a torn last line is cut off below, and said
     check_sample_records(existing, samples_path)
     planned = plan_samples(loaded, config)
     planned_keys = {spec.key for spec in planned}
@@ -580,8 +627,25 @@ def evaluate(
         raise ValueError(
             f"{samples_path} holds samples this run does not plan, e.g. {stray[:3]}; use another --out"
         )
-    check_resumed_grades(existing, loaded, protocol, samples_path)
-    done = {sample_key(r) for r in existing}
+    regraded = regrade_resumed(existing, loaded, protocol)
+    (out / RUN_FILE).write_text(dumps({"settings": settings, "model": identity}, indent=2) + "\n")
+    cut = drop_torn_tail(samples_path)
+    if cut:
+        logger.warning(
+            "%s: dropped a torn last line (%d bytes) left by an interrupted run", samples_path, cut
+        )
+    if regraded.rerun:
+        set_aside(samples_path, regraded)
+        first, why = regraded.rerun[0]
+        logger.warning(
+            "%s: %d resumed sample(s) do not grade as they say and are sampled again (kept in %s), e.g. %s: %s",
+            samples_path,
+            len(regraded.rerun),
+            REJECTED_FILE,
+            sample_key(first),
+            why,
+        )
+    done = {sample_key(r) for r in regraded.kept}
     pending = [spec for spec in planned if spec.key not in done]
     if done:
         logger.info("resuming %s: %d of %d samples already done", out, len(done), len(planned))
@@ -622,6 +686,7 @@ def evaluate(
         timing={
             "samples_this_run": len(pending),
             "samples_resumed": len(done),
+            "samples_regraded_rerun": len(regraded.rerun),
             "rollout_s_this_run": round(generation_s, 3),
             "wall_s_this_run": round(time.perf_counter() - start, 3),
             "runtime": runtime,
@@ -708,12 +773,13 @@ __all__ = [
     "RUN_FILE",
     "EvalConfig",
     "Progress",
+    "Regraded",
     "RolloutRunner",
     "Runner",
     "SampleSpec",
-    "check_resumed_grades",
     "evaluate",
     "plan_samples",
+    "regrade_resumed",
     "run_settings",
     "sample_seed",
 ]

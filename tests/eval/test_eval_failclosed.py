@@ -135,45 +135,107 @@ def test_records_that_contradict_themselves_are_refused(setup: dict, tmp_path: P
         rewrite_and_resume(setup, tmp_path / "run", records)
 
 
+@pytest.mark.parametrize("changes", [{"bonus": 1}, {"correct_strict": True}])
+def test_unknown_fields_are_refused_and_the_folder_is_left_as_it_was(
+    setup: dict,  # noqa: F811
+    tmp_path: Path,
+    changes,
+) -> None:
+    samples = interrupted_run(setup, tmp_path / "run")
+    records = read_samples(samples)
+    records[0].update(changes)
+    samples.write_text("".join(json.dumps(r) + "\n" for r in records) + '{"torn', encoding="utf-8")
+    before = {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir()}
+    runner = ScriptedRunner()
+    with pytest.raises(ValueError, match=rf"unknown fields \['{next(iter(changes))}'\]") as error:
+        evaluate(setup["model"], setup["benchmarks"], setup["config"], out=tmp_path / "run", runner=runner)
+    assert str(samples) in str(error.value) and "not resumed" in str(error.value) and runner.calls == []
+    assert {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir()} == before  # torn line and all
+
+
+def interrupted_with_wrong_samples(setup: dict, out: Path) -> list[dict]:  # noqa: F811
+    """Three chunks of three: q0's four samples (right), q1's (two right, two wrong), q2's first (wrong)."""
+    with pytest.raises(KeyboardInterrupt):
+        evaluate(
+            setup["model"],
+            setup["benchmarks"],
+            setup["config"],
+            out=out,
+            runner=ScriptedRunner(3),
+            progress=False,
+        )
+    return read_samples(out / "samples.jsonl")
+
+
+def uninterrupted(setup: dict, out: Path) -> dict:  # noqa: F811
+    return evaluate(setup["model"], setup["benchmarks"], setup["config"], out=out, runner=ScriptedRunner())
+
+
 @pytest.mark.parametrize(
     "changes, says",
     [
-        # well-typed and self-consistent, but not what this run would grade: avg@k would rise on resume
+        # issue 51, item 2: a wrong sample marked correct with `extracted` set to the answer (its response
+        # still says x): the extracted answer alone grades correct, so it resumed as correct (avg@4 rose)
         (
-            {"extracted": "x"},
-            r"marked correct, but its extracted answer 'x' graded again against '1' is 'wrong'",
+            {"correct": True, "extracted": "2", "reward": 1.0},
+            "graded again from its response text it is correct=False",
         ),
-        ({"extracted": None}, "marked correct without an extracted answer"),
-        ({"answer": "x", "extracted": "x"}, "answer 'x' is not the benchmark's, '1'"),
-        ({"correct": False, "reward": 2.0}, r"reward 2.0 is outside the environment's range \[0.0, 1.0\]"),
-        ({"reward": -0.5}, "outside the environment's range"),
-        ({"bonus": 1}, r"unknown fields \['bonus'\]"),
-        ({"correct_strict": True}, r"unknown fields \['correct_strict'\]"),
+        (
+            {"correct": True, "reward": 1.0},
+            "correct=False, extracted='x', reward=0.0, where the record says correct=True",
+        ),
+        ({"extracted": "2"}, "extracted='x'"),  # an edit that changes no grade is an edit too
+        ({"answer": "x"}, "its answer 'x' is not the benchmark's, '2'"),
+        ({"reward": 0.5}, "reward=0.0, where the record says correct=False, extracted='x', reward=0.5"),
+        ({"turns": [{"text": 5}]}, "its turns do not hold the policy's text"),
+        # ended by the rollout, never graded: cannot be correct
+        ({"stop_reason": "token_budget", "correct": True, "reward": 1.0}, "ended 'token_budget', ungraded"),
     ],
 )
-def test_forged_but_well_typed_samples_are_graded_again_and_refused(
+def test_a_record_that_does_not_grade_as_it_says_is_sampled_again_and_counted(
     setup: dict,  # noqa: F811
     tmp_path: Path,
     changes,
     says,
 ) -> None:
-    samples = interrupted_run(setup, tmp_path / "run")
-    records = read_samples(samples)
-    assert records[0]["problem_id"] == "q0" and records[0]["correct"] and records[0]["extracted"] == "1"
-    records[0].update(changes)
-    with pytest.raises(ValueError, match=says) as error:
-        rewrite_and_resume(setup, tmp_path / "run", records)
-    assert str(samples) in str(error.value) and "not resumed" in str(error.value)
+    records = interrupted_with_wrong_samples(setup, tmp_path / "run")
+    forged = next(i for i, r in enumerate(records) if r["problem_id"] == "q1" and r["sample_index"] == 2)
+    assert not records[forged]["correct"] and records[forged]["extracted"] == "x"
+    original = dict(records[forged])
+    records[forged].update(changes)
+    runner = rewrite_and_resume(setup, tmp_path / "run", records)
+    rerun = [key for chunk in runner.calls for key in chunk]
+    assert rerun[0] == ("alpha", "q1", 2) and len(rerun) == 20 - len(records) + 1  # it, then the rest
+    resumed = {
+        (r["problem_id"], r["sample_index"]): r for r in read_samples(tmp_path / "run" / "samples.jsonl")
+    }
+    assert resumed[("q1", 2)]["correct"] is False and resumed[("q1", 2)]["extracted"] == "x"
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["timing"]["samples_regraded_rerun"] == 1
+    if changes.get("extracted") == "2" and changes.get("correct"):  # the issue's forgery
+        alone = uninterrupted(setup, tmp_path / "alone")
+        assert results["benchmarks"] == alone["benchmarks"]  # the same figures as a run never interrupted
+    (rejected,) = [
+        json.loads(line) for line in (tmp_path / "run" / "samples.rejected.jsonl").read_text().splitlines()
+    ]
+    assert rejected["record"] == {**original, **changes} and says in rejected["rejected_because"]
 
 
-def test_a_correct_sample_graded_again_resumes(setup: dict, tmp_path: Path) -> None:  # noqa: F811
+def test_a_sample_graded_again_from_its_text_resumes_by_the_environments_own_grading(
+    setup: dict,  # noqa: F811
+    tmp_path: Path,
+) -> None:
     """Grading again is the environment's own: an answer equal to the reference in value still counts."""
     samples = interrupted_run(setup, tmp_path / "run")
     records = read_samples(samples)
+    records[0]["turns"][-1]["text"] = "The answer is \\boxed{\\frac{2}{2}}."
     records[0]["extracted"] = "\\frac{2}{2}"
     runner = rewrite_and_resume(setup, tmp_path / "run", records)
     assert len([key for chunk in runner.calls for key in chunk]) == 20 - len(records)
     assert read_samples(samples)[0]["extracted"] == "\\frac{2}{2}"
+    assert (
+        json.loads((tmp_path / "run" / "results.json").read_text())["timing"]["samples_regraded_rerun"] == 0
+    )
 
 
 def test_fingerprint_covers_the_middle_of_the_weights_and_is_cached(tmp_path: Path, monkeypatch) -> None:
