@@ -712,10 +712,12 @@ class ToolEnv(TextEnv):
         code_block: which complete python block of a turn runs: "first" or "last".
         observation_format: "output_block", "code_execution_result" or "tool_response" (default:
             output_block for fences, tool_response for hermes).
-        max_obs_chars: a tool result longer than this keeps its head and tail. Counted in UTF-8 bytes, not
-            tokens (an environment has no tokenizer; see `truncate_middle`): a byte-level BPE spends at most
-            about one token per byte, one per digit on numbers (SmolLM2's and Qwen's split digits), and 1/3
-            to 1/5 of a token per byte on English and tracebacks, so 2,048 bytes are 400-2,000 tokens.
+        max_obs_chars: a tool result longer than this keeps its head and tail. Counted in UTF-8 bytes of the
+            result in Unicode normal form C, not in tokens (an environment has no tokenizer; see
+            `truncate_middle`): a byte-level BPE that reads it as it is or in NFC (Qwen's) spends at most one
+            token per byte (2,048 bytes: at most 2,048 tokens, 1.3 times that where the rollout breaks up
+            chat-control strings in it); measured, one per digit on numbers (SmolLM2's and Qwen's split
+            digits), 1/5 to 1/3 of a token per byte on English and tracebacks.
         void_turn_policy / void_turn_feedback: see above.
         max_tool_calls_per_turn: calls past this many in one turn are not run; one error message says so.
     """

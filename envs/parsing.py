@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypedDict
@@ -198,22 +199,35 @@ def count_tool_calls(
 
 
 def truncate_middle(text: str, max_chars: int) -> str:
-    """Keep the head and tail of `text` (about half each) within `max_chars`, marking what was cut.
+    """Keep the head and tail of `text` (about half each) within `max_chars` UTF-8 bytes, marking what was cut.
 
-    The cap counts UTF-8 bytes (the same as characters for ASCII text), because a tokenizer spends at most
-    about one token per byte (byte-level BPE, byte fallback) but up to four per character: 2,048 characters
-    of emoji could otherwise be 8,000 observation tokens. So the result is at most `max_chars` bytes, and
-    about as many tokens."""
+    The text is put in Unicode normal form C first (what Qwen's tokenizers normalise to; any tokenizer reads
+    it unchanged or shorter) and the cap counts its UTF-8 bytes (the same as characters for ASCII), because a
+    byte-level BPE or a byte-fallback tokenizer spends at most one token per byte of what it reads, but a
+    tokenizer that normalises can read more bytes than it was given: NFC decomposes a few characters (U+1D160,
+    4 bytes, is 12 bytes in NFC), so 2,043 bytes of them were 6,050 tokens under a Qwen-style tokenizer when the
+    cap counted the bytes before normalising. So the result is at most `max_chars` bytes in NFC, and at most as
+    many tokens for such tokenizers (the rollout adds 3 bytes to each chat-control string in it, see
+    `render.neutralize`: 1.3 tokens per byte at worst for 10-byte control tokens such as <|im_end|>; measured in
+    tests/envs/test_observation_cap_tokens.py). A tokenizer that normalises with NFKC (some SentencePiece models)
+    can still expand compatibility characters (U+FDFA, 3 bytes, is 33 in NFKC): the episode's token budget
+    (`max_total_tokens`) bounds what is inserted either way."""
+    window = 4 * max(max_chars, 1)  # NFC shrinks text at most 3 to 1 in bytes: the kept ends lie in these
+    skipped = 0
+    if len(text) > 2 * window:  # normalise only the two ends of a long text (NFC of megabytes takes seconds)
+        skipped = len(text) - 2 * window
+        text = text[:window] + text[-window:]
+    text = unicodedata.normalize("NFC", text)
     data = text.encode("utf-8")
-    if max_chars <= 0 or len(data) <= max_chars:
+    if max_chars <= 0 or (len(data) <= max_chars and not skipped):
         return text
     marker = "\n...[{} characters truncated]...\n"
-    budget = max(0, max_chars - len(marker.format(len(text))))
+    budget = max(0, max_chars - len(marker.format(len(text) + skipped)))
     head_bytes = budget // 2
     tail_bytes = budget - head_bytes
     head = data[:head_bytes].decode("utf-8", "ignore")  # a character cut in two is dropped whole
     tail = data[len(data) - tail_bytes :].decode("utf-8", "ignore") if tail_bytes else ""
-    return head + marker.format(len(text) - len(head) - len(tail)) + tail
+    return head + marker.format(len(text) + skipped - len(head) - len(tail)) + tail
 
 
 def format_inline(text: str, observation_format: ObservationFormat) -> str:
