@@ -7,6 +7,7 @@ loopback and bridge addresses or an address that cannot be routed without a netw
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -696,8 +697,8 @@ RAISE_PRIORITY = textwrap.dedent(
     import os
     tried = []
     for attempt in (lambda: os.nice(-5), lambda: os.setpriority(os.PRIO_PROCESS, 0, -10),
-                    lambda: open("/sys/fs/cgroup/cpu/cpu.shares", "w").write("1024"),
-                    lambda: open("/sys/fs/cgroup/cpu.weight", "w").write("10000")):
+                    lambda: open("/sys/fs/cgroup/cpu/cpu.shares", "w").write("1023"),
+                    lambda: open("/sys/fs/cgroup/cpu.weight", "w").write("9999")):
         try:
             attempt()
             tried.append("allowed")
@@ -733,8 +734,37 @@ def test_low_priority_containers_get_a_low_cpu_weight_and_cannot_raise_their_pri
     shares = "/sys/fs/cgroup/cpu/stare-sandbox/cpu.shares"
     weight = "/sys/fs/cgroup/stare-sandbox/cpu.weight"
     written = shares if os.path.exists(shares) else weight
-    with open(written) as handle:  # still low after the code's attempts
-        assert handle.read().strip() == (str(LOW_PRIORITY_SHARES) if written == shares else "6")
+    # the parent is shared by every sandbox on the machine, and another process's container start raises it to
+    # the normal weight while it starts (normal_weight_while_starting): one of the sandbox's own two values is
+    # there, never what the code tried to write (1023, 9999), whatever else runs (issue 51, item 6)
+    low, normal = (str(LOW_PRIORITY_SHARES), "1024") if written == shares else ("6", "100")
+    # the busy neighbour, for certain: while it starts, the weight is its normal one
+    with neighbour_starting_a_container(), open(written) as handle:
+        assert handle.read().strip() in (low, normal)
+
+
+NEIGHBOUR = (
+    "import sys\n"
+    "from stare_agents.sandbox.docker_backend import normal_weight_while_starting\n"
+    "with normal_weight_while_starting():\n"
+    "    print('starting', flush=True)\n"
+    "    sys.stdin.read()\n"
+)
+
+
+@contextlib.contextmanager
+def neighbour_starting_a_container():
+    """Another process whose low-priority sandbox is starting a container (its parent cgroup at the normal weight)
+    until the block ends."""
+    neighbour = subprocess.Popen(
+        [sys.executable, "-c", NEIGHBOUR], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert neighbour.stdout.readline().strip() == "starting"
+        yield
+    finally:
+        neighbour.stdin.close()
+        neighbour.wait(timeout=60)
 
 
 def test_low_priority_is_checked_and_never_touches_a_cgroup_it_did_not_make():
