@@ -349,6 +349,13 @@ def results_markdown(results: Mapping[str, Any]) -> str:
             f"{'—' if calls is None else f'{calls:.2f}'} | {'—' if tokens is None else f'{tokens:.0f}'} | "
             f"{done} |"
         )
+    rerun = results.get("timing", {}).get("samples_regraded_rerun")
+    if rerun:  # resumed records that did not grade as they said (stare_agents.eval.harness.regrade_resumed)
+        lines += [
+            "",
+            f"Resumed: {rerun} sample(s) did not grade again as their records said and were sampled again "
+            "(the records are in samples.rejected.jsonl, with why).",
+        ]
     lines += ["", "## Settings", "", "```json", dumps(settings, indent=2, default=str), "```", ""]
     lines += [
         "## Model",

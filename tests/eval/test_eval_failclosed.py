@@ -212,6 +212,7 @@ def test_a_record_that_does_not_grade_as_it_says_is_sampled_again_and_counted(
     assert resumed[("q1", 2)]["correct"] is False and resumed[("q1", 2)]["extracted"] == "x"
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["timing"]["samples_regraded_rerun"] == 1
+    assert "Resumed: 1 sample(s) did not grade again" in (tmp_path / "run" / "results.md").read_text()
     if changes.get("extracted") == "2" and changes.get("correct"):  # the forgery
         alone = uninterrupted(setup, tmp_path / "alone")
         assert results["benchmarks"] == alone["benchmarks"]  # the same figures as a run never interrupted
