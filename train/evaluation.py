@@ -63,8 +63,10 @@ class RunEvaluation:
 
     def evaluate(self, workers: RolloutWorkerGroup, num_tasks: int | None = None) -> dict[str, Any]:
         """Accuracy (and tool use) of `workers`' current weights on the first `num_tasks` held-out tasks;
-        `per_task` maps each task id to its score (the mean correctness of its samples)."""
+        `per_task` maps each task id to its score (the mean correctness of its samples); `weight_version` and
+        `weights_digest` name the weights scored (`RolloutWorkerGroup.weights`)."""
         c = self.config
+        scored = workers.weights()
         heldout = self.heldout_tasks(num_tasks or c.eval.num_tasks)
         tasks = [
             RolloutTask(
@@ -86,7 +88,8 @@ class RunEvaluation:
         per_task: dict[str, float] = {task.id: 0.0 for task in heldout}
         for trajectory in trajectories:  # a failed episode scores 0 here (it answered nothing)
             per_task[trajectory.group_id] += float(bool(trajectory.correct)) / c.eval.samples
-        return {**summarize_episodes(trajectories, seconds), "tasks": len(heldout), "per_task": per_task}
+        summary = summarize_episodes(trajectories, seconds)
+        return {**summary, **scored, "tasks": len(heldout), "per_task": per_task}
 
     def evaluate_benchmarks(
         self, workers: RolloutWorkerGroup, steps_done: int, folder: Path, tokenizer_dir: Path, key: str
@@ -106,7 +109,7 @@ class RunEvaluation:
                 "path": str(out),
                 "name": f"{c.name} ({key}) after {steps_done} RL steps",
                 "fingerprint": None,
-                "weight_version": workers.weight_version,
+                **workers.weights(),  # weight_version and weights_digest: the weights scored
             }
             metrics = evaluate_on_workers(
                 workers,

@@ -481,7 +481,7 @@ class RLLoop:
                 bar.close()
             log.close()
 
-    def heldout_figures(self) -> dict[str, float]:
+    def heldout_figures(self) -> dict[str, Any]:
         """Held-out accuracy on eval.every_num_tasks tasks, as the figures of a step's record."""
         c = self.config
         result = self.evaluation.evaluate(self.workers, c.eval.every_num_tasks)
@@ -491,6 +491,8 @@ class RLLoop:
             "eval/accuracy_ci_low": score.ci_low,
             "eval/accuracy_ci_high": score.ci_high,
             "eval/tasks": score.problems,
+            "eval/weight_version": result["weight_version"],  # the weights scored
+            "eval/weights_digest": result["weights_digest"],
         }
 
     def checkpoint(self, next_step: int) -> None:

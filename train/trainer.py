@@ -17,6 +17,12 @@ RL loop in `train/rl_loop.py` (one step, as in the paper's algorithm box:
 Everything a run writes lives in its folder: `config.yaml`, `metrics.jsonl` (one record per RL step and per
 evaluation), TensorBoard events, `checkpoints/`, the SFT model, `summary.json` and `training.png`. A run
 killed at any point (SIGKILL included) continues from its last checkpoint with `resume=True`.
+
+Every evaluation names the weights it scored: the engines' weight version and a digest of the weights they hold
+(`weight_version`, `weights_digest` in its metrics.jsonl record and in progress.json). Before a point is
+evaluated the engines are made to hold its weights (`_hold`): the base model as loaded (version 0), the SFT
+model (version 1), an RL arm's final weights (the version its last step reached, from `final_model/` when the
+run was resumed after the arm ended), so that a resumed run scores the same weights as an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -68,6 +74,9 @@ from stare_agents.train.traces import conversation_traces, solver_traces
 from stare_agents.trajectory import Trajectory
 
 logger = logging.getLogger("stare_agents.train")
+# the engines' weight versions of the weights every run holds: the base model as the engines load it, the SFT
+# model; an RL arm starts one past the weights it starts from, and each synced step adds one
+BASE_VERSION, SFT_VERSION = 0, 1
 
 
 class Trainer:
@@ -123,17 +132,17 @@ class Trainer:
         if all(p in self.progress.get("accuracy", {}) for p in points):
             return self.write_summary(compare)  # a finished run: nothing to do but report
         self.workers = self._start_workers(base_dir)
+        self.engines_hold = "base"  # whose weights the engines sample with (a point's name)
         try:
             if "base" not in self.progress.get("accuracy", {}):
                 self._record_accuracy("base", num_tasks=config.eval.base_num_tasks)
-            rl_start = base_dir
+            rl_start, start_version = base_dir, BASE_VERSION
             if config.sft.enabled:
-                rl_start = self.folder / SFT_MODEL
+                rl_start, start_version = self.folder / SFT_MODEL, SFT_VERSION
                 if not self.progress.get("sft_done"):
                     self.supervised_fine_tuning(base_dir, rl_start)
                 if "sft" not in self.progress.get("accuracy", {}):
-                    if config.eval.num_tasks:  # else nothing reads the engines before RL's first sync
-                        self._sync_from_dir(rl_start)
+                    self._hold("sft", rl_start, SFT_VERSION)
                     self._record_accuracy("sft")
             for name, folder in runs.items():
                 algorithm = (
@@ -141,8 +150,9 @@ class Trainer:
                 )
                 key = "rl" if folder == self.folder else f"rl-{name}"
                 if not self.progress.get(f"{key}_done"):
-                    self.reinforce(rl_start, algorithm, folder, key)
+                    self.reinforce(rl_start, algorithm, folder, key, start_version + 1)
                 if key not in self.progress.get("accuracy", {}):
+                    self._hold(key, folder / FINAL_MODEL, self.progress.get("weight_versions", {}).get(key))
                     self._record_accuracy(key)
             return self.write_summary(compare)
         finally:
@@ -174,10 +184,23 @@ class Trainer:
             )
         return workers
 
-    def _sync_from_dir(self, model_dir: Path) -> None:
-
+    def _sync_from_dir(self, model_dir: Path, version: int | None = None) -> None:
         assert self.workers is not None
-        self.workers.update_weights(load_causal_lm(model_dir).state_dict())
+        self.workers.update_weights(load_causal_lm(model_dir).state_dict(), version=version)
+
+    def _hold(self, point: str, model_dir: Path, version: int | None) -> None:
+        """Make the engines hold the weights of `point` (saved in `model_dir`, weight version `version`) before
+        it is evaluated, unless they hold them already: a run resumed after the SFT model was saved, or after an
+        RL arm ended, starts its engines on the base model. Nothing is synced when nothing reads the engines
+        (eval.num_tasks=0)."""
+        if not self.config.eval.num_tasks or self.engines_hold == point:
+            return
+        if point != "sft":  # only a resumed run gets here for an RL arm: say so
+            logger.info(
+                "resumed after %s ended: its final weights (%s) go to the engines first", point, model_dir
+            )
+        self._sync_from_dir(model_dir, version)
+        self.engines_hold = point
 
     # ---- evaluation (train/evaluation.py) ----
     def _record_accuracy(self, point: str, step: int | None = None, num_tasks: int | None = None) -> dict:
@@ -323,12 +346,16 @@ class Trainer:
             resources=dict(c.rl.learner_resources_per_worker),
         )
 
-    def reinforce(self, start_dir: Path, algorithm: AlgorithmConfig, folder: Path, key: str) -> None:
-        """The RL loop of one algorithm (`rl_loop.RLLoop`), from `start_dir`, resumable from its checkpoints."""
+    def reinforce(
+        self, start_dir: Path, algorithm: AlgorithmConfig, folder: Path, key: str, version: int | None = None
+    ) -> None:
+        """The RL loop of one algorithm (`rl_loop.RLLoop`), from `start_dir` (the engines get its weights as
+        weight version `version`; default: one past theirs), resumable from its checkpoints. The engines end on
+        the arm's final weights, whose version progress.json keeps (`weight_versions`)."""
         assert self.workers is not None
         folder.mkdir(parents=True, exist_ok=True)
         learner = self.make_learner(start_dir, algorithm)
-        start, version, position, ahead = 0, None, 0, None
+        start, position, ahead = 0, 0, None
         latest = latest_checkpoint(folder) if self.resume else None
         if latest is not None:
             state = load_checkpoint(latest)
@@ -340,6 +367,7 @@ class Trainer:
             logger.info("resuming %s from %s (step %d)", key, latest, start)
         try:
             self._sync(learner, version)  # the workers start from the learner's weights (SFT model or checkpoint)
+            self.engines_hold = key
             loop = RLLoop(
                 self.config,
                 self.workers,
@@ -359,6 +387,7 @@ class Trainer:
             save_hf_model(learner.hf_model(start_dir), start_dir, folder / FINAL_MODEL)  # for `eval --model`
             self.state.timed("save_model", time.perf_counter() - started)
             self.progress[f"{key}_done"] = True
+            self.progress.setdefault("weight_versions", {})[key] = self.workers.weight_version
             self.progress.setdefault("rl_logs", {})[key] = str(metrics_path)
             self.state.save()
         finally:

@@ -125,6 +125,12 @@ class HFEngine:
         self.weight_version = self.weight_version + 1 if version is None else int(version)
         return self.weight_version
 
+    def weights_digest(self) -> str:
+        from stare_agents.rollout.engine import weights_digest
+
+        with self._lock:
+            return weights_digest(self.model.state_dict().items())
+
     def join_sync_group(self, address: Mapping[str, Any], rank: int, timeout_s: float = 600.0) -> None:
         """Join a weight-sync group as `rank` (see `stare_agents.rollout.weight_sync`)."""
         from stare_agents.rollout.weight_sync import SyncReceiver

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import hashlib
 import itertools
 import json
 import logging
@@ -293,6 +294,21 @@ class VLLMEngine:
         self._command(reload).result(timeout=timeout_s)
         self.weight_version = self.weight_version + 1 if version is None else int(version)
         return self.weight_version
+
+    def weights_digest(self, timeout_s: float = 600.0) -> str:
+        """`weights_digest` of the model the engine's workers hold, between two engine steps (one digest per
+        tensor-parallel worker, combined in rank order)."""
+        if not self._extension:
+            raise RuntimeError(
+                "engine_kwargs.worker_extension_cls replaces stare-agents' worker extension, which the digest "
+                "of the engine's weights needs"
+            )
+        digests = self._command(lambda: self.llm.collective_rpc("stare_weights_digest")).result(
+            timeout=timeout_s
+        )
+        if len(digests) == 1:
+            return str(digests[0])
+        return hashlib.sha256("|".join(map(str, digests)).encode()).hexdigest()[:16]
 
     def reset_prefix_cache(self, timeout_s: float = 60.0) -> None:
         """Drop every cached prefix, between two engine steps (weight updates do it themselves). Benchmarks

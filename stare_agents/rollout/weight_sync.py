@@ -403,6 +403,12 @@ class VLLMSyncExtension:
             )
         return received
 
+    def stare_weights_digest(self) -> str:
+        """`engine.weights_digest` of this worker's model (its shard under tensor parallelism)."""
+        from stare_agents.rollout.engine import weights_digest
+
+        return weights_digest(self.model_runner.get_model().named_parameters())
+
     def stare_refresh_tied_head(self) -> bool:
         """Rebuild the LM head's kernel state when it is tied to the input embedding. A reload loads the
         embedding (a tied model's checkpoint has no `lm_head.weight`), and the head shares its tensor, but

@@ -176,6 +176,10 @@ class RolloutWorker:
             "sandbox_low_priority": getattr(self.sandbox, "low_priority_set", None),
         }
 
+    def weights(self) -> dict[str, Any]:
+        """The weights this worker's engine samples with now: {"weight_version", "weights_digest"}."""
+        return {"weight_version": self.engine.weight_version, "weights_digest": self.engine.weights_digest()}
+
     def healthy(self) -> bool:
         """False once the engine died (see `VLLMEngine.alive`): the worker must be replaced."""
         return bool(getattr(self.engine, "alive", True))
@@ -676,6 +680,23 @@ class RolloutWorkerGroup:
                 self._sender.sync_leave(address.port)
             with contextlib.suppress(Exception):
                 self._call(member, "leave_sync_group")(60)
+
+    def weights(self, timeout_s: float = 600.0) -> dict[str, Any]:
+        """The weights every engine samples with now (what an evaluation on them scores): {"weight_version",
+        "weights_digest"} (`engine.weights_digest`). Engines that hold different weights, or a version other
+        than the group's, are an error that names what each holds."""
+        if self._local is not None:
+            held = [self._local.weights()]
+        else:
+            import ray
+
+            held = ray.get([actor.weights.remote() for actor in self._actors], timeout=timeout_s)
+        if any(h != held[0] for h in held) or held[0]["weight_version"] != self.weight_version:
+            raise RuntimeError(
+                f"the rollout workers do not hold the weights of version {self.weight_version} alike: {held}; an "
+                "evaluation on them would score a mix"
+            )
+        return held[0]
 
     def ping(self) -> list[dict[str, Any]]:
         if self._local is not None:

@@ -59,6 +59,49 @@ def test_hf_engine_logprobs_equal_a_forward_pass(tiny_model, temperature):
     engine.close()
 
 
+def changed(state_dict: dict) -> dict:
+    """The same weights with one value of one tensor moved."""
+    name = next(iter(state_dict))
+    moved = {k: v.clone() for k, v in state_dict.items()}
+    moved[name].view(-1)[0] += 1.0
+    return moved
+
+
+def test_the_engines_weights_digest_names_what_it_samples_with(tiny_model):
+    """Issue 51, item 5: an evaluation names the weights it scored by the engine's digest of them: the saved
+    model's as loaded, another after one value changes, the first again when the weights come back."""
+    from stare_agents.rollout.engine import weights_digest
+    from stare_agents.train.policy import load_causal_lm
+
+    state = load_causal_lm(tiny_model).state_dict()
+    engine = make_engine("hf", str(tiny_model))
+    try:
+        loaded = engine.weights_digest()
+        assert loaded == weights_digest(state.items()) and len(loaded) == 16
+        engine.update_weights(changed(state))
+        assert engine.weights_digest() != loaded
+        engine.update_weights(state)
+        assert engine.weights_digest() == loaded
+    finally:
+        engine.close()
+    as_bf16 = {k: v.to(torch.bfloat16) for k, v in state.items()}  # the dtype is part of what is named
+    assert weights_digest(as_bf16.items()) != loaded
+
+
+def test_the_vllm_engines_weights_digest_follows_its_weight_updates(vllm_engine, tiny_model):
+    """vLLM holds the weights in its own layout (fused projections): its digest is its own, and it changes
+    with every update and comes back with the weights."""
+    from stare_agents.train.policy import load_causal_lm
+
+    state = load_causal_lm(tiny_model).state_dict()
+    vllm_engine.update_weights(state)
+    loaded = vllm_engine.weights_digest()
+    vllm_engine.update_weights(changed(state))
+    assert vllm_engine.weights_digest() != loaded
+    vllm_engine.update_weights(state)
+    assert vllm_engine.weights_digest() == loaded
+
+
 def test_vllm_logprobs_equal_a_transformers_forward_and_ids_are_kept(vllm_engine, tiny_model):
     load_weights(vllm_engine, tiny_model)
     prompts = [chat_prompt(vllm_engine.tokenizer, q) for q in ("a", "What is 6 * 7?", "Compute 123 * 456.")]
@@ -192,7 +235,9 @@ def test_vllm_fp32_head_in_a_bf16_engine(vllm_engine, tiny_model):
     from stare_agents.rollout.vllm_engine import VLLMEngine
 
     with pytest.raises(ValueError, match="disagree"):  # refused before any engine starts
-        VLLMEngine(str(tiny_model), fp32_head=True, engine_kwargs={"hf_overrides": {"head_dtype": "bfloat16"}})
+        VLLMEngine(
+            str(tiny_model), fp32_head=True, engine_kwargs={"hf_overrides": {"head_dtype": "bfloat16"}}
+        )
     engine = make_engine(
         "vllm",
         str(tiny_model),

@@ -30,14 +30,22 @@ def test_sft_model_goes_to_the_engines_only_for_a_held_out_evaluation(
     monkeypatch.setattr(
         trainer, "supervised_fine_tuning", lambda base, out: trainer.progress.update(sft_done=True)
     )
-    monkeypatch.setattr(trainer, "_sync_from_dir", synced.append)
+    monkeypatch.setattr(
+        trainer, "_sync_from_dir", lambda model_dir, version: synced.append((model_dir, version))
+    )
     monkeypatch.setattr(
         trainer.evaluation,
         "evaluate",
         lambda workers, n=None: evaluated.append(n) or {"per_task": {"t0": 1.0}, "tasks": 1},
     )
-    monkeypatch.setattr(trainer, "reinforce", lambda start, algorithm, folder, key: reinforced.append(start))
+
+    def reinforce(start, algorithm, folder, key, version):  # the engines end on the arm's weights
+        reinforced.append((start, version))
+        trainer.engines_hold = key
+
+    monkeypatch.setattr(trainer, "reinforce", reinforce)
     monkeypatch.setattr(trainer, "write_summary", lambda compare: {})
     trainer.run()
-    assert len(synced) == syncs
-    assert reinforced == [trainer.folder / "sft_model"]  # RL starts from the SFT model and syncs it first
+    assert synced == [(trainer.folder / "sft_model", 1)] * syncs  # the SFT model is weight version 1
+    # RL starts from the SFT model and syncs it first, as version 2 whether or not the SFT model was synced
+    assert reinforced == [(trainer.folder / "sft_model", 2)]
