@@ -16,9 +16,8 @@ tool call; where that token runs past the call's end, it is kept as sampled.
 
 from __future__ import annotations
 
-import hashlib
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, get_args, runtime_checkable
 
@@ -111,22 +110,10 @@ class Engine(Protocol):
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int | None = None) -> int: ...
 
     def weights_digest(self) -> str:
-        """`weights_digest` of the weights the engine samples with now (what an evaluation scores)."""
+        """`weight_sync.weights_digest` of the weights the engine samples with now (what is evaluated)."""
         ...
 
     def close(self) -> None: ...
-
-
-def weights_digest(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> str:
-    """A digest of a model's weights: SHA-256 over every tensor's name, dtype, shape and bytes, in name order
-    (16 hex digits). Equal digests: the same weights, bit for bit, in the same layout; an engine's layout
-    (vLLM fuses some projections) gives its own digest, equal between two engines of one kind."""
-    digest = hashlib.sha256()
-    for name, tensor in sorted(named_tensors, key=lambda item: item[0]):
-        flat = tensor.detach().reshape(-1).contiguous().cpu()
-        digest.update(f"{name}|{flat.dtype}|{tuple(tensor.shape)}|".encode())
-        digest.update(flat.view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()[:16]
 
 
 def eos_token_ids(tokenizer: Any, generation_config: Any = None) -> set[int]:

@@ -126,7 +126,7 @@ class HFEngine:
         return self.weight_version
 
     def weights_digest(self) -> str:
-        from stare_agents.rollout.engine import weights_digest
+        from stare_agents.rollout.weight_sync import weights_digest
 
         with self._lock:
             return weights_digest(self.model.state_dict().items())

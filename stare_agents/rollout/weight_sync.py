@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import hashlib
 import ipaddress
 import math
 import os
@@ -369,6 +370,18 @@ class SyncReceiver:
             self.group = None
 
 
+def weights_digest(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> str:
+    """A digest of a model's weights: SHA-256 over every tensor's name, dtype, shape and bytes, in name order
+    (16 hex digits). Equal digests: the same weights, bit for bit, in the same layout; an engine's layout
+    (vLLM fuses some projections) gives its own digest, equal between two engines of one kind."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(named_tensors, key=lambda item: item[0]):
+        flat = tensor.detach().reshape(-1).contiguous().cpu()
+        digest.update(f"{name}|{flat.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(flat.view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
 class VLLMSyncExtension:
     """Mixed into vLLM's worker class (`worker_extension_cls`): the engine process's end of a sync group.
     Called with `llm.collective_rpc("stare_sync_join" | "stare_sync_receive" | "stare_sync_leave", ...)` on every
@@ -404,9 +417,7 @@ class VLLMSyncExtension:
         return received
 
     def stare_weights_digest(self) -> str:
-        """`engine.weights_digest` of this worker's model (its shard under tensor parallelism)."""
-        from stare_agents.rollout.engine import weights_digest
-
+        """`weights_digest` of this worker's model (its shard under tensor parallelism)."""
         return weights_digest(self.model_runner.get_model().named_parameters())
 
     def stare_refresh_tied_head(self) -> bool:

@@ -70,7 +70,7 @@ def changed(state_dict: dict) -> dict:
 def test_the_engines_weights_digest_names_what_it_samples_with(tiny_model):
     """Issue 51, item 5: an evaluation names the weights it scored by the engine's digest of them: the saved
     model's as loaded, another after one value changes, the first again when the weights come back."""
-    from stare_agents.rollout.engine import weights_digest
+    from stare_agents.rollout.weight_sync import weights_digest
     from stare_agents.train.policy import load_causal_lm
 
     state = load_causal_lm(tiny_model).state_dict()
@@ -235,9 +235,7 @@ def test_vllm_fp32_head_in_a_bf16_engine(vllm_engine, tiny_model):
     from stare_agents.rollout.vllm_engine import VLLMEngine
 
     with pytest.raises(ValueError, match="disagree"):  # refused before any engine starts
-        VLLMEngine(
-            str(tiny_model), fp32_head=True, engine_kwargs={"hf_overrides": {"head_dtype": "bfloat16"}}
-        )
+        VLLMEngine(str(tiny_model), fp32_head=True, engine_kwargs={"hf_overrides": {"head_dtype": "bfloat16"}})
     engine = make_engine(
         "vllm",
         str(tiny_model),

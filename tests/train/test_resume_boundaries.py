@@ -19,7 +19,7 @@ import pytest
 
 from stare_agents.models import prepare_model
 from stare_agents.records import read_records
-from stare_agents.rollout.engine import weights_digest
+from stare_agents.rollout.weight_sync import weights_digest
 from stare_agents.train import trainer as trainer_module
 from stare_agents.train.config import load_config
 from stare_agents.train.policy import load_causal_lm
