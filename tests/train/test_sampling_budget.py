@@ -76,3 +76,19 @@ def test_a_run_that_never_called_the_tool_is_not_a_collapse_and_a_resume_keeps_t
         [{"kind": "rl", "step": 1, "rollout/tool_use_share": 0.1}, {"step": 0, "rollout/tool_use_share": 0.9}]
     )
     assert resumed.check({"step": 5, "rollout/tool_use_share": 0.4}) is not None
+
+
+def test_the_compare_recipe_is_the_default_job_plus_its_mid_run_evaluation():
+    """Both arms of `--recipe smollm2-arith-compare --compare grpo-ds` run the default job's settings (the same
+    task suite, cold start, sampling and refill budget): only the names, the mid-run evaluation, the checkpoint
+    cadence and the progress bar differ."""
+    import dataclasses
+
+    default, compare = load_config(recipe="smollm2-arith"), load_config(recipe="smollm2-arith-compare")
+    a, b = dataclasses.asdict(default), dataclasses.asdict(compare)
+    for config in (a, b):
+        for key in ("name", "out_dir", "eval", "checkpoint"):
+            config.pop(key)
+        config["logging"].pop("progress")
+    assert a == b
+    assert compare.rl.sampling_rounds == default.rl.sampling_rounds >= 4
