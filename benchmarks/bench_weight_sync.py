@@ -79,7 +79,7 @@ def main() -> None:
                 if path == "driver":
                     workers.update_weights(learner.model_state_dict())
                 else:
-                    workers.update_weights_from(learner, bucket_mb=args.bucket_mb)
+                    workers.update_weights_from(learner.sender, bucket_mb=args.bucket_mb)
                 seconds.append(time.perf_counter() - started)
             figures[path] = {
                 "median_s": round(statistics.median(seconds), 3),

@@ -458,7 +458,7 @@ def check_sync_into_hf(opts: argparse.Namespace, work: Path) -> dict[str, Any]:
             _perturb(learner.model, version)
             started = time.perf_counter()
             if path == "collective":
-                group.update_weights_from(learner)
+                group.update_weights_from(learner.sender)
             else:
                 group.update_weights(learner.model_state_dict())
             figures[f"sync_{version}_{path}_s"] = round(time.perf_counter() - started, 3)
@@ -566,7 +566,7 @@ def check_nccl_sync(opts: argparse.Namespace, work: Path) -> dict[str, Any]:
         for version in (1, 2):
             ray.get(learner.workers[0].__ray_call__.remote(lambda w, v=version: _perturb(w.learner.model, v)))
             started = time.perf_counter()
-            if group.update_weights_from(learner) != version:
+            if group.update_weights_from(learner.sender) != version:
                 raise AssertionError(f"sync {version}: the group reports another version")
             figures[f"sync_{version}_s"] = round(time.perf_counter() - started, 3)
             figures[f"sync_{version}_max_logprob_diff"] = gap = _remote_gap(ray, learner, group)
@@ -592,7 +592,7 @@ def check_catch_up(opts: argparse.Namespace, work: Path) -> dict[str, Any]:
     ray, learner, group = _vllm_pair(work)
     try:
         ray.get(learner.workers[0].__ray_call__.remote(lambda w: _perturb(w.learner.model, 1)))
-        group.update_weights_from(learner)
+        group.update_weights_from(learner.sender)
         ray.kill(group._actors[0])
         started = time.perf_counter()
         group._replace(0)  # what a collect does for a dead worker

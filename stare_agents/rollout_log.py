@@ -1,15 +1,16 @@
 """Every RL step's trajectories on disk, with what the learner did to each token; read back with one call.
 
     log = RolloutLog(run_folder, tokenizer_dir=model_dir, fraction=1.0)  # = logging.rollouts
-    log.write(step, trajectories, kept, advantages, learner)             # rollouts/step-000012.jsonl.gz
+    log.write(step, trajectories, kept, advantages, result.token_records, gate_on=result.gate_on,
+              others=untrained, other_data=result.other_records)     # rollouts/step-000012.jsonl.gz
     saved = read_rollouts(run_folder)            # or a step file, or read_rollouts(run_folder, step=12)
 
 One gzip'd JSON line per trajectory (`SavedRollout.to_dict`): the trajectory itself (token ids, action mask,
 rollout log-probs, turns with tool calls and outputs, reward, stop reason, weight version, group), its
 `status` in the step (`ROLLOUT_STATUSES`), the advantage it was trained with, the learner's per-token
-log-probs (and entropies, when the learner records them), STARE weights and L+/L- selection (see
-`stare_agents.train.learner.TokenRecord`), and the text of each response token so that a viewer needs no
-tokenizer. A step's file is written whole and renamed into
+log-probs, entropies and entropy sensitivities Phi (for the trained trajectories and the untrained ones it
+scored), STARE weights and L+/L- selection (trained only; see `stare_agents.train.learner.TokenRecord`), and
+the text of each response token so that a viewer needs no tokenizer. A step's file is written whole and renamed into
 place: a killed run leaves no torn file, and a resumed run rewrites the steps it repeats.
 """
 
@@ -51,6 +52,9 @@ class SavedRollout:
     learner_logprobs: list[float] | None = None  # per response token; None unless the learner recorded them
     # the pre-update policy's entropy per response token (0 on observation tokens); None unless recorded
     learner_entropy: list[float] | None = None
+    learner_phi: list[float] | None = (
+        None  # its entropy sensitivity Phi per response token; None unless recorded
+    )
     stare_weights: list[float] | None = None
     selection: list[int] | None = None  # 1 L+, -1 L-, 0 neither
     gate_on: bool | None = None  # whether the step reweighted (None: unknown)
@@ -61,7 +65,14 @@ class SavedRollout:
         if self.status not in ROLLOUT_STATUSES:
             raise ValueError(f"status must be one of {ROLLOUT_STATUSES}, got {self.status!r}")
         n = len(self.trajectory.response_ids)
-        for name in ("learner_logprobs", "learner_entropy", "stare_weights", "selection", "advantage"):
+        for name in (
+            "learner_logprobs",
+            "learner_entropy",
+            "learner_phi",
+            "stare_weights",
+            "selection",
+            "advantage",
+        ):
             value = getattr(self, name)
             if isinstance(value, list) and value and len(value) != n:
                 raise ValueError(
@@ -92,6 +103,7 @@ class SavedRollout:
             "gate_on": self.gate_on,
             "learner_logprobs": self.learner_logprobs,
             "learner_entropy": self.learner_entropy,
+            "learner_phi": self.learner_phi,
             "stare_weights": self.stare_weights,
             "selection": self.selection,
             "prompt_text": self.prompt_text,
@@ -313,16 +325,22 @@ class RolloutLog:
         *,
         gate_on: bool | None = None,
         void_dropped: bool = False,
+        others: Sequence[Trajectory] = (),
+        other_data: Mapping[int, Any] | None = None,
     ) -> Path | None:
         """Save one step: every trajectory it collected; `kept` (in step-batch order) with `advantages` ([K]
         or [K, R] tensor or list) and the learner's per-token records of the step (`token_data`: step-batch row
-        -> its TokenRecord, when it recorded them) and whether it reweighted the step (`gate_on`). Trajectories
-        not in `kept` are saved as failed, void_turn (when `void_dropped`: rl.drop_void_turns) or dropped."""
+        -> its TokenRecord, when it recorded them) and whether it reweighted the step (`gate_on`); `others`
+        (the untrained trajectories the learner scored, in its order) with their records (`other_data`: row of
+        `others` -> TokenRecord). Trajectories not in `kept` are saved as failed, void_turn (when
+        `void_dropped`: rl.drop_void_turns) or dropped."""
         self.last_saved = []
         if self.fraction <= 0.0:
             return None
         rows = {id(t): i for i, t in enumerate(kept)}
+        other_rows = {id(t): i for i, t in enumerate(others)}
         token_data = (token_data or {}) if kept else {}
+        other_data = other_data or {}
         gate = gate_on if kept else None
         adv = advantages.tolist() if hasattr(advantages, "tolist") else list(advantages)
         saved = []
@@ -330,21 +348,23 @@ class RolloutLog:
             if not keep_group(step, t.group_id, self.fraction):
                 continue
             row = rows.get(id(t))
-            record = token_data.get(row) if row is not None else None
             if row is not None:
-                status = "trained"
-            elif t.failed:
-                status = "failed"
-            elif void_dropped and (t.stop_reason == "void_turn" or t.info.get("void_turns")):
-                status = "void_turn"
+                status, record = "trained", token_data.get(row)
             else:
-                status = "dropped"
+                record = other_data.get(other_rows[id(t)]) if id(t) in other_rows else None
+                if t.failed:
+                    status = "failed"
+                elif void_dropped and (t.stop_reason == "void_turn" or t.info.get("void_turns")):
+                    status = "void_turn"
+                else:
+                    status = "dropped"
             n = len(t.response_ids)
             advantage = None
             if row is not None:
                 advantage = adv[row]
                 if isinstance(advantage, list):
                     advantage = [float(a) for a in advantage[:n]]
+            weights = getattr(record, "stare_weights", None)
             saved.append(
                 SavedRollout(
                     step=step,
@@ -352,8 +372,9 @@ class RolloutLog:
                     status=status,
                     advantage=advantage,
                     learner_logprobs=_rounded(record.learner_logprobs[:n]) if record else None,
-                    learner_entropy=_entropy(record, n),
-                    stare_weights=_rounded(record.stare_weights[:n]) if record else None,
+                    learner_entropy=_per_token(record, "entropy", n),
+                    learner_phi=_per_token(record, "phi", n),
+                    stare_weights=_rounded(weights[:n]) if weights is not None else None,
                     selection=list(record.selection[:n]) if record and record.selection else None,
                     gate_on=bool(gate) if gate is not None and row is not None else None,
                     tokens=token_texts(self.tokenizer, t.response_ids) if self.tokenizer else [],
@@ -381,9 +402,9 @@ def write_step(folder: str | Path, step: int, rollouts: Sequence[SavedRollout]) 
     return path
 
 
-def _entropy(record: Any, n: int) -> list[float] | None:
-    """The learner's per-token entropies of a TokenRecord, when it has them (a field `entropy`)."""
-    values = getattr(record, "entropy", None) if record is not None else None
+def _per_token(record: Any, name: str, n: int) -> list[float] | None:
+    """A TokenRecord's per-token list `name` (entropy, phi), when it has one."""
+    values = getattr(record, name, None) if record is not None else None
     return _rounded(values[:n]) if values else None
 
 

@@ -23,6 +23,7 @@ loopback interface whatever the hostname resolves to, and the folder is removed 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import shutil
 import socket
@@ -45,7 +46,6 @@ from stare_agents.train.policy import (
     HALF_DTYPES,
     MicroBatch,
     PolicyModel,
-    TokenStats,
     load_causal_lm,
     row_lengths,
     slice_batch,
@@ -344,32 +344,10 @@ class LearnerWorker:
         result = self.learner.step_micro_batches(plan, record_tokens=record_tokens)
         return dict(result), result.token_records, result.gate_on
 
-    # the sender's end of a weight-sync group (stare_agents.rollout.weight_sync): rank 0 sends; under FSDP
-    # every rank takes part in gathering each tensor from the shards
-    def sync_host(self) -> str:
-        import ray
-
-        return ray.util.get_node_ip_address()
-
-    def sync_address(self, world_size: int, *, engines_on_gpu: bool, timeout_s: float) -> GroupAddress:
-        """Rank 0: a new sync group opened on this node, its store's port bound here (see `Learner.sync_address`)."""
-        return self.learner.sync_address(
-            world_size, engines_on_gpu=engines_on_gpu, timeout_s=timeout_s, host=self.sync_host()
-        )
-
-    def sync_join(self, address: GroupAddress) -> None:
-        if self.rank == 0:
-            self.learner.sync_join(address)
-
-    def sync_plan(self, *, version: int, dtype: torch.dtype, bucket_mb: float) -> WeightsPlan:
-        return self.learner.sync_plan(version=version, dtype=dtype, bucket_mb=bucket_mb)
-
-    def sync_send(self, plan: WeightsPlan, port: int) -> None:
-        if self.rank == 0 or self.learner.collective.shards_gradients:
-            self.learner.sync_send(plan, port)
-
-    def sync_leave(self, port: int) -> None:
-        self.learner.sync_leave(port)
+    # the sender's end of a weight-sync group (stare_agents.rollout.weight_sync), for `GroupSender`: rank 0
+    # opens, joins and sends; under FSDP every rank takes part in gathering each tensor from the shards
+    def sender_call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.learner.sender, method)(*args, **kwargs)
 
     def state_dict(self) -> dict | None:
         state = self.learner.state_dict()
@@ -502,6 +480,36 @@ class _WorkerGroup:
         self.workers, self._placement = [], None
 
 
+class GroupSender:
+    """A data-parallel learner group's `WeightSender`: rank 0's, through Ray (it opens the group on its own node,
+    so the driver binds nothing); under FSDP every rank takes part in `send` (each tensor is gathered)."""
+
+    def __init__(self, workers: list[Any], *, fsdp: bool) -> None:
+        self.workers, self.fsdp = workers, fsdp
+
+    def _call(self, workers: list[Any], method: str, *args: Any, **kwargs: Any) -> Any:
+        import ray
+
+        return ray.get([w.sender_call.remote(method, *args, **kwargs) for w in workers])[0]
+
+    def open(self, world_size: int, *, engines_on_gpu: bool, timeout_s: float = 300.0) -> GroupAddress:
+        return self._call(
+            self.workers[:1], "open", world_size, engines_on_gpu=engines_on_gpu, timeout_s=timeout_s
+        )
+
+    def join(self, address: GroupAddress) -> None:
+        self._call(self.workers[:1], "join", address)
+
+    def plan(self, *, version: int, dtype: torch.dtype, bucket_mb: float = 256.0) -> WeightsPlan:
+        return self._call(self.workers[:1], "plan", version=version, dtype=dtype, bucket_mb=bucket_mb)
+
+    def send(self, plan: WeightsPlan, port: int) -> None:
+        self._call(self.workers if self.fsdp else self.workers[:1], "send", plan, port)
+
+    def leave(self, port: int) -> None:
+        self._call(self.workers, "leave", port)
+
+
 class LearnerGroup(_WorkerGroup):
     """`num_workers` data-parallel learner workers as Ray actors (see the module docstring)."""
 
@@ -518,37 +526,32 @@ class LearnerGroup(_WorkerGroup):
         d = self.distributed = distributed or DistributedConfig()
         address = self._start(d)
         self.gate_on: bool | None = None  # as `Learner`: whether the last step reweighted the tokens
+        if algorithm.reads_all_sampled:
+            raise ValueError("rl.stare.gate_input other than 'trained' needs one learner worker")
         ray.get(
             [
                 w.setup.remote(address, d.resolved_backend, str(model_dir), algorithm, self.config, d.fsdp)
                 for w in self.workers
             ]
         )
-
-    scores_batches = False  # token_stats would need every worker's forward: the all-sampled entropy is absent
-
-    def token_stats(self, batch: Batch) -> TokenStats:
-        raise NotImplementedError(
-            "a data-parallel learner group does not score batches outside its steps (learner/entropy_all is "
-            "absent with rl.learner_workers > 1)"
-        )
+        self.sender = GroupSender(self.workers, fsdp=d.fsdp)
 
     def step(
         self,
-        batch: Batch,
+        batch: Batch | None,
         advantages: Tensor,
         *,
-        others_entropy: tuple[float, float] | None = None,
+        others: Batch | None = None,
         record_tokens: bool = False,
     ) -> StepResult:
         """One training step on the whole step batch; returns rank 0's LEARNER_METRICS, with every worker's
-        token records when `record_tokens`. A gate reading every sampled trajectory (`others_entropy`) is
-        refused where the config loads."""
+        token records when `record_tokens`. The untrained trajectories (`others`) are not scored (that would take
+        every worker's forward): with any, learner/entropy_all is absent (without, it is the trained batch's), and
+        a gate that reads them is refused where the config loads."""
         import ray
 
-        if others_entropy is not None:
-            raise ValueError("rl.stare.gate_input other than 'trained' needs one learner worker")
-
+        if batch is None:
+            return StepResult.untrained(self.gate_on)
         plan = split_step(
             batch,
             advantages,
@@ -569,40 +572,9 @@ class LearnerGroup(_WorkerGroup):
         )
         records = {row: record for _, rows, _ in results for row, record in rows.items()}
         metrics, _, self.gate_on = results[0]
+        if others is not None:
+            metrics["learner/entropy_all"] = math.nan
         return StepResult(metrics, records, self.gate_on)
-
-    # ---- the sender's end of a weight-sync group (see LearnerWorker) ----
-    def sync_address(
-        self, world_size: int, *, engines_on_gpu: bool, timeout_s: float = 300.0
-    ) -> GroupAddress:
-        """A new sync group, opened by rank 0 on its own node (the driver binds nothing)."""
-        import ray
-
-        return ray.get(
-            self.workers[0].sync_address.remote(
-                world_size, engines_on_gpu=engines_on_gpu, timeout_s=timeout_s
-            )
-        )
-
-    def sync_join(self, address: GroupAddress) -> None:
-        import ray
-
-        ray.get(self.workers[0].sync_join.remote(address))
-
-    def sync_plan(self, *, version: int, dtype: torch.dtype, bucket_mb: float = 256.0) -> WeightsPlan:
-        import ray
-
-        return ray.get(self.workers[0].sync_plan.remote(version=version, dtype=dtype, bucket_mb=bucket_mb))
-
-    def sync_send(self, plan: WeightsPlan, port: int) -> None:
-        import ray
-
-        ray.get([w.sync_send.remote(plan, port) for w in self.workers])
-
-    def sync_leave(self, port: int) -> None:
-        import ray
-
-        ray.get([w.sync_leave.remote(port) for w in self.workers])
 
     def state_dict(self) -> dict:
         import ray
@@ -635,9 +607,7 @@ class LearnerGroup(_WorkerGroup):
     def save_checkpoint(self, state: dict[str, Any], path: Path, *, tokenizer_dir: Path) -> None:
         """Each worker writes its own shards (nothing of them passes through the driver); the HF model is
         exported at the end of the run."""
-        save_checkpoint(
-            state | {"sharded": True}, path, shards=self.save_shards, tokenizer_dir=tokenizer_dir
-        )
+        save_checkpoint(state | {"sharded": True}, path, shards=self.save_shards, tokenizer_dir=tokenizer_dir)
 
     def resume(self, checkpoint: Path, state: dict[str, Any]) -> None:
         if state.get("sharded"):  # each worker reads its own shards

@@ -1,58 +1,51 @@
 """The RL learner: one training step of STARE (or a baseline) on a Hugging Face causal LM.
 
     learner = Learner.from_pretrained(model_dir, AlgorithmConfig.preset("stare"), LearnerConfig())
-    metrics = learner.step(collate(trajectories, pad_token_id), advantages)   # LEARNER_METRICS
+    metrics = learner.step(collate(kept, pad_token_id), advantages, others=collate(untrained, pad_token_id))
 
-One step, as the official STARE code does it:
-  1. pre-update pass (no grad) over the step batch: log pi_old(a), entropy H, and Phi's collision term
-     (when the step is one micro-batch per worker and one update, the update's own forward is this pass);
-  2. entropy of the step's action tokens (aggregated like the loss) -> the gate, once per step
-     (Entrocraft, when configured, switches the advantages on the same entropy);
-  3. for each optimiser update (`mini_batches`, 1 by default) and each token-budget micro-batch: forward
-     with grad, surprisal = -log pi(a) of the current policy (detached), L+/L- and the STARE weights over
-     the micro-batch (scope "micro-batch") or over the step batch (scope "batch", from pass 1), the clipped
-     surrogate normalised over the whole update (`loss.normalization` "global") or as the official code
-     does it, each micro-batch's own mean times its share of the update's rows ("micro-batch"), backward
-     (gradient accumulation);
+One step, as the official STARE code does it, planned first (`_plan`) and then applied:
+  1. pre-update pass (no grad) over the step batch, micro-batch by micro-batch: log pi_old(a), entropy H and
+     Phi's collision term (when the step is one micro-batch per worker and one update, the update's own forward
+     is this pass); the step's totals (entropy, token counts, rollout/learner mismatch) over every worker; the
+     untrained trajectories (`others`) scored alike, for the entropy over every sampled trajectory;
+  2. the token reweighting's gate, once per step, on that entropy (`algo/reweighting.py` owns everything
+     STARE-shaped: which entropy it reads, L+/L- per micro-batch or per step, its counts); Entrocraft, when
+     configured, switches the advantages on the same entropy;
+  3. for each optimiser update (`mini_batches`, 1 by default) and each token-budget micro-batch: forward with
+     grad, the reweighting's L+/L- and weights, the clipped surrogate normalised over the whole update
+     (`loss.normalization` "global") or as the official code does it, each micro-batch's own mean times its
+     share of the update's rows ("micro-batch"), backward (gradient accumulation);
   4. gradients summed over data-parallel workers, clipped, AdamW; then the LR schedule.
+
+Its figures are typed sums (`StepTotals`, `UpdateSums`, `stare_agents.algo.sums`): a new one is a field there
+and the line that computes it; LEARNER_METRICS follows from the types.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
-import sys
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol, get_args
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
 
-from stare_agents.algo import (
-    AlgorithmConfig,
-    loss_normalizer,
-    policy_loss,
-    quadrant_counts,
-    sensitivity_from_statistics,
-)
-from stare_agents.algo.importance import ImportanceConfig, importance_weights, mismatch_sums
-from stare_agents.algo.reweighting import NO_REWEIGHTING, build_reweighting, diagnostic_selector
-from stare_agents.rollout.weight_sync import GroupAddress, SyncGroup, WeightsPlan, open_group, send_weights
+from stare_agents.algo import AlgorithmConfig, loss_normalizer, policy_loss, sensitivity_from_statistics
+from stare_agents.algo.importance import importance_weights, log_ratios, mismatch_sums
+from stare_agents.algo.reweighting import REWEIGHTING_FIGURES, ReweightingSums, StepReweighting
+from stare_agents.algo.sums import Sums, figure
+from stare_agents.rollout.weight_sync import ModelSender, WeightSender
 from stare_agents.train.checkpoint import save_checkpoint
+from stare_agents.train.learner_config import LearnerConfig
 from stare_agents.train.policy import (
-    PACKINGS,
-    PRECISIONS,
     MicroBatch,
-    OptimizerConfig,
-    Packing,
     PolicyCore,
     PolicyModel,
-    Precision,
     TokenStats,
     load_causal_lm,
     load_policy_shards,
@@ -63,216 +56,133 @@ from stare_agents.train.policy import (
 )
 from stare_agents.trajectory import Batch
 
-OldLogprobs = Literal["recompute", "rollout"]  # PPO's pi_old: the pre-update pass or the rollout's
-OLD_LOGPROB_SOURCES: tuple[str, ...] = get_args(OldLogprobs)
 logger = logging.getLogger(__name__)
 
-QUADRANTS = ("pos_high", "pos_low", "neg_high", "neg_low")
 
+@dataclass
+class StepTotals(Sums):
+    """Step-level sums over the step batch and every worker (one all-reduce, before the updates)."""
 
-def _finite_mean(values: list[float]) -> float:
-    """The mean of the finite values (a skipped update's norm is not finite), NaN when there are none."""
-    finite = [v for v in values if math.isfinite(v)]
-    return sum(finite) / len(finite) if finite else float("nan")
+    entropy_sum: float = figure(
+        "learner/entropy", per="entropy_count"
+    )  # aggregated like the loss (the gate's)
+    entropy_count: float = 0.0
+    token_entropy_sum: float = 0.0  # token mean over the action tokens (with the untrained: entropy_all)
+    token_entropy_count: float = 0.0
+    tokens: float = figure("learner/tokens")  # non-padding tokens
+    action_tokens: float = figure("learner/action_tokens")  # policy-sampled tokens
+    micro_batches: float = figure("learner/micro_batches")
+    abs_diff: float = figure(
+        "mismatch/logprob_abs_diff", per="action_tokens"
+    )  # |log pi_learner - log pi_rollout|
+    kl: float = figure("mismatch/kl", per="action_tokens")  # k3 estimate of KL(pi_rollout || pi_learner)
+    outside: float = figure("mismatch/ratio_outside", per="action_tokens")  # ratio outside [0.9, 1.1]
+
+    @property
+    def entropy(self) -> float:
+        return self.entropy_sum / self.entropy_count if self.entropy_count else math.nan
 
 
 @dataclass
-class UpdateSums:
-    """What one micro-batch's update adds up (summed over micro-batches, then over workers): the loss as
-    normalised, and per-action-token sums of the loss's statistics, STARE's selection, the importance
-    correction and the sensitivity quadrants."""
+class UpdateSums(Sums):
+    """What the micro-batches' updates add up (over micro-batches, then workers): the loss as normalised,
+    per-action-token sums of its statistics and of the importance correction, and the reweighting's sums."""
 
-    loss: float = 0.0
-    clipfrac: float = 0.0
-    approx_kl: float = 0.0
-    ratio_mean: float = 0.0
-    lplus: float = 0.0  # tokens in L+ / L-
-    lminus: float = 0.0
-    lplus_neg: float = 0.0  # L+ tokens with Phi < 0
-    capped: float = 0.0  # action tokens whose importance weight was truncated / masked
-    masked: float = 0.0
-    pos_high: float = 0.0  # action tokens by advantage sign and Phi sign (diagnostics)
-    pos_low: float = 0.0
-    neg_high: float = 0.0
-    neg_low: float = 0.0
-
-    def __add__(self, other: UpdateSums) -> UpdateSums:
-        return UpdateSums(*(a + b for a, b in zip(self.values(), other.values(), strict=True)))
-
-    def values(self) -> list[float]:
-        return [getattr(self, f.name) for f in dataclasses.fields(self)]
-
-    def all_reduced(self, collective: Collective) -> UpdateSums:
-        return UpdateSums(
-            *collective.all_reduce_sum(torch.tensor(self.values(), dtype=torch.float64)).tolist()
-        )
+    loss: float = figure("learner/loss", per="updates")  # mean over the step's optimiser updates
+    clipfrac: float = figure("policy/clipfrac", per="action_tokens")  # tokens whose gradient a clip stopped
+    approx_kl: float = figure("policy/approx_kl", per="action_tokens")  # k3 estimate of KL(old || new)
+    ratio_mean: float = figure("policy/ratio_mean", per="action_tokens")
+    capped: float = figure("importance/capped_share", per="action_tokens")  # importance weight truncated
+    masked: float = figure("importance/masked_share", per="action_tokens")  # left out by the importance mask
+    reweighting: ReweightingSums = field(default_factory=ReweightingSums)  # L+/L-, their mismatch, Phi
 
 
-@dataclass
-class MicroBatchWork:
-    """One micro-batch and what the pre-update pass decided for it."""
-
-    mb: MicroBatch
-    pre: TokenStats  # the pre-update policy's log-probs (pi_old), entropy and collision term
-    advantages: Tensor  # after Entrocraft's switch, when there is one
-    selection: tuple[Tensor, Tensor] | None  # L+/L- chosen over the whole step (scope "batch"), else None
-    forward: TokenStats | None  # the update's own forward, when the pre-update pass was fused with it
-
-
-# The metrics `Learner.step` returns, always all of them (NaN where a value is undefined that step).
-LEARNER_METRICS = (
-    "learner/entropy",  # pre-update entropy of the step's action tokens, aggregated like the loss (gate input)
-    "learner/loss",  # the policy loss, mean over the step's optimiser updates
+# the figures that are not sums (see _metrics)
+STEP_FIGURES = (
+    "learner/entropy_all",  # token mean over every sampled trajectory (trained and untrained) before the update
     "learner/grad_norm",  # total gradient norm before clipping, mean over the step's updates that were taken
     "learner/lr",  # learning rate used this step
-    "learner/tokens",  # non-padding tokens in the step batch (all workers)
-    "learner/action_tokens",  # policy-sampled tokens in the step batch (all workers)
-    "learner/micro_batches",  # micro-batches in the step (all workers)
     "learner/tokens_per_s",  # learner/tokens / learner/step_s
     "learner/step_s",  # wall time of the step
     "learner/pre_update_s",  # wall time of the pre-update pass (of the shared forward when fused)
     "learner/skipped_updates",  # cumulative optimiser updates skipped for a non-finite gradient norm
     "learner/loss_scale",  # fp16's dynamic loss scale after the step (1 in every other precision)
-    "policy/clipfrac",  # share of action tokens whose gradient a clip stopped
-    "policy/approx_kl",  # k3 estimate of KL(old || new) over action tokens
-    "policy/ratio_mean",
-    "stare/gate_on",  # 1 if this step was reweighted (gate on, or open loop), else 0
-    "stare/gate_input",  # the entropy the gate read (stare.gate_input: trained batch, all sampled, or EMA)
-    "stare/w",  # the w and m in force (adaptive: after this step's update); 1 for non-STARE algorithms
-    "stare/m",
-    "stare/target_entropy",  # the gate's target (NaN for non-STARE algorithms)
-    "stare/gate_skipped",  # cumulative gate updates skipped for a non-finite entropy
-    "stare/lplus_share",  # share of action tokens in L+ (non-STARE algorithms: the L+ STARE would take)
-    "stare/lminus_share",
-    "stare/lplus_negative_phi",  # share of L+ tokens with Phi < 0 (NaN when L+ is empty)
-    "quadrant/pos_high",  # action tokens by advantage sign and Phi sign (high surprisal = Phi < 0)
-    "quadrant/pos_low",
-    "quadrant/neg_high",
-    "quadrant/neg_low",
-    "mismatch/logprob_abs_diff",  # mean |log pi_learner - log pi_rollout| over action tokens (each <= 20)
-    "mismatch/kl",  # k3 estimate of KL(pi_rollout || pi_learner) over action tokens
     "mismatch/max_abs_log_ratio",  # the largest |log pi_learner - log pi_rollout| of the step
-    "mismatch/ratio_outside",  # share of action tokens with pi_learner / pi_rollout outside [0.9, 1.1]
-    "importance/capped_share",  # share of action tokens whose importance weight was truncated (0 without)
-    "importance/masked_share",  # share of action tokens the importance mask left out of the loss (0 without)
+    "stare/gate_on",  # 1 if this step was reweighted (gate on, or open loop), else 0
 )
-
-
-# a field whose metadata has this key is not a setting of its own: the run sets it from the setting the value
-# names (the config loader refuses it as a key and leaves it out of a run's config.yaml)
-DERIVED_FROM = "derived_from"
-
-
-@dataclass
-class LearnerConfig:
-    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
-    micro_batch_tokens: int = 8192  # padded tokens per micro-batch (rows x longest prompt + response)
-    # how rows are packed into micro-batches: "longest-first" (rows of like length together, fewest padding
-    # tokens) or "balanced" (padded token counts evened out across micro-batches by mixing long and short
-    # rows, as the official code's dynamic batching does; costs some padding, sometimes one micro-batch
-    # more); with several micro-batches this changes the per-micro-batch STARE selection and the
-    # "micro-batch" loss normalisation, never the budget
-    micro_batch_packing: Packing = "longest-first"
-    mini_batches: int = 1  # optimiser updates per training step (contiguous row ranges of the step batch)
-    precision: Precision = "fp32"  # see train/policy.py: fp32, bf16 (autocast), fast, bf16-emulated, fp16
-    gradient_checkpointing: bool = False
-    head_chunk_rows: int = 1024  # action tokens per chunk of the LM head (memory: rows x vocab floats)
-    old_logprobs: OldLogprobs = "recompute"  # PPO's pi_old: the pre-update pass ("recompute") or the rollout's
-    # the correction for pi_rollout != pi_old (stare_agents.algo.importance): truncated (cap) and/or masked
-    # (mask: (low, high)) importance sampling, per token or per sequence; needs old_logprobs="recompute"
-    importance: ImportanceConfig = field(default_factory=ImportanceConfig)
-    # the LM head and its log-softmax in fp32 even under bf16 autocast (one knob for both ends: model.fp32_lm_head
-    # also gives the vLLM engine an fp32 head)
-    fp32_head: bool = field(default=False, metadata={DERIVED_FROM: "model.fp32_lm_head"})
-    diagnostics: bool = True  # Phi quadrants and L+/L- shares (also for non-STARE algorithms)
-    # one update and at most one micro-batch per worker: the update's forward doubles as the pre-update pass
-    fuse_single_micro_batch: bool = True
-    # "cuda" where the trainer's process has a GPU (each data-parallel worker picks its own device)
-    device: str = field(default="cpu", metadata={DERIVED_FROM: "the machine (cuda where the trainer has a GPU)"})
-    seed: int = 0  # Clip-Cov's random token choice
-    # the rollout's sampling temperature: the learner scores softmax(logits / temperature), what the engine
-    # sampled from (ratios, TIS weights, entropy, surprisal)
-    temperature: float = field(default=1.0, metadata={DERIVED_FROM: "rollout.temperature"})
-
-    def __post_init__(self) -> None:
-        if isinstance(self.optimizer, dict):
-            self.optimizer = OptimizerConfig(**self.optimizer)
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
-        if self.micro_batch_packing not in PACKINGS:
-            raise ValueError(
-                f"micro_batch_packing must be one of {PACKINGS}, got {self.micro_batch_packing!r}"
-            )
-        if self.old_logprobs not in OLD_LOGPROB_SOURCES:
-            raise ValueError(f"old_logprobs must be one of {OLD_LOGPROB_SOURCES}, got {self.old_logprobs!r}")
-        if isinstance(self.importance, dict):
-            self.importance = ImportanceConfig(**self.importance)
-        if self.importance.active and self.old_logprobs != "recompute":
-            raise ValueError(
-                f"importance={self.importance} needs old_logprobs='recompute' (the weight is pi_old / pi_rollout, "
-                "which is 1 when pi_old is the rollout's)"
-            )
-        if self.micro_batch_tokens < 1 or self.mini_batches < 1:
-            raise ValueError(
-                f"need micro_batch_tokens >= 1 and mini_batches >= 1, got {self.micro_batch_tokens}, "
-                f"{self.mini_batches}"
-            )
+# The metrics `Learner.step` returns, always all of them (NaN where a value was not measured that step: absent
+# from metrics.jsonl). stare/* are the reweighting's (any method's; a baseline's L+/L- are STARE's defaults').
+LEARNER_METRICS = StepTotals.names() + UpdateSums.names() + STEP_FIGURES + REWEIGHTING_FIGURES
 
 
 @dataclass
 class TokenRecord:
-    """What the learner did to one trajectory's response tokens in a step (opt-in: `step(..., record_tokens=True)`).
-    Lists run over the response (action and observation tokens alike); 0 / 1 / 0 where action_mask is 0.
+    """What the learner saw of one trajectory's response tokens in a step (`step(..., record_tokens=True)`), for
+    the trained trajectories and the untrained ones it scored. Lists run over the response (action and
+    observation tokens alike); 0 / 1 / 0 where action_mask is 0.
 
     learner_logprobs: log pi_old(a) of the pre-update policy (what the gate and the diagnostics saw).
     entropy: that policy's entropy at each position (at the sampling temperature).
-    stare_weights: the weight each token's advantage was multiplied by (all 1 while the gate is off).
+    phi: its entropy sensitivity Phi at each position (empty without `diagnostics` for a trained trajectory).
+    stare_weights: the weight each token's advantage was multiplied by (all 1 while the gate is off); None for
+        an untrained trajectory.
     selection: 1 for L+, -1 for L-, 0 otherwise, as selected for the update (also while the gate is off, when
         it says which tokens STARE would have reweighted); empty when nothing was selected (no STARE,
-        diagnostics off).
+        diagnostics off, untrained).
     """
 
     learner_logprobs: list[float]
-    stare_weights: list[float]
-    selection: list[int]
-    entropy: list[float] = field(default_factory=list)  # the pre-update policy's entropy at each position
+    entropy: list[float]
+    phi: list[float] = field(default_factory=list)
+    stare_weights: list[float] | None = None
+    selection: list[int] = field(default_factory=list)
 
 
 class StepResult(dict):
     """What one learner step returns: its figures (every name in LEARNER_METRICS) as a mapping, with
-    `token_records` (step-batch row -> TokenRecord: what it did to each token; empty unless the step was asked
-    to record them) and `gate_on` (whether it reweighted the tokens; None without a token reweighting)."""
+    `token_records` (step-batch row -> TokenRecord, empty unless the step was asked to record them),
+    `other_records` (the same for the rows of `others`, the untrained trajectories it scored) and `gate_on`
+    (whether it reweighted the tokens; None without a token reweighting)."""
 
     def __init__(
         self,
         metrics: dict[str, float],
         token_records: dict[int, TokenRecord] | None = None,
         gate_on: bool | None = None,
+        other_records: dict[int, TokenRecord] | None = None,
     ) -> None:
         super().__init__(metrics)
         self.token_records: dict[int, TokenRecord] = token_records or {}
+        self.other_records: dict[int, TokenRecord] = other_records or {}
         self.gate_on = gate_on
+
+    @classmethod
+    def untrained(cls, gate_on: bool | None, entropy_all: float = math.nan, **records: Any) -> StepResult:
+        """A step with nothing to train on: every figure NaN but the entropy over the untrained trajectories."""
+        return cls(
+            {**dict.fromkeys(LEARNER_METRICS, math.nan), "learner/entropy_all": entropy_all},
+            gate_on=gate_on,
+            **records,
+        )
 
 
 class TrainingLearner(Protocol):
     """What the trainer asks of a learner: `Learner` (this process) and `LearnerGroup` (data-parallel workers as
     Ray actors, `stare_agents.train.distributed`) both have it, so the trainer never asks which one it holds."""
 
-    scores_batches: bool  # whether `token_stats` scores a batch here (the entropy over every sampled trajectory)
+    sender: WeightSender  # its end of a weight-sync group with the rollout engines
 
     @property
     def gate_on(self) -> bool | None: ...
 
     def step(
         self,
-        batch: Batch,
+        batch: Batch | None,
         advantages: Tensor,
         *,
-        others_entropy: tuple[float, float] | None = None,
+        others: Batch | None = None,
         record_tokens: bool = False,
     ) -> StepResult: ...
-
-    def token_stats(self, batch: Batch) -> TokenStats: ...
 
     def model_state_dict(self) -> dict[str, Tensor]: ...
 
@@ -292,22 +202,30 @@ class TrainingLearner(Protocol):
 
 
 def token_records(
-    mb: MicroBatch, pre: TokenStats, top_pos: Tensor | None, top_neg: Tensor | None, weights: Tensor | None
+    mb: MicroBatch,
+    stats: TokenStats,
+    phi: Tensor | None,
+    top_pos: Tensor | None = None,
+    top_neg: Tensor | None = None,
+    weights: Tensor | None = None,
+    *,
+    trained: bool = True,
 ) -> dict[int, TokenRecord]:
-    """Each row's learner log-probs, STARE weights and L+/L- selection in a micro-batch (see TokenRecord)."""
+    """Each row's TokenRecord in a micro-batch (`stats`: the pre-update policy's; see TokenRecord)."""
     lengths = mb.batch.attention_mask[:, mb.batch.prompt_length :].sum(-1).tolist()
-    logprob = pre.logprob.detach().float().cpu()
-    entropy = pre.entropy.detach().float().cpu()
-    weight = weights.detach().float().cpu() if weights is not None else None
-    chosen = (top_pos.long() - top_neg.long()).cpu() if top_pos is not None else None
+
+    def rows(values: Tensor | None) -> list[list]:
+        cpu = values.detach().cpu() if values is not None else None
+        return [cpu[j, :n].tolist() if cpu is not None else [] for j, n in enumerate(lengths)]
+
+    logprob, entropy, phi_rows = rows(stats.logprob.float()), rows(stats.entropy.float()), rows(phi)
+    weight = rows(weights.float()) if weights is not None else [[1.0] * n for n in lengths]
+    chosen = (
+        rows(top_pos.long() - top_neg.long()) if top_pos is not None and top_neg is not None else rows(None)
+    )
     return {
-        row: TokenRecord(
-            learner_logprobs=logprob[j, :n].tolist(),
-            stare_weights=weight[j, :n].tolist() if weight is not None else [1.0] * n,
-            selection=chosen[j, :n].tolist() if chosen is not None else [],
-            entropy=entropy[j, :n].tolist(),
-        )
-        for j, (row, n) in enumerate(zip(mb.rows, lengths, strict=True))
+        row: TokenRecord(logprob[j], entropy[j], phi_rows[j], weight[j] if trained else None, chosen[j])
+        for j, row in enumerate(mb.rows)
     }
 
 
@@ -331,8 +249,48 @@ class Collective:
         return None
 
 
+@dataclass
+class PlannedMicroBatch:
+    """One micro-batch, prepared: its pre-update statistics, its advantages and its step-wide selection."""
+
+    mb: MicroBatch
+    pre: TokenStats  # the pre-update policy's log-probs (pi_old), entropy and collision term
+    advantages: Tensor  # after Entrocraft's switch, when there is one
+    selection: tuple[Tensor, Tensor] | None  # L+/L- chosen over the whole step (scope "batch"), else None
+    forward: TokenStats | None  # the update's own forward, when the pre-update pass was fused with it
+    phi: Tensor | None  # Phi of the pre-update policy (None without diagnostics)
+    normalizer: float  # what its summed loss is divided by (see `Learner._normalizer`)
+
+
+@dataclass
+class StepPlan:
+    """A step before its updates: each update's planned micro-batches (this worker's), the step's totals
+    (all workers) and what the pre-update pass measured besides."""
+
+    updates: list[list[PlannedMicroBatch]]
+    totals: StepTotals
+    max_abs_log_ratio: float  # the largest |log pi_learner - log pi_rollout| of the step (all workers)
+    entropy_all: float  # token mean over the trained and the scored untrained trajectories (NaN: not scored)
+    pre_update_s: float
+
+
+@dataclass
+class StepRun:
+    """What applying a plan did besides its sums."""
+
+    lr: float
+    grad_norms: list[float]  # one per optimiser update (non-finite: skipped)
+    step_s: float
+
+
+def _finite_mean(values: list[float]) -> float:
+    """The mean of the finite values (a skipped update's norm is not finite), NaN when there are none."""
+    finite = [v for v in values if math.isfinite(v)]
+    return sum(finite) / len(finite) if finite else float("nan")
+
+
 class Learner:
-    """See the module docstring. The trainer calls `step(batch, advantages)` once per training step."""
+    """See the module docstring. The trainer calls `step(batch, advantages, others=...)` once per training step."""
 
     def __init__(
         self,
@@ -351,17 +309,12 @@ class Learner:
         self.device, self.policy, self.optimizer, self.scheduler, self.scaler = PolicyCore.build(
             model, c, temperature=c.temperature, fp32_head=c.fp32_head, shard=shard
         )
-        # the token reweighting (STARE, or a control; None: none), and what selects L+/L- for the
-        # diagnostics (without a reweighting: what STARE's defaults would select)
-        self.reweighting = build_reweighting(algorithm.reweighting, algorithm.stare, seed=self.config.seed)
-        self.selector = diagnostic_selector(self.reweighting)
-        self.generator = torch.Generator().manual_seed(self.config.seed)
+        # everything STARE-shaped: the method (or none), its gate, L+/L- (also for the diagnostics), its counts
+        self.reweighting = StepReweighting.build(algorithm, seed=c.seed, diagnostics=c.diagnostics)
+        self.generator = torch.Generator().manual_seed(c.seed)
         self.step_count = 0
         self.skipped_updates = 0
-        self._sync_groups: dict[int, SyncGroup] = {}  # weight-sync groups this learner sends to, by port
-        self._sync_stores: dict[int, Any] = {}  # the stores of groups opened here and not yet joined
-
-    scores_batches = True  # token_stats scores any batch in this process
+        self.sender = ModelSender(self.model, device=self.device, rank=self.collective.rank)
 
     @classmethod
     def from_pretrained(
@@ -382,27 +335,28 @@ class Learner:
     @property
     def gate_on(self) -> bool | None:
         """Whether the last step was reweighted (None without a token reweighting)."""
-        return self.reweighting.reweighting if self.reweighting is not None else None
-
-    @property
-    def scope(self) -> str:
-        return self.reweighting.config.scope if self.reweighting is not None else "micro-batch"
+        return self.reweighting.gate_on
 
     # ---- the step -------------------------------------------------------------------------------------
 
     def step(
         self,
-        batch: Batch,
+        batch: Batch | None,
         advantages: Tensor,
         *,
-        others_entropy: tuple[float, float] | None = None,
+        others: Batch | None = None,
         record_tokens: bool = False,
     ) -> StepResult:
-        """One training step on a step batch (`collate(...)` of the kept trajectories) with per-sequence
-        [B] (or per-token [B, R]) advantages. Returns every name in LEARNER_METRICS, with each row's
-        TokenRecord when `record_tokens` (for the saved rollouts). `others_entropy`: (sum, count) of the current
-        policy's entropy over the action tokens of the step's sampled trajectories that are not in `batch`, for
-        a STARE gate that reads every sampled trajectory (stare.gate_input)."""
+        """One training step on a step batch (`collate(...)` of the kept trajectories; None: nothing to train on)
+        with per-sequence [B] (or per-token [B, R]) advantages. `others`: the step's sampled trajectories that
+        are not trained on (None: there are none), scored for learner/entropy_all and a gate that reads every
+        sampled trajectory. Returns every name in LEARNER_METRICS, with each row's TokenRecord (of `batch` and
+        of `others`) when `record_tokens` (for the saved rollouts)."""
+        if batch is None:
+            other_records: dict[int, TokenRecord] = {}
+            scored = self._score_others(others, other_records if record_tokens else None)
+            entropy_all = scored[0] / scored[1] if scored is not None and scored[1] else math.nan
+            return StepResult.untrained(self.gate_on, entropy_all, other_records=other_records)
         plan = split_step(
             batch,
             advantages,
@@ -410,26 +364,44 @@ class Learner:
             micro_batch_tokens=self.config.micro_batch_tokens,
             packing=self.config.micro_batch_packing,
         )
-        return self.step_micro_batches(plan, others_entropy=others_entropy, record_tokens=record_tokens)
+        return self.step_micro_batches(plan, others=others, record_tokens=record_tokens)
 
     def step_micro_batches(
-        self,
-        plan: list[list[MicroBatch]],
-        *,
-        others_entropy: tuple[float, float] | None = None,
-        record_tokens: bool = False,
+        self, plan: list[list[MicroBatch]], *, others: Batch | None = None, record_tokens: bool = False
     ) -> StepResult:
         """The step on this worker's micro-batches, grouped by optimiser update (see `split_step`). With
         several workers each holds some micro-batches of every update, and all call this together (the
-        token records are then this worker's rows)."""
+        token records are then this worker's rows; `others` is for a single worker)."""
         start = time.perf_counter()
         records: dict[int, TokenRecord] | None = {} if record_tokens else None
+        other_records: dict[int, TokenRecord] | None = {} if record_tokens else None
+        step = self._plan(plan, others, other_records, start)
+        sums, grad_norms = UpdateSums(), []
+        lr = self.optimizer.param_groups[0]["lr"]
+        for update in step.updates:  # 3. gradient accumulation over micro-batches, then one optimiser update
+            self.optimizer.zero_grad(set_to_none=True)
+            for item in update:
+                sums += self._update_micro_batch(item, records)
+            grad_norms.append(self._apply_gradients())
+        step_schedule(self.scheduler)
+        self.step_count += 1
+        sums = UpdateSums.of(self.collective.all_reduce_sum(sums.vector()))
+        metrics = self._metrics(step, sums, StepRun(lr, grad_norms, time.perf_counter() - start))
+        return StepResult(metrics, records, self.gate_on, other_records)
+
+    def _plan(
+        self,
+        plan: list[list[MicroBatch]],
+        others: Batch | None,
+        other_records: dict[int, TokenRecord] | None,
+        start: float,
+    ) -> StepPlan:
+        """1-2: the pre-update pass, the step's totals, the gate, the advantages and the step-wide selection."""
         plan = [[mb.to(self.device) for mb in update] for update in plan]
         micro_batches = [mb for update in plan for mb in update]
-
-        # 1. pre-update pass: pi_old, entropy and Phi of the policy before this step's updates. When there
-        #    is one update and no worker holds more than one micro-batch, the update's own forward is that
-        #    pass (nothing has changed the policy yet): one forward instead of two, the same numbers.
+        # pi_old, entropy and Phi of the policy before this step's updates. When there is one update and no
+        # worker holds more than one micro-batch, the update's own forward is that pass (nothing has changed
+        # the policy yet): one forward instead of two, the same numbers.
         want = self.config.diagnostics
         forward: list[TokenStats | None] = [None] * len(micro_batches)
         if (
@@ -438,61 +410,79 @@ class Learner:
             and self._one_micro_batch_each(micro_batches)
         ):
             self.policy.train()
-            forward = [self._score(mb, want_collision=want) for mb in micro_batches]
+            forward = [self.policy(mb.batch, want_collision=want) for mb in micro_batches]
             pre = [TokenStats(f.logprob.detach(), f.entropy.detach(), f.collision) for f in forward]
         else:
             self.policy.eval()
             with torch.no_grad():
-                pre = [self._score(mb, want_collision=want) for mb in micro_batches]
+                pre = [self.policy(mb.batch, want_collision=want) for mb in micro_batches]
             self.policy.train()
         pre_update_s = time.perf_counter() - start
-        totals = self._step_totals(micro_batches, pre, plan)
-        entropy = totals["entropy_sum"] / totals["entropy_count"] if totals["entropy_count"] else float("nan")
+        totals, normalizers, update_rows, max_abs = self._step_totals(micro_batches, pre, plan)
+        scored = self._score_others(others, other_records)
+        entropy_all = math.nan
+        if scored is not None:
+            count = scored[1] + totals.token_entropy_count
+            entropy_all = (scored[0] + totals.token_entropy_sum) / count if count else math.nan
+        # 2. the gate, once per step (a step without action tokens has no entropy: the gate keeps its state);
+        #    Entrocraft's switch on the same entropy
+        self.reweighting.gate(totals.entropy, entropy_all, measured=totals.entropy_count > 0)
+        advantages = [self._switched_advantages(mb.advantages, totals.entropy) for mb in micro_batches]
+        masks = [mb.batch.action_mask > 0 for mb in micro_batches]
+        selections = self.reweighting.step_selection(
+            [-stats.logprob for stats in pre], advantages, masks, self.collective, self.device
+        )
+        items = iter(
+            PlannedMicroBatch(
+                mb,
+                pre[i],
+                advantages[i],
+                selections[i] if selections else None,
+                forward[i],
+                self._phi(pre[i]) if want else None,
+                self._normalizer(mb, normalizer, rows),
+            )
+            for i, (mb, normalizer, rows) in enumerate(
+                (mb, n, r)
+                for update, n, r in zip(plan, normalizers, update_rows, strict=True)
+                for mb in update
+            )
+        )
+        updates = [[next(items) for _ in update] for update in plan]
+        return StepPlan(updates, totals, max_abs, entropy_all, pre_update_s)
 
-        # 2. the gate, once per step, on the pre-update entropy; Entrocraft's switch on the same entropy
-        reweighted = False
-        # (a step without action tokens has no entropy: the gate keeps its state)
-        if self.reweighting is not None:
-            sampled = None
-            if others_entropy is not None:  # token-mean over every sampled trajectory: this batch + the others
-                total, count = others_entropy
-                count += totals["token_entropy_count"]
-                sampled = (total + totals["token_entropy_sum"]) / count if count else float("nan")
-            gate_input = self.reweighting.gate_entropy(entropy, sampled)
-            if totals["entropy_count"]:
-                reweighted = self.reweighting.update(gate_input)
-            else:
-                reweighted = self.reweighting.reweighting
-        advantages = [self._switched_advantages(mb.advantages, entropy) for mb in micro_batches]
-        step_selection = (
-            self._step_selection(micro_batches, pre, advantages) if self.scope == "batch" else None
+    @staticmethod
+    def _phi(stats: TokenStats) -> Tensor:
+        return sensitivity_from_statistics(
+            {"logprob": stats.logprob, "entropy": stats.entropy, "collision": stats.collision}
         )
 
-        # 3. the updates: gradient accumulation over micro-batches, normalised as loss.normalization says
-        work = [
-            MicroBatchWork(
-                mb, pre[i], advantages[i], step_selection[i] if step_selection else None, forward[i]
-            )
-            for i, mb in enumerate(micro_batches)
-        ]
-        sums, grad_norms, at = UpdateSums(), [], 0
-        lr = self.optimizer.param_groups[0]["lr"]
-        for update, normalizer, rows in zip(plan, totals["normalizers"], totals["rows"], strict=True):
-            self.optimizer.zero_grad(set_to_none=True)
-            for item in work[at : at + len(update)]:
-                sums += self._update_micro_batch(
-                    item, self._normalizer(item.mb, normalizer, rows), reweighted, records
-                )
-            at += len(update)
-            grad_norms.append(self._apply_gradients())
-        step_schedule(self.scheduler)
-        self.step_count += 1
-        sums = sums.all_reduced(self.collective)
-        metrics = self._metrics(totals, sums, grad_norms, lr, entropy, reweighted, start, pre_update_s)
-        return StepResult(metrics, records, self.gate_on)
-
-    def _score(self, mb: MicroBatch, *, want_collision: bool = False) -> TokenStats:
-        return self.policy(mb.batch, want_collision=want_collision)
+    def _score_others(
+        self, others: Batch | None, records: dict[int, TokenRecord] | None
+    ) -> tuple[float, float] | None:
+        """(sum, count) of the current policy's entropy over the action tokens of the untrained trajectories,
+        micro-batch by micro-batch (no grad), with their TokenRecords into `records`; None when they are not
+        scored (score_untrained off and a gate that reads the trained batch only)."""
+        if not (self.config.score_untrained or self.reweighting.reads_all_sampled):
+            return None
+        if others is None:
+            return 0.0, 0.0
+        total = count = 0.0
+        self.policy.eval()
+        with torch.no_grad():
+            for update in split_step(
+                others, None, mini_batches=1, micro_batch_tokens=self.config.micro_batch_tokens
+            ):
+                for mb in update:
+                    mb = mb.to(self.device)
+                    stats = self.policy(mb.batch, want_collision=records is not None)
+                    mask = mb.batch.action_mask > 0
+                    total += float(stats.entropy[mask].sum())
+                    count += float(mask.sum())
+                    if records is not None:
+                        records.update(token_records(mb, stats, self._phi(stats), trained=False))
+        self.policy.train()
+        return total, count
 
     def _one_micro_batch_each(self, micro_batches: list[MicroBatch]) -> bool:
         more = torch.tensor([float(len(micro_batches) > 1)], dtype=torch.float64)
@@ -514,96 +504,62 @@ class Learner:
         own = max(loss_normalizer(mb.batch.action_mask, self.algorithm.loss.aggregation), 1.0)
         return own * update_rows / max(len(mb.rows), 1)
 
-    def _step_totals(self, micro_batches: list[MicroBatch], pre: list[TokenStats], plan) -> dict:
-        """Step-level sums over all workers, in one all-reduce: entropy for the gate, token counts, the
-        loss normaliser and the row count of each update and the rollout/learner mismatch."""
+    def _step_totals(
+        self, micro_batches: list[MicroBatch], pre: list[TokenStats], plan: list[list[MicroBatch]]
+    ) -> tuple[StepTotals, list[float], list[float], float]:
+        """Step-level sums over all workers, in one all-reduce: StepTotals, and each update's loss normaliser
+        and row count; then the largest |log ratio| (a max, gathered)."""
         aggregation = self.algorithm.loss.aggregation
-        names = ["entropy_sum", "entropy_count", "tokens", "action_tokens", "micro_batches"]
-        names += ["abs_diff", "kl", "outside", "token_entropy_sum", "token_entropy_count"]
-        local = dict.fromkeys(names, 0.0)
+        local = StepTotals()
         max_abs = 0.0
         for mb, stats in zip(micro_batches, pre, strict=True):
             mask = mb.batch.action_mask > 0
             if aggregation == "seq-mean-token-mean":  # mean of per-sequence means
                 counts = mask.sum(-1)
                 seq_means = stats.entropy.sum(-1) / counts.clamp(min=1)
-                local["entropy_sum"] += float(seq_means[counts > 0].sum())
-                local["entropy_count"] += float((counts > 0).sum())
+                local.entropy_sum += float(seq_means[counts > 0].sum())
+                local.entropy_count += float((counts > 0).sum())
             else:  # token-mean (a per-sequence sum of entropies is no entropy level: token-mean too)
-                local["entropy_sum"] += float(stats.entropy[mask].sum())
-                local["entropy_count"] += float(mask.sum())
-            local["token_entropy_sum"] += float(stats.entropy[mask].sum())
-            local["token_entropy_count"] += float(mask.sum())
+                local.entropy_sum += float(stats.entropy[mask].sum())
+                local.entropy_count += float(mask.sum())
+            local.token_entropy_sum += float(stats.entropy[mask].sum())
+            local.token_entropy_count += float(mask.sum())
             if not mb.filler:
-                local["tokens"] += float(mb.batch.attention_mask.sum())
-                local["micro_batches"] += 1
-            local["action_tokens"] += float(mask.sum())
+                local.tokens += float(mb.batch.attention_mask.sum())
+                local.micro_batches += 1
+            local.action_tokens += float(mask.sum())
             mismatch = mismatch_sums(stats.logprob, mb.batch.rollout_logprobs, mb.batch.action_mask)
-            for key in ("abs_diff", "kl", "outside"):
-                local[key] += mismatch[key]
+            local.abs_diff += mismatch["abs_diff"]
+            local.kl += mismatch["kl"]
+            local.outside += mismatch["outside"]
             max_abs = max(max_abs, mismatch["max_abs"])
         normalizers = [sum(loss_normalizer(mb.batch.action_mask, aggregation) for mb in u) for u in plan]
         rows = [float(sum(len(mb.rows) for mb in u if not mb.filler)) for u in plan]
-        vector = torch.tensor([local[k] for k in names] + normalizers + rows, dtype=torch.float64)
+        vector = torch.cat([local.vector(), torch.tensor(normalizers + rows, dtype=torch.float64)])
         vector = self.collective.all_reduce_sum(vector).tolist()
-        totals = dict(zip(names, vector[: len(names)], strict=True))
-        counts = vector[len(names) :]
-        totals["normalizers"] = [max(c, 1.0) for c in counts[: len(plan)]]
-        totals["rows"] = counts[len(plan) :]
-        totals["max_abs"] = max(float(t) for t in self.collective.all_gather(torch.tensor([max_abs])))
-        return totals
-
-    def _step_selection(
-        self, micro_batches: list[MicroBatch], pre: list[TokenStats], advantages: list[Tensor]
-    ) -> list[tuple[Tensor, Tensor]]:
-        """scope="batch": L+/L- over the whole step batch (all workers), from the pre-update surprisal."""
-        masks = [mb.batch.action_mask > 0 for mb in micro_batches]
-        surprisal = [(-stats.logprob)[m] for stats, m in zip(pre, masks, strict=True)]
-        adv = [
-            (a[:, None].expand_as(m) if a.dim() == 1 else a)[m]
-            for a, m in zip(advantages, masks, strict=True)
-        ]
-        local_s = torch.cat(surprisal) if surprisal else torch.zeros(0, device=self.device)
-        local_a = torch.cat(adv) if adv else torch.zeros(0, device=self.device)
-        all_s, all_a = self.collective.all_gather(local_s), self.collective.all_gather(local_a)
-        offset = sum(t.numel() for t in all_s[: self.collective.rank])
-        everything = torch.cat(all_s)[None]
-        top_pos, top_neg = self.selector.selection(
-            everything, torch.cat(all_a)[None], torch.ones_like(everything)
-        )
-        out = []
-        for m in masks:
-            n = int(m.sum())
-            pos, neg = torch.zeros_like(m), torch.zeros_like(m)
-            pos[m], neg[m] = top_pos[0, offset : offset + n], top_neg[0, offset : offset + n]
-            out.append((pos, neg))
-            offset += n
-        return out
+        n = len(local.values())
+        totals, counts = StepTotals.of(vector[:n]), vector[n:]
+        max_abs = max(float(t) for t in self.collective.all_gather(torch.tensor([max_abs])))
+        return totals, [max(c, 1.0) for c in counts[: len(plan)]], counts[len(plan) :], max_abs
 
     def _update_micro_batch(
-        self,
-        work: MicroBatchWork,
-        normalizer: float,
-        reweighted: bool,
-        records: dict[int, TokenRecord] | None = None,
+        self, item: PlannedMicroBatch, records: dict[int, TokenRecord] | None
     ) -> UpdateSums:
         """Forward (unless fused with the pre-update pass) + backward of one micro-batch; its sums. `records`:
         where its rows' TokenRecords go (None: none kept)."""
-        mb, pre, advantages = work.mb, work.pre, work.advantages
+        mb, pre, advantages = item.mb, item.pre, item.advantages
         mask = mb.batch.action_mask
         num_actions = int((mask > 0).sum())
         sums = UpdateSums()
         if num_actions == 0 and not self.collective.shards_gradients:
             return sums  # an all-masked micro-batch contributes exactly nothing (under FSDP: a zero backward)
-        stats = work.forward if work.forward is not None else self._score(mb)
-        top_pos = top_neg = None
-        if work.selection is not None:
-            top_pos, top_neg = work.selection
-        elif reweighted or self.config.diagnostics:  # the current policy's surprisal, over this micro-batch
-            top_pos, top_neg = self.selector.selection(-stats.logprob.detach(), advantages, mask)
-        weights = self.reweighting.weights_from_selection(top_pos, top_neg) if reweighted else None
+        stats = item.forward if item.forward is not None else self.policy(mb.batch)
+        # L+/L- (the step's, or this micro-batch's by the current policy's surprisal) and the token weights
+        top_pos, top_neg, weights = self.reweighting.select(
+            -stats.logprob.detach(), advantages, mask, item.selection
+        )
         if records is not None and not mb.filler:
-            records.update(token_records(mb, pre, top_pos, top_neg, weights))
+            records.update(token_records(mb, pre, item.phi, top_pos, top_neg, weights))
         old = pre.logprob if self.config.old_logprobs == "recompute" else mb.batch.rollout_logprobs
         correction = None
         if self.config.importance.active:  # pi_old / pi_rollout, truncated and/or masked
@@ -620,7 +576,7 @@ class Learner:
             token_weights=weights,
             importance_weights=correction,
             entropy=stats.entropy,
-            normalizer=normalizer,
+            normalizer=item.normalizer,
             generator=self.generator,
         )
         scale = self.collective.loss_scale * self.scaler.scale  # data-parallel share, fp16's loss scale
@@ -629,16 +585,15 @@ class Learner:
         sums.clipfrac = float(metrics["policy/clipfrac"]) * num_actions
         sums.approx_kl = float(metrics["policy/approx_kl"]) * num_actions
         sums.ratio_mean = float(metrics["policy/ratio_mean"]) * num_actions
-        if self.config.diagnostics:  # Phi of the pre-update policy
-            phi = sensitivity_from_statistics(
-                {"logprob": pre.logprob, "entropy": pre.entropy, "collision": pre.collision}
-            )
-            for key, count in quadrant_counts(advantages, phi, mask).items():
-                setattr(sums, key, float(count))
-            sums.lplus_neg = float((top_pos & (phi < 0)).sum())
-        if reweighted or self.config.diagnostics:
-            sums.lplus = float(top_pos.sum())
-            sums.lminus = float(top_neg.sum())
+        sums.reweighting = self.reweighting.sums(
+            top_pos,
+            top_neg,
+            advantages=advantages,
+            action_mask=mask,
+            rewards=mb.batch.rewards,
+            phi=item.phi,
+            abs_log_ratio=log_ratios(pre.logprob, mb.batch.rollout_logprobs, mask).abs(),
+        )
         return sums
 
     def _apply_gradients(self) -> float:
@@ -664,46 +619,24 @@ class Learner:
             )
         return grad_norm
 
-    def _metrics(
-        self, totals, s: UpdateSums, grad_norms, lr, entropy, reweighted, start, pre_update_s
-    ) -> dict[str, float]:
-        """LEARNER_METRICS from the step's totals and its update sums (both over all workers)."""
-        actions = totals["action_tokens"]
-        per_action = (lambda x: x / actions) if actions else (lambda x: float("nan"))
-        step_s = time.perf_counter() - start
-        diagnostics = self.config.diagnostics or reweighted
+    def _metrics(self, step: StepPlan, sums: UpdateSums, run: StepRun) -> dict[str, float]:
+        """LEARNER_METRICS from the step's plan and totals, its update sums (both over all workers) and run."""
+        totals = step.totals
+        per = {"action_tokens": totals.action_tokens, "updates": float(len(run.grad_norms))}
         metrics = {
-            "learner/entropy": entropy,
-            "learner/loss": s.loss / len(grad_norms),
-            "learner/grad_norm": _finite_mean(grad_norms),
-            "learner/lr": lr,
-            "learner/tokens": totals["tokens"],
-            "learner/action_tokens": actions,
-            "learner/micro_batches": totals["micro_batches"],
-            "learner/tokens_per_s": totals["tokens"] / step_s,
-            "learner/step_s": step_s,
-            "learner/pre_update_s": pre_update_s,
+            **totals.figures(),
+            **sums.figures(per, self.reweighting.measured),
+            **self.reweighting.figures(),
+            "learner/entropy_all": step.entropy_all,
+            "learner/grad_norm": _finite_mean(run.grad_norms),
+            "learner/lr": run.lr,
+            "learner/tokens_per_s": totals.tokens / run.step_s,
+            "learner/step_s": run.step_s,
+            "learner/pre_update_s": step.pre_update_s,
             "learner/skipped_updates": float(self.skipped_updates),
             "learner/loss_scale": float(self.scaler.scale),
-            "policy/clipfrac": per_action(s.clipfrac),
-            "policy/approx_kl": per_action(s.approx_kl),
-            "policy/ratio_mean": per_action(s.ratio_mean),
-            "stare/gate_on": float(reweighted),
-            **(self.reweighting.figures() if self.reweighting is not None else NO_REWEIGHTING),
-            "stare/lplus_share": per_action(s.lplus) if diagnostics else float("nan"),
-            "stare/lminus_share": per_action(s.lminus) if diagnostics else float("nan"),
-            "stare/lplus_negative_phi": s.lplus_neg / s.lplus if s.lplus else float("nan"),
-            "mismatch/logprob_abs_diff": per_action(totals["abs_diff"]),
-            "mismatch/kl": per_action(totals["kl"]),
-            "mismatch/max_abs_log_ratio": totals["max_abs"],
-            "mismatch/ratio_outside": per_action(totals["outside"]),
-            "importance/capped_share": per_action(s.capped) if actions else 0.0,
-            "importance/masked_share": per_action(s.masked) if actions else 0.0,
+            "mismatch/max_abs_log_ratio": step.max_abs_log_ratio,
         }
-        for key in QUADRANTS:
-            metrics[f"quadrant/{key}"] = getattr(s, key) if self.config.diagnostics else float("nan")
-        if not self.config.diagnostics:
-            metrics["stare/lplus_negative_phi"] = float("nan")
         return {name: float(metrics[name]) for name in LEARNER_METRICS}
 
     # ---- other passes -------------------------------------------------------------------------------
@@ -715,72 +648,6 @@ class Learner:
         stats = self.policy(batch.to(self.device), want_collision=True)
         self.policy.train()
         return stats
-
-    # ---- weight sync: the sender's end of stare_agents.rollout.weight_sync ------------------------------
-
-    def sync_host(self) -> str:
-        """Where this learner's sync groups meet: its node's Ray address when this process runs Ray (a cluster:
-        the node's network address; the local instance: 127.0.0.1), else loopback."""
-        ray = sys.modules.get("ray")
-        if ray is not None and ray.is_initialized():
-            return ray.util.get_node_ip_address()
-        return "127.0.0.1"
-
-    def sync_address(
-        self, world_size: int, *, engines_on_gpu: bool, timeout_s: float = 300.0, host: str | None = None
-    ) -> GroupAddress:
-        """Open a new sync group here, on this learner's node (`open_group` binds its store's port in this
-        process), and return its address for the engines: NCCL when this learner and the engines are on GPUs,
-        else gloo. `host`: this node's address when the caller knows it better (`sync_host` otherwise)."""
-        backend = "nccl" if engines_on_gpu and self.device.type == "cuda" else "gloo"
-        address, store = open_group(host or self.sync_host(), world_size, backend, timeout_s)
-        self._sync_stores[address.port] = store
-        return address
-
-    def sync_join(self, address: GroupAddress) -> None:
-        """Join a sync group as its sender (rank 0); returns once every engine joined."""
-        store = self._sync_stores.pop(address.port, None)
-        self._sync_groups[address.port] = SyncGroup(address, 0, store=store)
-
-    def sync_plan(self, *, version: int, dtype: torch.dtype, bucket_mb: float = 256.0) -> WeightsPlan:
-        return WeightsPlan.of(
-            ((name, tuple(t.shape)) for name, t in self._sync_state().items()),
-            dtype=dtype,
-            version=version,
-            bucket_mb=bucket_mb,
-        )
-
-    def sync_send(self, plan: WeightsPlan, port: int) -> None:
-        """Broadcast the current weights to the group on `port`, bucket by bucket. Under FSDP every worker
-        calls this (each tensor is gathered from the shards as it is sent); only rank 0 has a group."""
-        tensors = self.sync_tensors(plan)
-        group = self._sync_groups.get(port)
-        if group is None:
-            if self.collective.rank == 0:
-                raise RuntimeError(f"no sync group on port {port}: join it first")
-            for _ in tensors:  # take part in the gathers
-                pass
-            return
-        send_weights(group, plan, tensors)
-
-    def sync_tensors(self, plan: WeightsPlan) -> Iterator[Tensor]:
-        """The full tensors of the plan, in its order (under FSDP gathered one by one, a collective)."""
-        state = self._sync_state()
-        for name in plan.names:
-            tensor = state[name]
-            yield tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
-
-    def sync_leave(self, port: int) -> None:
-        self._sync_stores.pop(port, None)  # a group opened and never joined
-        group = self._sync_groups.pop(port, None)
-        if group is not None:
-            group.close()
-
-    def _sync_state(self) -> dict[str, Tensor]:
-        state = self.model.state_dict()
-        if getattr(self.model.config, "tie_word_embeddings", False):
-            state.pop("lm_head.weight", None)  # the engine ties it to the embedding itself
-        return state
 
     # ---- checkpoints --------------------------------------------------------------------------------
 
@@ -822,7 +689,7 @@ class Learner:
         """The state without the model and the optimiser (which `save_shards` writes shard by shard)."""
         state = {
             "scheduler": self.scheduler.state_dict(),
-            "stare": self.reweighting.state_dict() if self.reweighting is not None else None,
+            "stare": self.reweighting.state_dict(),
             "step_count": self.step_count,
             "skipped_updates": self.skipped_updates,
             "loss_scaler": self.scaler.state_dict(),
@@ -853,8 +720,7 @@ class Learner:
 
     def close(self) -> None:
         """Leave the weight-sync groups this learner sends to."""
-        for port in list(self._sync_groups) + list(self._sync_stores):
-            self.sync_leave(port)
+        self.sender.close()
 
     def load_state_dict(self, state: dict) -> None:
         if self.collective.shards_gradients:
@@ -875,15 +741,7 @@ class Learner:
 
     def load_small_state_dict(self, state: dict) -> None:
         self.scheduler.load_state_dict(state["scheduler"])
-        if (state["stare"] is None) != (self.reweighting is None):
-            uses = "uses" if self.reweighting is not None else "does not use"
-            raise ValueError(
-                f"checkpoint {'has no' if state['stare'] is None else 'has a'} STARE gate state (a token "
-                f"reweighting's) but the algorithm {self.algorithm.name!r} {uses} a token reweighting: resume with "
-                "the algorithm the checkpoint was trained with"
-            )
-        if self.reweighting is not None:
-            self.reweighting.load_state_dict(state["stare"])
+        self.reweighting.load_state_dict(state["stare"], algorithm=self.algorithm.name)
         self.step_count = int(state["step_count"])
         self.skipped_updates = int(state["skipped_updates"])
         self.scaler.load_state_dict(state.get("loss_scaler"))

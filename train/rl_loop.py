@@ -40,7 +40,7 @@ from stare_agents.rollout_log import RolloutLog
 from stare_agents.train.checkpoint import checkpoint_path, prune_checkpoints
 from stare_agents.train.config import TrainConfig
 from stare_agents.train.evaluation import RunEvaluation
-from stare_agents.train.learner import LEARNER_METRICS, StepResult, TrainingLearner
+from stare_agents.train.learner import TrainingLearner
 from stare_agents.train.run_folder import RunLog, StageTimer
 from stare_agents.train.run_summary import accuracy_estimate
 from stare_agents.trajectory import Trajectory, collate, learning_trajectories, policy_text
@@ -264,30 +264,11 @@ class OneStepPipeline:
 
 
 # -- the step's figures ---------------------------------------------------------------------------------------
-def entropy_of_all(
-    config: TrainConfig,
-    learner: TrainingLearner,
-    trajectories: list[Trajectory],
-    kept: list[Trajectory],
-    algorithm: AlgorithmConfig,
-) -> tuple[float, float]:
-    """(sum, count) of the current policy's entropy over the action tokens of every trajectory that ran.
-    With token-mean aggregation the kept ones are left out here (the learner's pre-update pass measures
-    them). (nan, 0) unless `logging.entropy_all`, and for a learner that does not score batches (the
-    data-parallel group)."""
-    stare = algorithm.stare
-    gate_needs_it = stare is not None and stare.gate_input != "trained"
-    if not (config.logging.entropy_all or gate_needs_it) or not learner.scores_batches:
-        return float("nan"), 0.0
-    token_mean = algorithm.loss.aggregation == "token-mean"
-    kept_ids = {id(t) for t in kept} if token_mean else set()
-    others = [t for t in trajectories if not t.failed and t.num_action_tokens and id(t) not in kept_ids]
-    if not others:
-        return 0.0, 0.0
-    batch = collate(others, pad_token_id=0)
-    stats = learner.token_stats(batch)
-    mask = batch.action_mask.to(stats.entropy.device).bool()
-    return float(stats.entropy[mask].sum()), float(mask.sum())
+def untrained(trajectories: list[Trajectory], kept: list[Trajectory]) -> list[Trajectory]:
+    """The trajectories of a step that ran and are not trained on: the learner scores them (learner/entropy_all,
+    their per-token statistics in rollouts/)."""
+    kept_ids = {id(t) for t in kept}
+    return [t for t in trajectories if not t.failed and t.num_action_tokens and id(t) not in kept_ids]
 
 
 def step_record(
@@ -296,7 +277,6 @@ def step_record(
     algorithm: AlgorithmConfig,
     sampled: SampledStep,
     metrics: dict[str, float],
-    entropy_all: tuple[float, float],
     seconds: dict[str, float],
 ) -> dict[str, Any]:
     """The step's metrics.jsonl record: the learner's metrics, the rollouts' summary, the data figures and
@@ -311,24 +291,9 @@ def step_record(
     for t in sampled.usable:  # every sampling round's
         for category, count in reflection_counts(policy_text(t)).items():
             reflections[category] = reflections.get(category, 0) + count
-    kept_entropy = metrics.get("learner/entropy", float("nan"))
-    gate_reads_all = algorithm.stare is not None and algorithm.stare.gate_input != "trained"
-    wanted = config.logging.entropy_all or gate_reads_all
-    if kept and wanted and algorithm.loss.aggregation == "token-mean":  # kept + others
-        kept_tokens = sum(t.num_action_tokens for t in kept)
-        total, count = entropy_all
-        entropy_all = (
-            (total + kept_entropy * kept_tokens, count + kept_tokens)
-            if math.isfinite(kept_entropy)
-            else (float("nan"), 0.0)  # the kept batch's entropy was not measured: neither is all of it
-        )
     record: dict[str, Any] = {"kind": "rl", "step": step, "algorithm": algorithm.name, **metrics}
     record.update(
         {
-            # the entropy the gate sees is learner/entropy (the kept, filtered batch, as the official
-            # code has it); this one is over every trajectory that ran, so a step that keeps 4 of 32
-            # does not make the curve jump
-            "learner/entropy_all": entropy_all[0] / entropy_all[1] if entropy_all[1] else float("nan"),
             "rollout/accuracy": summary["accuracy"],
             "rollout/mean_reward": summary["mean_reward"],
             "rollout/response_tokens": summary["response_tokens_mean"],
@@ -518,20 +483,15 @@ class RLLoop:
             sampled.seconds
         )  # the rollout's own time (overlapped with the last update if ahead)
         staleness = [self.workers.weight_version - t.weight_version for t in sampled.kept]
-        with timer("update"):
-            entropy_all = entropy_of_all(c, learner, sampled.trajectories, sampled.kept, algorithm)
-            if sampled.kept:  # padding is masked out of attention and loss: any pad id works
-                batch = collate(sampled.kept, pad_token_id=0)
-                # a gate reading every sampled trajectory gets the others' entropy (the learner adds the kept)
-                reads_all = algorithm.stare is not None and algorithm.stare.gate_input != "trained"
-                metrics = learner.step(
-                    batch,
-                    sampled.advantages,
-                    others_entropy=entropy_all if reads_all else None,
-                    record_tokens=c.logging.rollouts > 0,  # per-token learner outputs for rollouts/
-                )
-            else:  # every group had equal rewards (or failed): nothing to learn from this step
-                metrics = StepResult(dict.fromkeys(LEARNER_METRICS, float("nan")), gate_on=learner.gate_on)
+        with timer("update"):  # padding is masked out of attention and loss: any pad id works
+            batch = collate(sampled.kept, pad_token_id=0) if sampled.kept else None  # None: nothing to learn
+            others = untrained(sampled.trajectories, sampled.kept)
+            metrics = learner.step(
+                batch,
+                sampled.advantages,
+                others=collate(others, pad_token_id=0) if others else None,
+                record_tokens=c.logging.rollouts > 0,  # per-token learner outputs for rollouts/
+            )
         warning = mismatch_warning(
             metrics, corrected=c.rl.learner.importance.active, fp32_head=c.model.fp32_lm_head
         )
@@ -554,10 +514,12 @@ class RLLoop:
                     metrics.token_records,
                     gate_on=metrics.gate_on,
                     void_dropped=c.rl.drop_void_turns,
+                    others=others,
+                    other_data=metrics.other_records,
                 )
         for stage, value in timer.seconds.items():
             self.timed(f"rl_{stage}", value)
-        record = step_record(c, step, algorithm, sampled, metrics, entropy_all, timer.seconds)
+        record = step_record(c, step, algorithm, sampled, metrics, timer.seconds)
         # how many weight versions the trained trajectories' sampler was behind the learner (0 unless pipelined)
         record["rollout/staleness_max"] = float(max(staleness, default=0))
         record["rollout/staleness_mean"] = sum(staleness) / len(staleness) if staleness else 0.0

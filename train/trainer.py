@@ -400,7 +400,7 @@ class Trainer:
         started = time.perf_counter()
         if resolved_weight_sync(self.config, driver_has_gpu=torch.cuda.is_available()) == "collective":
             bucket_mb = self.config.rollout.weight_sync_bucket_mb
-            self.workers.update_weights_from(learner, version=version, bucket_mb=bucket_mb)
+            self.workers.update_weights_from(learner.sender, version=version, bucket_mb=bucket_mb)
         else:
             self.workers.update_weights(learner.model_state_dict(), version=version)
         seconds = time.perf_counter() - started

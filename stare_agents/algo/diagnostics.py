@@ -12,11 +12,14 @@ the entropy, and on confident tokens they lower it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
 from stare_agents.algo.logits import token_statistics
 from stare_agents.algo.stare import broadcast_advantages
+from stare_agents.algo.sums import Sums, figure
 
 
 def entropy_sensitivity(logits: Tensor, tokens: Tensor, *, chunk_size: int = 1024) -> Tensor:
@@ -49,22 +52,79 @@ def critical_surprisal(logits: Tensor, *, iterations: int = 60, chunk_size: int 
     return ((low + high) / 2).float()
 
 
+QUADRANTS = ("pos_high", "pos_low", "neg_high", "neg_low")  # sign of A, and Phi < 0 (high) or >= 0 (low)
+
+
+def quadrant_masks(advantages: Tensor, sensitivity: Tensor, action_mask: Tensor) -> dict[str, Tensor]:
+    """The action tokens of each quadrant (QUADRANTS), as boolean masks shaped like `sensitivity`."""
+    advantages = broadcast_advantages(advantages, sensitivity)
+    is_action = action_mask.bool()
+    high = sensitivity < 0
+    pos, neg = is_action & (advantages > 0), is_action & (advantages < 0)
+    return {"pos_high": pos & high, "pos_low": pos & ~high, "neg_high": neg & high, "neg_low": neg & ~high}
+
+
 def quadrant_counts(advantages: Tensor, sensitivity: Tensor, action_mask: Tensor) -> dict[str, int]:
     """Action tokens by advantage sign and entropy effect.
 
     "high" surprisal means Phi < 0 (surprisal above s*), "low" means Phi >= 0. Positive-high and
     negative-low tokens raise the entropy under a gradient step; positive-low and negative-high lower it.
     """
-    advantages = broadcast_advantages(advantages, sensitivity)
-    is_action = action_mask.bool()
-    high = sensitivity < 0
-    pos, neg = is_action & (advantages > 0), is_action & (advantages < 0)
     return {
-        "pos_high": int((pos & high).sum()),
-        "pos_low": int((pos & ~high).sum()),
-        "neg_high": int((neg & high).sum()),
-        "neg_low": int((neg & ~high).sum()),
+        key: int(mask.sum()) for key, mask in quadrant_masks(advantages, sensitivity, action_mask).items()
     }
+
+
+@dataclass
+class PhiSums(Sums):
+    """A step's action tokens by their entropy sensitivity Phi (of the pre-update policy), summed over
+    micro-batches and workers: the four quadrants' token counts and Phi masses (the sum of Phi over a
+    quadrant's tokens: a tail token's Phi can be 40x a top token's, so counts alone mislead), and the share of
+    T+ and of T- tokens with Phi < 0 in successful (reward > 0) and failed trajectories."""
+
+    pos_high: float = figure("quadrant/pos_high", needs="phi")
+    pos_low: float = figure("quadrant/pos_low", needs="phi")
+    neg_high: float = figure("quadrant/neg_high", needs="phi")
+    neg_low: float = figure("quadrant/neg_low", needs="phi")
+    pos_high_mass: float = figure("phi_mass/pos_high", needs="phi")
+    pos_low_mass: float = figure("phi_mass/pos_low", needs="phi")
+    neg_high_mass: float = figure("phi_mass/neg_high", needs="phi")
+    neg_low_mass: float = figure("phi_mass/neg_low", needs="phi")
+    pos_success: float = 0.0  # T+ tokens of successful trajectories
+    pos_success_high: float = figure("phi_neg_share/pos_success", per="pos_success", needs="phi")
+    pos_failed: float = 0.0
+    pos_failed_high: float = figure("phi_neg_share/pos_failed", per="pos_failed", needs="phi")
+    neg_success: float = 0.0
+    neg_success_high: float = figure("phi_neg_share/neg_success", per="neg_success", needs="phi")
+    neg_failed: float = 0.0
+    neg_failed_high: float = figure("phi_neg_share/neg_failed", per="neg_failed", needs="phi")
+
+
+def phi_sums(advantages: Tensor, sensitivity: Tensor, action_mask: Tensor, rewards: Tensor) -> PhiSums:
+    """`PhiSums` of one batch: advantages [B] or [B, T], Phi and the action mask [B, T], rewards [B]."""
+    q = quadrant_masks(advantages, sensitivity, action_mask)
+    success = (rewards > 0)[:, None].expand_as(sensitivity)
+    pos, neg = q["pos_high"] | q["pos_low"], q["neg_high"] | q["neg_low"]
+    high = sensitivity < 0
+
+    def count(mask: Tensor) -> float:
+        return float(mask.sum())
+
+    def mass(mask: Tensor) -> float:
+        return float(sensitivity[mask].double().sum())
+
+    return PhiSums(
+        *(count(q[key]) for key in QUADRANTS),
+        *(mass(q[key]) for key in QUADRANTS),
+        count(pos & success),
+        count(pos & success & high),
+        count(pos & ~success),
+        count(pos & ~success & high),
+        count(neg & success),
+        count(neg & success & high),
+        count(neg & ~success),
+        count(neg & ~success & high),
+    )
 
 
 def negative_sensitivity_fraction(selected: Tensor, sensitivity: Tensor) -> float:

@@ -9,6 +9,7 @@ prompt padding and observation tokens, which never enter the loss. The clipped s
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import torch
 from torch import Tensor
@@ -17,9 +18,12 @@ from stare_agents.algo.baselines import clip_cov_keep, kl_cov_per_token
 from stare_agents.algo.logits import masked_mean
 from stare_agents.algo.stare import broadcast_advantages
 
-AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
-NORMALIZATIONS = ("global", "micro-batch")
-COV_MODES = ("none", "clip-cov", "kl-cov")
+Aggregation = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
+AGGREGATIONS: tuple[str, ...] = get_args(Aggregation)
+Normalization = Literal["global", "micro-batch"]
+NORMALIZATIONS: tuple[str, ...] = get_args(Normalization)
+CovMode = Literal["none", "clip-cov", "kl-cov"]
+COV_MODES: tuple[str, ...] = get_args(CovMode)
 LOG_RATIO_LIMIT = 20.0  # log pi - log pi_old is clamped to [-20, 20] before exp
 
 
@@ -28,14 +32,14 @@ class PolicyLossConfig:
     clip_low: float = 0.2  # ratio floor 1 - eps_low
     clip_high: float = 0.28  # ratio ceiling 1 + eps_high (DAPO clip-higher)
     dual_clip: float = 10.0  # c: per-token loss of a negative-advantage token is at most -A * c
-    aggregation: str = "token-mean"
+    aggregation: Aggregation = "token-mean"
     # what a gradient-accumulation micro-batch's loss is divided by (the learner applies it, knowing the plan):
     # "global": the whole optimiser update's count (tokens, or sequences for the seq-mean modes), so the
     #   update equals one pass over the unsplit batch; "micro-batch": the official STARE code's, each
     #   micro-batch's own mean scaled by its share of the update's rows, loss_mb * rows_mb / rows_update
-    normalization: str = "global"
+    normalization: Normalization = "global"
     entropy_coef: float = 0.0  # entropy bonus: loss -= coef * aggregate(H)
-    cov_mode: str = "none"  # "clip-cov" / "kl-cov" (Cui et al. 2025)
+    cov_mode: CovMode = "none"  # "clip-cov" / "kl-cov" (Cui et al. 2025)
     clip_cov_ratio: float = 2e-4
     clip_cov_low: float = 1.0
     clip_cov_high: float = 5.0

@@ -8,18 +8,28 @@ Preset `stare-random` (`rl.algorithm=stare-random`).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
 from stare_agents.algo.stare import Stare, StareConfig, stare_selection
 
 
+@dataclass
+class RandomTokensConfig(StareConfig):
+    """The control's settings: STARE's own (P, W, M, the gate, the scope), so that the two runs differ in the
+    selection alone. Its random generator is seeded from the learner's `seed`."""
+
+
 class RandomTokens(Stare):
     """STARE's gate and weights over a random selection: k = max(1, ceil(P |T+|)) tokens of T+ uniformly at
     random (and of T- for variant C2), from a generator seeded with `seed` and saved with the gate's state."""
 
+    config_type = RandomTokensConfig
+
     def __init__(self, config: StareConfig | None = None, *, seed: int = 0) -> None:
-        super().__init__(config, seed=seed)
+        super().__init__(config or RandomTokensConfig(), seed=seed)
         self.generator = torch.Generator().manual_seed(seed)
 
     def selection(self, surprisal: Tensor, advantages: Tensor, action_mask: Tensor) -> tuple[Tensor, Tensor]:

@@ -9,30 +9,44 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import asdict, dataclass
-from typing import Literal
+from dataclasses import asdict, dataclass, fields
+from typing import Literal, get_args
 
 import torch
 from torch import Tensor
 
-Variant = Literal["O1", "C2"]
-STARE_VARIANTS = ("O1", "C2")
+Variant = Literal["O1", "C2"]  # "O1": w on L+; "C2": also m on L-
+STARE_VARIANTS: tuple[str, ...] = get_args(Variant)
 # what the gate reads: the trained (kept) batch's entropy (the official code), the entropy over every sampled
 # trajectory of the step, or an exponential moving average of the latter
 GateInput = Literal["trained", "all", "ema"]
-GATE_INPUTS = ("trained", "all", "ema")
-STARE_SCOPES = ("micro-batch", "batch")
+GATE_INPUTS: tuple[str, ...] = get_args(GateInput)
+Scope = Literal[
+    "micro-batch", "batch"
+]  # where L+/L- are taken: each optimiser micro-batch, or the step batch
+STARE_SCOPES: tuple[str, ...] = get_args(Scope)
 
 
 @dataclass
-class StareConfig:
-    """STARE token reweighting. Defaults are the official release's (O1, P = 10%, W = 1.1, M = 0.9, H_tgt = 0.3)."""
+class GateConfig:
+    """The entropy gate's settings (STARE's keys `target_entropy`, `w`, `m` and the adaptive schedule's),
+    declared once for `StareConfig`, which they are keys of, and `EntropyGate`, which starts from them."""
 
-    variant: str = "O1"  # "O1": w on L+; "C2": also m on L-
-    top_ratio: float = 0.1  # P: share of T+ (T-) taken into L+ (L-)
+    target_entropy: float = 0.3
     w: float = 1.1
     m: float = 0.9
-    target_entropy: float = 0.3
+    adaptive: bool = False  # adapt w / m by alpha * sign(H_tgt - H) each step
+    alpha: float = 0.01
+    w_max: float = 1.5
+    m_min: float = 0.5
+
+
+@dataclass
+class StareConfig(GateConfig):
+    """STARE token reweighting. Defaults are the official release's (O1, P = 10%, W = 1.1, M = 0.9, H_tgt = 0.3)."""
+
+    variant: Variant = "O1"
+    top_ratio: float = 0.1  # P: share of T+ (T-) taken into L+ (L-)
     gated: bool = True  # False: reweight every step (open loop)
     # the gate's state before its first update. The gate is updated before it is used in every step, so this
     # decides only a step whose entropy is unknown (non-finite, or no action tokens): the gate then keeps its
@@ -40,12 +54,8 @@ class StareConfig:
     # has measured an entropy below the target (the contract "on iff entropy < target"), e.g. a first step
     # whose logits are already non-finite. Set True for the official behaviour (the paper recipes do).
     initial_on: bool = False
-    adaptive: bool = False  # adapt w / m by alpha * sign(H_tgt - H) each step
-    alpha: float = 0.01
-    w_max: float = 1.5
-    m_min: float = 0.5
     # where L+/L- are taken: each optimiser micro-batch (the official code) or the whole step batch
-    scope: str = "micro-batch"
+    scope: Scope = "micro-batch"
     gate_input: GateInput = "trained"
     ema_decay: float = 0.8  # gate_input "ema": H_ema = decay * H_ema + (1 - decay) * H_all
 
@@ -70,6 +80,11 @@ class StareConfig:
                 f"stare.target_entropy must be finite and stare.alpha >= 0; got "
                 f"{self.target_entropy=}, {self.alpha=}"
             )
+
+    @property
+    def reads_all_sampled(self) -> bool:
+        """Whether the gate reads the entropy over every sampled trajectory of the step (not only the trained)."""
+        return self.gate_input != "trained"
 
 
 def num_selected(num_candidates: int, top_ratio: float) -> int:
@@ -160,7 +175,7 @@ def stare_weights(
 
 
 @dataclass
-class EntropyGate:
+class EntropyGate(GateConfig):
     """Closed-loop gate: STARE reweighting is on iff the batch mean entropy < target (strict).
 
     Evaluated once per training step from the pre-update policy's token-mean entropy over action
@@ -169,15 +184,13 @@ class EntropyGate:
     A non-finite entropy changes nothing (the gate keeps its state), warns and counts in `skipped_updates`.
     """
 
-    target_entropy: float = 0.3
-    w: float = 1.1
-    m: float = 0.9
-    adaptive: bool = False
-    alpha: float = 0.01
-    w_max: float = 1.5
-    m_min: float = 0.5
     active: bool = False
     skipped_updates: int = 0
+
+    @classmethod
+    def of(cls, config: GateConfig, *, active: bool = False) -> EntropyGate:
+        """A gate starting from `config`'s settings (a StareConfig's)."""
+        return cls(**{f.name: getattr(config, f.name) for f in fields(GateConfig)}, active=active)
 
     def update(self, batch_mean_entropy: float) -> bool:
         entropy = float(batch_mean_entropy)
@@ -213,7 +226,7 @@ class EntropyGate:
 
 
 class Stare:
-    """STARE as one object: its config and its entropy gate.
+    """STARE as one object: its config and its entropy gate (a `TokenReweighting`, see reweighting.py).
 
     `update(H)` once per training step with the pre-update entropy of the step's action tokens: it moves
     the gate (and, with `adaptive`, w and m) and returns whether this step is reweighted (the gate is on,
@@ -221,20 +234,13 @@ class Stare:
     all ones while the step is not reweighted.
     """
 
+    config_type: type[StareConfig] = StareConfig
+
     def __init__(self, config: StareConfig | None = None, *, seed: int = 0) -> None:
         """`seed` is unused (STARE's selection is deterministic); the random-token control takes it."""
         self.config = config or StareConfig()
         c = self.config
-        self.gate = EntropyGate(
-            target_entropy=c.target_entropy,
-            w=c.w,
-            m=c.m,
-            adaptive=c.adaptive,
-            alpha=c.alpha,
-            w_max=c.w_max,
-            m_min=c.m_min,
-            active=c.initial_on,
-        )
+        self.gate = EntropyGate.of(c, active=c.initial_on)
         # this step's decision: the gate's initial state; open loop reweights from the first step
         self.reweighting = c.initial_on or not c.gated
         self.ema: float | None = None  # gate_input "ema": the moving average so far

@@ -25,11 +25,12 @@ import math
 import os
 import shutil
 import socket
+import sys
 import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import torch
 import torch.distributed as dist
@@ -344,6 +345,97 @@ def receive_weights(group: SyncGroup, plan: WeightsPlan) -> Iterator[tuple[str, 
         for i in range(start, end):
             yield plan.names[i], flat[offset : offset + plan.numels[i]].view(plan.shapes[i])
             offset += plan.numels[i]
+
+
+class WeightSender(Protocol):
+    """The learner's end of a sync group, as the rollout workers' driver asks it
+    (`RolloutWorkerGroup.update_weights_from`): a learner in this process (`ModelSender`) or a data-parallel
+    learner group's rank 0 through Ray (`stare_agents.train.distributed`)."""
+
+    def open(self, world_size: int, *, engines_on_gpu: bool, timeout_s: float = 300.0) -> GroupAddress:
+        """Open a new group on the sender's node (its store's port bound there) and return its address."""
+        ...
+
+    def join(self, address: GroupAddress) -> None:
+        """Join the group opened by `open` as rank 0; returns once every engine joined."""
+        ...
+
+    def plan(self, *, version: int, dtype: torch.dtype, bucket_mb: float = 256.0) -> WeightsPlan: ...
+
+    def send(self, plan: WeightsPlan, port: int) -> None:
+        """Broadcast the current weights to the group on `port`, bucket by bucket."""
+        ...
+
+    def leave(self, port: int) -> None: ...
+
+
+def sender_host() -> str:
+    """Where a sender in this process opens its groups: its node's Ray address when this process runs Ray (a
+    cluster: the node's network address; the local instance: 127.0.0.1), else loopback."""
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        return ray.util.get_node_ip_address()
+    return "127.0.0.1"
+
+
+class ModelSender:
+    """A `WeightSender` for a model in this process (one learner rank). NCCL when the model and the engines
+    are on GPUs, else gloo. Under FSDP every rank has one and all call `send` together (each tensor is gathered
+    from the shards as it is sent); only rank 0 opens and joins a group."""
+
+    def __init__(self, model: Any, *, device: torch.device, rank: int = 0) -> None:
+        self.model, self.device, self.rank = model, torch.device(device), rank
+        self._groups: dict[int, SyncGroup] = {}  # the groups this sender sends to, by port
+        self._stores: dict[int, Any] = {}  # the stores of groups opened here and not yet joined
+
+    def open(self, world_size: int, *, engines_on_gpu: bool, timeout_s: float = 300.0) -> GroupAddress:
+        backend = "nccl" if engines_on_gpu and self.device.type == "cuda" else "gloo"
+        address, store = open_group(sender_host(), world_size, backend, timeout_s)
+        self._stores[address.port] = store
+        return address
+
+    def join(self, address: GroupAddress) -> None:
+        store = self._stores.pop(address.port, None)
+        self._groups[address.port] = SyncGroup(address, 0, store=store)
+
+    def plan(self, *, version: int, dtype: torch.dtype, bucket_mb: float = 256.0) -> WeightsPlan:
+        shapes = ((name, tuple(t.shape)) for name, t in self._state().items())
+        return WeightsPlan.of(shapes, dtype=dtype, version=version, bucket_mb=bucket_mb)
+
+    def send(self, plan: WeightsPlan, port: int) -> None:
+        tensors = self._tensors(plan)
+        group = self._groups.get(port)
+        if group is None:
+            if self.rank == 0:
+                raise RuntimeError(f"no sync group on port {port}: join it first")
+            for _ in tensors:  # another rank's group: take part in the gathers
+                pass
+            return
+        send_weights(group, plan, tensors)
+
+    def leave(self, port: int) -> None:
+        self._stores.pop(port, None)  # a group opened and never joined
+        group = self._groups.pop(port, None)
+        if group is not None:
+            group.close()
+
+    def close(self) -> None:
+        """Leave every group this sender opened or joined."""
+        for port in list(self._groups) + list(self._stores):
+            self.leave(port)
+
+    def _tensors(self, plan: WeightsPlan) -> Iterator[torch.Tensor]:
+        """The full tensors of the plan, in its order (under FSDP gathered one by one, a collective)."""
+        state = self._state()
+        for name in plan.names:
+            tensor = state[name]
+            yield tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+    def _state(self) -> dict[str, torch.Tensor]:
+        state = self.model.state_dict()
+        if getattr(self.model.config, "tie_word_embeddings", False):
+            state.pop("lm_head.weight", None)  # the engine ties it to the embedding itself
+        return state
 
 
 class SyncReceiver:

@@ -32,7 +32,7 @@ import torch
 
 from stare_agents.rollout.agent_loop import RolloutConfig, RolloutTask, collect, make_env
 from stare_agents.rollout.engine import make_engine
-from stare_agents.rollout.weight_sync import WIRE_DTYPES
+from stare_agents.rollout.weight_sync import WIRE_DTYPES, WeightSender
 from stare_agents.trajectory import Trajectory
 
 logger = logging.getLogger("stare_agents.rollout")
@@ -372,9 +372,8 @@ class RolloutWorkerGroup:
         self.last_sync_s: float | None = None
         self._weights_ref: Any = None
         self._pack_buffer: torch.Tensor | None = None
-        self._sender: Any = (
-            None  # the learner, once update_weights_from was used (a replaced worker catches up)
-        )
+        # the learner's sender, once update_weights_from was used (a replaced worker catches up)
+        self._sender: WeightSender | None = None
         self._sync_group: Any = None  # the GroupAddress of the current sync group
         self._sync_members: list[int] = []
         self.sync_bindings: list[str] = []  # where each member of the last sync group bound its sockets
@@ -581,7 +580,7 @@ class RolloutWorkerGroup:
     # ---- weights straight from the learner over a collective (stare_agents.rollout.weight_sync) ----
     def update_weights_from(
         self,
-        sender: Any,
+        sender: WeightSender,
         *,
         version: int | None = None,
         dtype: torch.dtype | None = None,
@@ -589,8 +588,8 @@ class RolloutWorkerGroup:
         timeout_s: float = 300.0,
     ) -> int:
         """Push the learner's weights to every worker over the sync group (formed on first use, and again
-        when a worker was replaced); returns the new weight version. `sender` is the learner (a `Learner`
-        or a `LearnerGroup`: `sync_address`, `sync_join`, `sync_plan`, `sync_send`, `sync_leave`). A worker replaced while this mode is on
+        when a worker was replaced); returns the new weight version. `sender` is the learner's end of the
+        group (`learner.sender`: a `Learner`'s or a `LearnerGroup`'s). A worker replaced while this mode is on
         catches up from the sender at once (a group of two), before it re-runs any episode."""
         started = time.perf_counter()
         version = self.weight_version + 1 if version is None else int(version)
@@ -633,14 +632,14 @@ class RolloutWorkerGroup:
 
         world_size, firsts = sync_ranks([receiving_processes(self.spec)] * len(members))
         # the sender opens the group on its own node and binds its port there: this process may be elsewhere
-        address = self._sender.sync_address(
+        address = self._sender.open(
             world_size, engines_on_gpu=self.spec.num_gpus > 0, timeout_s=self._sync_timeout_s
         )
         joins = [
             self._call(m, "join_sync_group", asdict(address), first)
             for m, first in zip(members, firsts, strict=True)
         ]
-        self._sender.sync_join(address)  # returns once every member joined
+        self._sender.join(address)  # returns once every member joined
         self.sync_bindings = [wait(self._sync_timeout_s) for wait in joins]
         logger.info(
             "weight sync: a %s group of %d opened by the learner on %s (port %d); the engines bind %s",
@@ -653,9 +652,9 @@ class RolloutWorkerGroup:
         return address
 
     def _send(self, address: Any, members: list[Any], version: int) -> None:
-        plan = self._sender.sync_plan(version=version, dtype=self._sync_dtype, bucket_mb=self._sync_bucket_mb)
+        plan = self._sender.plan(version=version, dtype=self._sync_dtype, bucket_mb=self._sync_bucket_mb)
         receives = [self._call(m, "receive_weights", plan.to_dict()) for m in members]
-        self._sender.sync_send(plan, address.port)
+        self._sender.send(plan, address.port)
         for wait in receives:
             got, _ = wait(self._sync_timeout_s)
             if got != version:
@@ -664,7 +663,7 @@ class RolloutWorkerGroup:
     def _leave_group(self) -> None:
         if self._sync_group is not None:
             with contextlib.suppress(Exception):
-                self._sender.sync_leave(self._sync_group.port)
+                self._sender.leave(self._sync_group.port)
             for member in self._members():
                 with contextlib.suppress(Exception):
                     self._call(member, "leave_sync_group")(60)
@@ -677,7 +676,7 @@ class RolloutWorkerGroup:
             self._send(address, [member], self.weight_version)
         finally:
             with contextlib.suppress(Exception):
-                self._sender.sync_leave(address.port)
+                self._sender.leave(address.port)
             with contextlib.suppress(Exception):
                 self._call(member, "leave_sync_group")(60)
 

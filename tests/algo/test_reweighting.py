@@ -7,13 +7,13 @@ import pytest
 import torch
 
 from stare_agents.algo import AlgorithmConfig, StareConfig, num_selected
-from stare_agents.algo.random_tokens import RandomTokens
+from stare_agents.algo.random_tokens import RandomTokens, RandomTokensConfig
 from stare_agents.algo.reweighting import (
     NO_REWEIGHTING,
     REWEIGHTING_FIGURES,
     REWEIGHTINGS,
+    StepReweighting,
     build_reweighting,
-    diagnostic_selector,
 )
 from stare_agents.algo.stare import Stare
 
@@ -35,10 +35,11 @@ def test_the_table_builds_each_method_and_refuses_an_unknown_one():
     assert build_reweighting("stare", None) is None  # an algorithm without reweighting
     with pytest.raises(ValueError, match=r"reweighting='surprise'.*allowed: stare, random-tokens"):
         build_reweighting("surprise", StareConfig())
-    with pytest.raises(ValueError, match="reweighting must be one of"):
-        AlgorithmConfig(reweighting="surprise")
+    with pytest.raises(ValueError, match=r"reweighting='random_tokens'.*did you mean 'random-tokens'\?"):
+        AlgorithmConfig(reweighting="random_tokens")
     assert AlgorithmConfig.preset("stare-random").reweighting == "random-tokens"
-    assert isinstance(diagnostic_selector(None), Stare)  # baselines' diagnostics: what STARE would select
+    assert type(AlgorithmConfig.preset("stare-random").stare) is RandomTokensConfig  # each method its config type
+    assert isinstance(StepReweighting(None).selector, Stare)  # baselines' diagnostics: what STARE would select
 
 
 def test_figures_name_exactly_the_reweighting_figures():

@@ -50,7 +50,7 @@ def test_a_multiprocess_vllm_engine_takes_the_learners_weights_over_the_group(ti
         previous = None
         for version in (1, 2):
             _perturb(learner, version)
-            assert group.update_weights_from(learner) == version
+            assert group.update_weights_from(learner.sender) == version
             assert engine.weight_version == version
             assert group.sync_bindings == ["127.0.0.1"]  # the engine core bound its node's address
             sampled, rollout = _engine_logprobs(engine, prompt)

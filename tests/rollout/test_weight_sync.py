@@ -172,7 +172,7 @@ def test_a_tied_lm_head_follows_the_new_embedding(path, tied_tiny_model: Path):
             if path == "driver":
                 group.update_weights(learner.model_state_dict())
             else:
-                group.update_weights_from(learner)
+                group.update_weights_from(learner.sender)
             sampled, rollout = _engine_logprobs(group._local.engine, prompt)
             now = _learner_logprobs(learner, prompt, sampled)
             assert torch.allclose(rollout, now, atol=2e-3), (version, (rollout - now).abs().max())
@@ -194,7 +194,7 @@ def test_an_engine_takes_the_learners_weights_over_the_group_twice(engine, tiny_
         previous = None
         for version in (1, 2):
             _perturb(learner, version)
-            assert group.update_weights_from(learner) == version
+            assert group.update_weights_from(learner.sender) == version
             assert engine_.weight_version == version and group.weight_version == version
             sampled, rollout = _engine_logprobs(engine_, prompt)
             now = _learner_logprobs(learner, prompt, sampled)
@@ -224,7 +224,7 @@ def test_a_bfloat16_engine_samples_from_the_weights_it_was_sent(tiny_model: Path
             previous = Learner.from_pretrained(tiny_model, AlgorithmConfig.preset("grpo"), LearnerConfig())
             previous.model.load_state_dict(learner.model.state_dict())
             _perturb(learner, version)
-            assert group.update_weights_from(learner) == version
+            assert group.update_weights_from(learner.sender) == version
             sampled, rollout = _engine_logprobs(group._local.engine, prompt)
             to_new = (rollout - _learner_logprobs(learner, prompt, sampled)).abs().mean()
             to_old = (rollout - _learner_logprobs(previous, prompt, sampled)).abs().mean()
@@ -279,7 +279,7 @@ def test_fsdp_learner_workers_sync_two_rollout_workers_and_a_replaced_one_catche
             ray.get(
                 [w.__ray_call__.remote(lambda w, v=version: _perturb(w.learner, v)) for w in learner.workers]
             )
-            assert workers.update_weights_from(learner) == version
+            assert workers.update_weights_from(learner.sender) == version
             check_all()
         dead = workers._actors[1]
         ray.kill(dead)
@@ -288,7 +288,7 @@ def test_fsdp_learner_workers_sync_two_rollout_workers_and_a_replaced_one_catche
         assert workers.restarts == 1 and workers._actors[1] is not dead
         assert [t.weight_version for t in trajectories] == [2, 2]
         check_all()  # the replacement holds the learner's weights, not the model files'
-        assert workers.update_weights_from(learner) == 3  # a new group with the replacement
+        assert workers.update_weights_from(learner.sender) == 3  # a new group with the replacement
         check_all()
     finally:
         workers.close()

@@ -64,16 +64,18 @@ def test_a_member_binds_its_own_address_on_the_route_to_the_sender(monkeypatch) 
 
 def test_the_sender_opens_the_group_and_joins_with_its_store(tiny_model: Path) -> None:
     learner = Learner.from_pretrained(tiny_model, AlgorithmConfig.preset("grpo"), LearnerConfig())
-    address = learner.sync_address(2, engines_on_gpu=True, timeout_s=30.0)  # a CPU learner: gloo
+    sender = learner.sender  # a ModelSender beside its receiver, in stare_agents.rollout.weight_sync
+    address = sender.open(2, engines_on_gpu=True, timeout_s=30.0)  # a CPU learner: gloo
     assert address.backend == "gloo" and address.host == "127.0.0.1" and address.store_path is not None
-    assert list(learner._sync_stores) == [address.port]
+    assert list(sender._stores) == [address.port]
     receiver: dict[int, SyncGroup] = {}
     joiner = threading.Thread(target=lambda: receiver.setdefault(1, SyncGroup(address, 1)))
     joiner.start()
-    learner.sync_join(address)
+    sender.join(address)
     joiner.join()
-    assert learner._sync_stores == {} and address.port in learner._sync_groups
-    learner.sync_leave(address.port)
+    assert sender._stores == {} and address.port in sender._groups
+    sender.leave(address.port)
+    assert sender._groups == {}
     receiver[1].close()
 
 
@@ -93,7 +95,9 @@ def test_a_driver_that_cannot_bind_the_learners_address_still_syncs(local_ray, t
     )
     spec = WorkerSpec(model=str(tiny_model), engine="hf", dtype="float32", max_model_len=256, sandbox="none")
     group = RolloutWorkerGroup(spec, use_ray=False)
-    learner_node = ray.get(learner.workers[0].sync_host.remote())
+    learner_node = ray.get(
+        learner.workers[0].__ray_call__.remote(lambda w: __import__("ray").util.get_node_ip_address())
+    )
     real_bind = socket.socket.bind
 
     def bind(self, address):  # this process is "on another node": the learner's address is not one of its own
@@ -109,7 +113,7 @@ def test_a_driver_that_cannot_bind_the_learners_address_still_syncs(local_ray, t
         )
         with monkeypatch.context() as patch:
             patch.setattr(socket.socket, "bind", bind)
-            assert group.update_weights_from(learner) == 1
+            assert group.update_weights_from(learner.sender) == 1
         sent = learner.model_state_dict()
         held = group._local.engine.model.state_dict()
         assert all(torch.equal(held[name], tensor) for name, tensor in sent.items() if name in held)

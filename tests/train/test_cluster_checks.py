@@ -132,11 +132,11 @@ def test_the_driver_gives_each_engine_its_first_rank_and_counts_every_tp_worker(
         return lambda timeout: None
 
     class Sender:
-        def sync_address(self, world_size, *, engines_on_gpu, timeout_s):
+        def open(self, world_size, *, engines_on_gpu, timeout_s):
             assert engines_on_gpu
             return GroupAddress("127.0.0.1", 1234, world_size, "gloo", timeout_s)
 
-        def sync_join(self, address):
+        def join(self, address):
             pass
 
     group._call, group._sender = call, Sender()

@@ -47,7 +47,7 @@ HOSTILE = [
     (["rl.stare.top_ratio=2"], "rl.stare", "2.0", "(0, 1]"),
     (["rl.stare=5"], "rl.stare", "5", "a mapping"),
     (["rl.stare.wq=1"], "'rl.stare'", "['wq']", "'top_ratio'"),
-    (["rl.algorithm=grpo", "rl.stare.w=1.2"], "rl.stare.", "rl.algorithm=grpo", "(stare, stare-c2)"),
+    (["rl.algorithm=grpo", "rl.stare.w=1.2"], "rl.stare.", "rl.algorithm=grpo", "(stare, stare-c2, stare-random)"),
     (["logging.progress=maybe"], "logging.progress", "'maybe'", "true or false"),
     (["env.kwargs=[1]"], "env.kwargs", "[1]", "a mapping"),
     (["env.kwargs.max_turns=3"], "env.kwargs.max_turns", "3", "env.max_turns"),
@@ -373,6 +373,7 @@ def test_the_learners_derived_fields_are_not_settings(tmp_path):
     assert sorted(derived_keys(TrainConfig)) == [
         "rl.learner.device",
         "rl.learner.fp32_head",
+        "rl.learner.score_untrained",
         "rl.learner.temperature",
     ]
     for key, value, source in (
@@ -380,14 +381,17 @@ def test_the_learners_derived_fields_are_not_settings(tmp_path):
         ("fp32_head", "true", "model.fp32_lm_head"),
         ("fp32_head", "false", "model.fp32_lm_head"),
         ("device", "cuda", "the machine"),
+        ("score_untrained", "false", "logging.entropy_all"),
     ):
         with pytest.raises(ValueError, match=rf"rl.learner.{key}=.*not a setting.*{source}"):
             load_config(recipe="tiny", overrides=[f"rl.learner.{key}={value}"])
     config = load_config(recipe="tiny", overrides=["rollout.temperature=0.6"])
     assert config.rl.learner.temperature == 0.6 and config.rl.learner.fp32_head is False
+    assert load_config(recipe="tiny", overrides=["logging.entropy_all=false"]).rl.learner.score_untrained is False
     text = config.to_yaml()
     learner = yaml.safe_load(text)["rl"]["learner"]
-    assert not {"temperature", "fp32_head", "device"} & set(learner) and "micro_batch_tokens" in learner
+    assert not {"temperature", "fp32_head", "device", "score_untrained"} & set(learner)
+    assert "micro_batch_tokens" in learner
     assert load_config(path=_written(tmp_path / "now.yaml", text)) == config
     old = yaml.safe_load(text)  # as a run folder written before: the derived values among the settings
     old["rl"]["learner"].update(temperature=0.6, fp32_head=False, device="cpu")
@@ -412,8 +416,34 @@ def _written(path: Path, text: str) -> Path:
     ],
 )
 def test_the_learners_word_sets_are_literals_that_list_what_is_allowed(key, value, allowed):
-    with pytest.raises(ValueError, match=rf"^{re.escape(key)}='{value}': allowed: {re.escape(allowed)}$"):
+    with pytest.raises(ValueError, match=rf"^{re.escape(key)}='{value}': allowed: {re.escape(allowed)}(; did you|$)"):
         load_config(recipe="tiny", overrides=[f"{key}={value}"])
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["rl.learner.micro_batch_packing=longest_first"], "allowed: longest-first, balanced, verl; did you mean 'longest-first'?"),
+        (["rl.stare.top_ration=0.2"], "known: [" ),
+        (["rl.stare.top_ration=0.2"], "; did you mean 'top_ratio'?"),
+        (["rl.loss.aggregation=token_mean"], "did you mean 'token-mean'?"),
+        (["rl.stare.scope=batches"], "did you mean 'batch'?"),
+        (["rl.reweighting=random"], "did you mean 'random-tokens'?"),
+        (["rl.algorithm=stare_c2"], "did you mean 'stare-c2'?"),
+        (["rollout.engin=hf"], "did you mean 'engine'?"),
+    ],
+)  # fmt: skip
+def test_an_unknown_word_or_key_is_answered_with_the_nearest(overrides, message):
+    """As Gymnasium's registry answers "did you mean": a misspelt key or word names the nearest valid one."""
+    with pytest.raises(ValueError) as caught:
+        load_config(recipe="tiny", overrides=overrides)
+    assert message in str(caught.value), str(caught.value)
+
+
+def test_a_word_far_from_every_allowed_one_gets_no_suggestion():
+    with pytest.raises(ValueError) as caught:
+        load_config(recipe="tiny", overrides=["rl.stare.scope=zzzzzz"])
+    assert "did you mean" not in str(caught.value) and "micro-batch, batch" in str(caught.value)
 
 
 def test_every_sft_setting_reaches_the_sft_trainer_or_the_trainer():

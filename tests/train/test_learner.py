@@ -15,6 +15,7 @@ from learner_support import (
 )
 
 from stare_agents.algo import AlgorithmConfig, StareConfig
+from stare_agents.algo.reweighting import SelectionSums
 from stare_agents.train.learner import LEARNER_METRICS, Learner, LearnerConfig
 from stare_agents.train.policy import (
     OptimizerConfig,
@@ -87,7 +88,7 @@ def test_gate_is_updated_once_per_step_on_the_pre_update_entropy():
         learner = make_learner(algorithm)
         metrics = learner.step(batch, advantages)
         assert metrics["stare/gate_on"] == on and metrics["learner/entropy"] == pytest.approx(entropy)
-        assert learner.reweighting.gate.active is bool(on)
+        assert learner.reweighting.method.gate.active is bool(on)
 
 
 def _perturbed_observations(trajectories):
@@ -166,12 +167,7 @@ def test_gradient_accumulation_over_micro_batches_equals_one_big_batch(preset):
         metrics_big,
         metrics_small,
         rel=1e-5,
-        ignore={
-            "learner/micro_batches",
-            "stare/lplus_share",
-            "stare/lminus_share",
-            "stare/lplus_negative_phi",
-        },
+        ignore={"learner/micro_batches", *SelectionSums.names()},  # L+/L- are taken per micro-batch
     )
     assert max_param_diff(big.model, small.model) < 1e-6
 
@@ -386,27 +382,59 @@ def test_masked_importance_sampling_drops_the_forged_tokens_from_the_loss():
 
 
 def test_the_gate_input_changes_what_the_gate_reads_and_nothing_else():
-    """stare.gate_input="all": the gate reads the token mean over the trained batch and the other sampled
-    trajectories; with no others it reads what "trained" reads and the step is the same, bit for bit."""
+    """stare.gate_input="all": the gate reads the token mean over the trained batch and the untrained
+    trajectories the learner scores itself (`others`); with none it reads what "trained" reads and the step is
+    the same, bit for bit."""
     _, batch, advantages = step_inputs(9)
+    _, others, _ = step_inputs(4)
     mask = batch.action_mask > 0
-    probe = make_learner().token_stats(batch)
-    kept_sum, kept_count = float(probe.entropy[mask].sum()), float(mask.sum())
+    probe = make_learner()
+    kept_stats, other_stats = probe.token_stats(batch), probe.token_stats(others)
+    kept_sum, kept_count = float(kept_stats.entropy[mask].sum()), float(mask.sum())
     kept = kept_sum / kept_count
+    other_mask = others.action_mask > 0
+    other_sum, other_count = float(other_stats.entropy[other_mask].sum()), float(other_mask.sum())
+
     def algorithm(gate_input: str) -> AlgorithmConfig:
         return AlgorithmConfig(stare=StareConfig(target_entropy=kept * 0.9, gate_input=gate_input))
 
     trained = make_learner(algorithm("trained"))
     reads_all = make_learner(algorithm("all"))
     a = trained.step(batch, advantages)
-    b = reads_all.step(batch, advantages, others_entropy=(0.0, 0.0))
+    b = reads_all.step(batch, advantages)  # no untrained trajectories: every sampled one is trained
     assert a["stare/gate_input"] == pytest.approx(kept, rel=1e-6) and a["stare/gate_on"] == 0.0
     assert b["stare/gate_input"] == pytest.approx(kept, rel=1e-6) and b["stare/gate_on"] == 0.0
+    assert a["learner/entropy_all"] == pytest.approx(kept, rel=1e-6)
     for (name, x), y in zip(trained.model.state_dict().items(), reads_all.model.state_dict().values(), strict=True):
         assert torch.equal(x, y), name
-    # others with a low entropy pull the all-sampled mean under the target: the gate opens
-    others = (0.0 * 100, 100.0)  # 100 tokens of entropy 0
-    c = make_learner(algorithm("all")).step(batch, advantages, others_entropy=others)
-    assert c["stare/gate_input"] == pytest.approx(kept_sum / (kept_count + 100), rel=1e-6)
-    assert c["stare/gate_on"] == 1.0
+    # the learner scores the others itself: the gate reads the mean over both, and so does entropy_all
+    c = make_learner(algorithm("all")).step(batch, advantages, others=others, record_tokens=True)
+    expected = (kept_sum + other_sum) / (kept_count + other_count)
+    assert c["stare/gate_input"] == pytest.approx(expected, rel=1e-5)
+    assert c["learner/entropy_all"] == pytest.approx(expected, rel=1e-5)
     assert c["learner/entropy"] == pytest.approx(a["learner/entropy"])  # the trained batch's entropy is unchanged
+    # their per-token statistics, in the trained ones' record format, without weights or selection
+    assert sorted(c.other_records) == list(range(others.input_ids.shape[0]))
+    record = c.other_records[0]
+    n = int(others.attention_mask[0, others.prompt_length :].sum())
+    assert len(record.learner_logprobs) == len(record.entropy) == len(record.phi) == n
+    assert record.stare_weights is None and record.selection == []
+    assert record.learner_logprobs == pytest.approx(other_stats.logprob[0, :n].tolist(), abs=1e-5)
+    # a trained trajectory's record has its Phi too
+    assert len(c.token_records[0].phi) == len(c.token_records[0].learner_logprobs)
+
+
+def test_a_step_with_nothing_to_train_scores_the_others_and_changes_nothing():
+    _, others, _ = step_inputs(4)
+    learner = make_learner()
+    before = {k: v.clone() for k, v in learner.model.state_dict().items()}
+    mask = others.action_mask > 0
+    expected = float(learner.token_stats(others).entropy[mask].mean())
+    result = learner.step(None, torch.zeros(0), others=others, record_tokens=True)
+    assert result["learner/entropy_all"] == pytest.approx(expected, rel=1e-5)
+    assert math.isnan(result["learner/loss"]) and math.isnan(result["stare/gate_on"]) and result.other_records
+    assert learner.step_count == 0
+    assert all(torch.equal(before[k], v) for k, v in learner.model.state_dict().items())
+    # without score_untrained (logging.entropy_all off) nothing is scored
+    quiet = make_learner(score_untrained=False)
+    assert math.isnan(quiet.step(None, torch.zeros(0), others=others)["learner/entropy_all"])

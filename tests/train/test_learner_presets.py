@@ -78,7 +78,7 @@ def test_stare_presets_with_the_gate_on_reweight_l_plus_and_c2_also_l_minus(step
     open_loop = AlgorithmConfig.preset("stare")
     open_loop.stare.gated = False
     learner, metrics = _run(open_loop, step_data)
-    assert metrics["stare/gate_on"] == 1.0 and not learner.reweighting.gate.active
+    assert metrics["stare/gate_on"] == 1.0 and not learner.reweighting.method.gate.active
     assert max_param_diff(learner.model, runs["stare"][0].model) == 0.0
 
 

@@ -18,7 +18,7 @@ def members(cls) -> set[str]:
 
 def test_both_learners_have_every_member_the_trainer_uses():
     wanted = members(TrainingLearner)
-    assert {"step", "save_checkpoint", "resume", "hf_model", "close", "gate_on", "scores_batches"} <= wanted
+    assert {"step", "save_checkpoint", "resume", "hf_model", "close", "gate_on", "sender"} <= wanted
     for cls in (Learner, LearnerGroup):
         source = inspect.getsource(cls)
         missing = sorted(

@@ -64,7 +64,7 @@ def test_learner_token_records_match_the_step():
             assert math.isclose(record.learner_logprobs[j], float(pre.logprob[row, j]), abs_tol=1e-4)
             assert math.isclose(record.entropy[j], float(pre.entropy[row, j]), abs_tol=1e-4)
             assert record.entropy[j] > 0  # the peaked model is still uncertain at every position
-            expected = {1: learner.reweighting.w, -1: learner.reweighting.m, 0: 1.0}[record.selection[j]]
+            expected = {1: learner.reweighting.method.w, -1: learner.reweighting.method.m, 0: 1.0}[record.selection[j]]
             assert math.isclose(record.stare_weights[j], expected, rel_tol=1e-6)
             sign = float(advantages[row])
             if record.selection[j] == 1:
@@ -138,7 +138,10 @@ class Recorded:
     def __init__(self, data):
         from stare_agents.train.learner import TokenRecord
 
-        self.token_records = {row: TokenRecord(*fields) for row, fields in data.items()}
+        self.token_records = {
+            row: TokenRecord(logprobs, entropy=[], stare_weights=weights, selection=selection)
+            for row, (logprobs, weights, selection) in data.items()
+        }
 
 
 def test_step_file_round_trip_with_statuses(tmp_path):

@@ -162,7 +162,7 @@ def test_the_step_record_counts_reflection_words_of_every_sampling_round(tmp_pat
     everything = first_round + second_round
     sampled = SampledStep(trajectories=everything, usable=everything, kept=second_round, rounds=2, groups=2)
     config = load_config(recipe="tiny", overrides=[f"out_dir={tmp_path / 'run'}"])
-    record = step_record(config, 0, config.algorithm(), sampled, {}, (0.0, 0.0), {"rollout": 1.0})
+    record = step_record(config, 0, config.algorithm(), sampled, {}, {"rollout": 1.0})
     assert record["reflection_words"]["hesitation"] == 2 / 4  # "Wait" and "hmm" over four usable trajectories
     assert record["data/sampling_rounds"] == 2 and record["data/kept_trajectories"] == 2
 

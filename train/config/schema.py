@@ -26,7 +26,7 @@ from stare_agents.sandbox import DEFAULT_BACKEND, Backend, backend_class, check_
 from stare_agents.sandbox.channel import check_limits
 from stare_agents.sandbox.runner import DEFAULT_TIMEOUT_S
 from stare_agents.train.config.typed import INLINE, build, convert, plain_data, settings_dict
-from stare_agents.train.learner import LearnerConfig
+from stare_agents.train.learner_config import LearnerConfig
 from stare_agents.train.policy import OptimizerConfig, Precision
 from stare_agents.train.sft import SFTConfig
 
@@ -446,10 +446,10 @@ class RLSection:
         if self.max_empty_steps < 0:
             raise ValueError(f"rl.max_empty_steps must be >= 0 (0: never stop), got {self.max_empty_steps}")
         algorithm = self.algorithm_config()  # the combination is checked where it loads
-        gate_input = algorithm.stare.gate_input if algorithm.stare is not None else "trained"
-        if gate_input != "trained" and (
+        if algorithm.reads_all_sampled and (
             self.learner_workers > 1 or algorithm.loss.aggregation != "token-mean"
         ):
+            gate_input = getattr(algorithm.stare, "gate_input", None)
             raise ValueError(
                 f"rl.stare.gate_input={gate_input!r} (the entropy over every sampled trajectory, a token mean) needs "
                 f"one learner worker and rl.loss.aggregation=token-mean; got rl.learner_workers="
@@ -631,8 +631,9 @@ class LoggingSection:
     progress: bool = True
     rollouts: float = 1.0  # share of each RL step's groups saved to rollouts/ (1: all, 0: none)
     # log learner/entropy_all: the learner's exact entropy over every trajectory that ran, not only the
-    # trained ones (one more no-grad forward pass over the untrained trajectories per step). Off: the figure is
-    # absent (rollout/sampler_entropy, the sampled tokens' mean surprisal, is always logged beside it)
+    # trained ones (one more no-grad forward pass over the untrained trajectories per step, which also gives
+    # them their per-token statistics in rollouts/). Off: the figure is absent (rollout/sampler_entropy, the
+    # sampled tokens' mean surprisal, is always logged beside it)
     entropy_all: bool = True
 
     def __post_init__(self) -> None:
@@ -658,10 +659,11 @@ class TrainConfig:
     logging: LoggingSection = field(default_factory=LoggingSection)
 
     def __post_init__(self) -> None:
-        # the learner's derived fields (DERIVED_FROM): one knob for both ends of the LM head's precision, and the
-        # learner scores the distribution the rollout sampled from
+        # the learner's derived fields (DERIVED_FROM): one knob for both ends of the LM head's precision, the
+        # learner scores the distribution the rollout sampled from, and the untrained trajectories when logged
         self.rl.learner.fp32_head = self.model.fp32_lm_head
         self.rl.learner.temperature = self.rollout.temperature
+        self.rl.learner.score_untrained = self.logging.entropy_all
         if self.model.fp32_lm_head and self.rollout.engine != "vllm":
             raise ValueError(
                 f"model.fp32_lm_head=true needs rollout.engine=vllm (the {self.rollout.engine} engine computes its "

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import datetime
+import difflib
 import math
 import types
 import typing
@@ -17,11 +18,7 @@ from typing import Any, Literal
 
 import yaml
 
-from stare_agents.train.learner import DERIVED_FROM
-
-# field metadata: a dataclass field whose own fields are keys of the section that holds it (rl.stare.w, not
-# rl.algo.stare.w), in the loader, the saved config and the key listings
-INLINE = "inline"
+from stare_agents.train.config_fields import DERIVED_FROM, INLINE
 
 
 class _Scalar(str):
@@ -136,18 +133,21 @@ def build(cls: type, data: Any, where: str, base: Any = None) -> Any:
                 f"{f.metadata[DERIVED_FROM]} (set that instead)"
             )
     # an INLINE field's own keys (less the name its holder gives it) sit in this mapping, where it is declared
-    inline = {f.name: [g.name for g in dataclasses.fields(hints[f.name]) if g.name != "name"] for f in fields_
-              if f.metadata.get(INLINE)}
-    known = [
-        key
+    inline = {
+        f.name: [g.name for g in dataclasses.fields(hints[f.name]) if g.name != "name"]
         for f in fields_
-        if DERIVED_FROM not in f.metadata
-        for key in inline.get(f.name, [f.name])
-    ]
+        if f.metadata.get(INLINE)
+    }
+    known = [key for f in fields_ if DERIVED_FROM not in f.metadata for key in inline.get(f.name, [f.name])]
     unknown = sorted(set(data) - set(known), key=str)
     if unknown:
         section = repr(where.rstrip(".")) if where else "the config"
-        raise ValueError(f"unknown key(s) {unknown} in {section}; known: {known}")
+        raise ValueError(
+            f"unknown key(s) {unknown} in {section}; known: {known}{did_you_mean(unknown, known)}"
+        )
+    field_type = getattr(
+        cls, "field_type", None
+    )  # a field whose type another key decides (AlgorithmConfig.stare)
     kwargs = {}
     for name, keys in inline.items():
         inner_base = getattr(base, name) if base is not None else None
@@ -157,14 +157,19 @@ def build(cls: type, data: Any, where: str, base: Any = None) -> Any:
             inner_base = getattr(base, name, None) if base is not None else None
             if base is not None and inner_base is None and isinstance(data[name], dict) and data[name]:
                 key, value = next(iter(flatten(data[name]).items()))
-                having = {"stare": " (stare, stare-c2)", "entrocraft": " (entrocraft)"}.get(name, "")
+                presets = getattr(cls, "presets_with", None)
+                having = f" ({', '.join(presets(name))})" if presets is not None else ""
                 raise ValueError(
                     f"{where}{name}.{key}={plain_data(value)!r}: rl.algorithm={getattr(base, 'name', '?')} "
                     f"has no {name} ({name}: null in its preset); allowed: an algorithm whose preset has it"
                     f"{having}, or {where}{name}=null to leave it out"
                 )
-            kwargs[name] = convert(hints[name], data[name], f"{where}{name}", inner_base)
-        elif base is not None:
+            hint = hints[name]
+            resolved = field_type(name, data, base) if field_type is not None else None
+            if resolved is not None:
+                hint = resolved | None if type(None) in typing.get_args(hint) else resolved
+            kwargs[name] = convert(hint, data[name], f"{where}{name}", inner_base)
+        elif base is not None and hasattr(base, name):
             kwargs[name] = getattr(base, name)
     try:
         return cls(**kwargs)
@@ -172,6 +177,16 @@ def build(cls: type, data: Any, where: str, base: Any = None) -> Any:
         if not where or str(error).startswith(where.rstrip(".")):
             raise ValueError(str(error)) from None
         raise ValueError(f"{where.rstrip('.')}: {error}") from None
+
+
+def did_you_mean(unknown: list[Any], known: list[str]) -> str:
+    """ "; did you mean 'x'?" for the first unknown word with a near known one (as Gymnasium's registry
+    answers), else ""."""
+    for word in unknown:
+        near = difflib.get_close_matches(str(word), known, n=1)
+        if near:
+            return f"; did you mean {near[0]!r}?"
+    return ""
 
 
 def convert(hint: Any, value: Any, where: str, base: Any = None) -> Any:
@@ -188,7 +203,8 @@ def convert(hint: Any, value: Any, where: str, base: Any = None) -> Any:
     if origin is Literal:
         allowed = typing.get_args(hint)
         if isinstance(value, bool) or value not in allowed:
-            raise ValueError(f"{where}={shown!r}: allowed: {', '.join(map(str, allowed))}")
+            near = did_you_mean([value], [str(a) for a in allowed])
+            raise ValueError(f"{where}={shown!r}: allowed: {', '.join(map(str, allowed))}{near}")
         return value
     if dataclasses.is_dataclass(hint):
         return build(hint, value, where + ".", base)
