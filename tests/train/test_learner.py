@@ -438,3 +438,34 @@ def test_a_step_with_nothing_to_train_scores_the_others_and_changes_nothing():
     # without score_untrained (logging.entropy_all off) nothing is scored
     quiet = make_learner(score_untrained=False)
     assert math.isnan(quiet.step(None, torch.zeros(0), others=others)["learner/entropy_all"])
+
+
+def test_the_mechanism_figures_are_the_pre_update_policys_over_the_step_batch():
+    """phi_mass/*, phi_neg_share/* and quadrant/* are the pre-update policy's Phi over the step batch's action
+    tokens, summed over micro-batches; mismatch/lplus|lminus_abs_diff are the mean |log pi_learner - log
+    pi_rollout| over the tokens the step selected, as its token records show them."""
+    from stare_agents.algo import sensitivity_from_statistics
+    from stare_agents.algo.diagnostics import phi_sums
+
+    _, batch, advantages = step_inputs(3)
+    stats = make_learner("stare").token_stats(batch)
+    phi = sensitivity_from_statistics({"logprob": stats.logprob, "entropy": stats.entropy, "collision": stats.collision})
+    expected = phi_sums(advantages, phi, batch.action_mask, batch.rewards).figures(measured={"phi"})
+    result = make_learner("stare", micro_batch_tokens=120).step(batch, advantages, record_tokens=True)
+    assert result["learner/micro_batches"] > 1
+    for name, value in expected.items():
+        if math.isnan(value):
+            assert math.isnan(result[name]), name
+        else:
+            assert result[name] == pytest.approx(value, rel=1e-3, abs=1e-3), name
+    assert result["phi_mass/pos_high"] < 0 < result["phi_mass/pos_low"]
+    for sign, name in ((1, "mismatch/lplus_abs_diff"), (-1, "mismatch/lminus_abs_diff")):
+        diffs = [
+            abs(lp - rp)
+            for row, record in result.token_records.items()
+            for lp, rp, chosen in zip(
+                record.learner_logprobs, batch.rollout_logprobs[row].tolist(), record.selection, strict=False
+            )
+            if chosen == sign
+        ]
+        assert diffs and result[name] == pytest.approx(sum(diffs) / len(diffs), rel=1e-4), name

@@ -90,7 +90,12 @@ def test_tiny_run_writes_every_output(tmp_path):
     assert [r["step"] for r in records] == [0, 1]
     for record in records:  # every learner figure, but one that was not measured (absent, never NaN)
         missing = set(LEARNER_METRICS) - set(record)
-        assert missing <= {"stare/lplus_negative_phi"} and (not missing or record["stare/lplus_share"] == 0)
+        # a share of an empty set: L+ (no T+ token), T+ / T- tokens of successful / failed trajectories
+        may_miss = {"stare/lplus_negative_phi", "mismatch/lplus_abs_diff", "mismatch/lminus_abs_diff"}
+        assert missing <= may_miss | {name for name in LEARNER_METRICS if name.startswith("phi_neg_share/")}
+        assert "stare/lplus_negative_phi" not in missing or record["stare/lplus_share"] == 0
+        assert all(0 <= record[k] <= 1 for k in record if k.startswith("phi_neg_share/"))
+        assert record["phi_mass/pos_high"] <= 0 <= record["phi_mass/pos_low"]
         assert record["rollout/weight_version"] >= 1 and record["rollout/wasted_tokens"] == 0
         assert record["data/kept_trajectories"] == 8  # tiny: no dynamic sampling, 2 prompts x 4 samples
     assert [r["point"] for r in read_records(folder / "metrics.jsonl", "eval")] == ["base", "sft", "rl"]
@@ -99,6 +104,7 @@ def test_tiny_run_writes_every_output(tmp_path):
     rollouts, unread = read_step_file(step_file(folder, 1))  # the viewer's per-token entropy is recorded
     trained = [r for r in rollouts if r.learner_logprobs]
     assert not unread and trained and all(len(r.learner_entropy) == len(r.learner_logprobs) for r in trained)
+    assert all(len(r.learner_phi) == len(r.learner_logprobs) for r in trained)  # Phi per token, for the viewer
     assert all(
         h > 0 for r in trained for h, m in zip(r.learner_entropy, r.trajectory.action_mask, strict=True) if m
     )
