@@ -165,7 +165,7 @@ class PythonTool:
         code = arguments.get("code")
         if not isinstance(code, str):
             return ToolOutput('Error: the python tool needs a string argument "code"', "error")
-        if getattr(self.sandbox, "runner_kind", None) == "nothing":  # NoSandbox: tool execution is off
+        if not getattr(self.sandbox, "runs_code", True):  # NoSandbox: tool execution is off
             return ToolOutput(self.sandbox.message, "error")
         if self.accept_tool_answer:
             code = FINAL_ANSWER_PREAMBLE + code

@@ -8,7 +8,11 @@ that table (its name also in the `Backend` word set beside it).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+# the interpreter program that the backends which run code start (in a container, or as a local process)
+RUNNER_PATH = Path(__file__).with_name("runner.py")
 
 
 class SandboxBackend:

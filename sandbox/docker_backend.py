@@ -15,9 +15,9 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from importlib import metadata
-from pathlib import Path
 from typing import Any
 
+from stare_agents.sandbox.backend import RUNNER_PATH
 from stare_agents.sandbox.channel import (
     DEFAULT_GRACE_S,
     DEFAULT_LEASE_TIMEOUT_S,
@@ -35,7 +35,6 @@ from stare_agents.sandbox.runner import DEFAULT_TIMEOUT_S
 
 logger = logging.getLogger("stare_agents.sandbox")
 
-RUNNER_PATH = Path(__file__).with_name("runner.py")
 LABEL = "stare-agents.sandbox"  # every sandbox container carries it
 OWNER_LABEL = "stare-agents.sandbox.owner"  # "<host>:<pid>:<process start time>" of the process that made it
 INSTANCE_LABEL = "stare-agents.sandbox.instance"  # one DockerSandbox object (a process may hold several)

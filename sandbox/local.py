@@ -21,10 +21,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
-from stare_agents.sandbox.backend import SandboxBackend
+from stare_agents.sandbox.backend import RUNNER_PATH, SandboxBackend
 from stare_agents.sandbox.channel import (
     DEFAULT_GRACE_S,
     DEFAULT_LEASE_TIMEOUT_S,
@@ -41,7 +40,6 @@ from stare_agents.sandbox.runner import ALWAYS_HIDDEN, DEFAULT_TIMEOUT_S, SHARED
 
 logger = logging.getLogger("stare_agents.sandbox")
 
-RUNNER_PATH = Path(__file__).with_name("runner.py")
 ALLOW_LOCAL_ENV = "STARE_ALLOW_LOCAL_SANDBOX"
 UNPRIVILEGED_USER = "nobody"
 _warned = False

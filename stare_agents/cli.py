@@ -82,7 +82,7 @@ def train(
     from rich.console import Console
     from rich.table import Table
 
-    from stare_agents.train.config import check_run, load_config, recipe_names
+    from stare_agents.train.config import check_run, load_config
     from stare_agents.train.trainer import train as run_training
 
     if recipe is None and config is None:
@@ -99,8 +99,8 @@ def train(
             typer.echo(train_config.to_yaml(), nl=False)
             return
         check_run(train_config, compare=compare)
-    except (ValueError, FileNotFoundError) as error:
-        typer.secho(f"{error}\nrecipes: {recipe_names()}", fg="red", err=True)
+    except (ValueError, FileNotFoundError) as error:  # an unknown recipe's names the recipes; others their key
+        typer.secho(str(error), fg="red", err=True)
         raise typer.Exit(2) from error
     from stare_agents.sandbox import SandboxError, check_backend
 
@@ -115,7 +115,7 @@ def train(
     from stare_agents.train.rl_loop import NoLearningSignal
 
     try:
-        summary = run_training(train_config, resume=resume, compare=compare)
+        summary = run_training(train_config, resume=resume, compare=compare, checked=True)  # checked above
     except (FileExistsError, NoLearningSignal) as error:  # said plainly; the run folder keeps what it had
         typer.secho(str(error), fg="red", err=True)
         raise typer.Exit(2) from error

@@ -37,7 +37,8 @@ def write_summary(
     records = read_records(folder / "metrics.jsonl", "rl")
     algorithm = c.algorithm()
     evaluations = progress.get("evaluations", {})
-    target = algorithm.stare.target_entropy if algorithm.stare is not None else None
+    targets = finite_values("stare/target_entropy", records)  # the gate's, as logged (absent without a gate)
+    target = targets[-1] if targets else None
     figures = entropy_figures(records, target)
     final_eval = evaluations.get("rl", {})
     scores = {

@@ -58,7 +58,7 @@ from stare_agents.train.distributed import DistributedConfig, LearnerGroup, SFTG
 from stare_agents.train.evaluation import RunEvaluation
 from stare_agents.train.learner import Learner, TrainingLearner
 from stare_agents.train.policy import load_causal_lm
-from stare_agents.train.rl_loop import RLLoop, SampledStep, training_tasks
+from stare_agents.train.rl_loop import RLLoop, SampledStep
 from stare_agents.train.run_folder import (
     FINAL_MODEL,
     SFT_CHECKPOINT,
@@ -107,14 +107,13 @@ class Trainer:
         return self._run_log
 
     # ---- the run ----
-    def run(self, *, compare: str | None = None) -> dict[str, Any]:
-        """All stages. `compare`: also train this algorithm preset (e.g. "grpo-ds") from the same SFT model."""
+    def run(self, *, compare: str | None = None, checked: bool = False) -> dict[str, Any]:
+        """All stages. `compare`: also train this algorithm preset (e.g. "grpo-ds") from the same SFT model.
+        `checked`: the caller ran `preflight` (as `train` and the CLI do), else it runs first."""
 
         config = self.config
-        check_run(
-            config, compare=compare
-        )  # the environment, its kwargs, sft.data and --compare: before any work
-        check_backend(config.rollout.sandbox, **config.rollout.sandbox_kwargs)  # no usable sandbox: stop now
+        if not checked:  # the environment, its kwargs, sft.data, --compare and the sandbox: before any work
+            preflight(config, compare=compare)
         self.evaluation.benchmarks()  # eval.benchmarks that cannot load (a Hugging Face id offline) stop the run now
         self.evaluation.check_heldout()  # a held-out evaluation that would draw training problems stops the run now
         started = time.perf_counter()
@@ -320,10 +319,6 @@ class Trainer:
             sft.save_checkpoint({"traces": fingerprint}, path, tokenizer_dir=base_dir)
 
     # ---- RL ----
-    def training_tasks(self, position: int, prompts: int | None = None) -> list[RolloutTask]:
-        """The RL tasks drawn from data position `position` (`rl_loop.training_tasks`)."""
-        return training_tasks(self.config, position, prompts)
-
     def make_learner(self, model_dir: Path, algorithm: AlgorithmConfig) -> TrainingLearner:
         c = self.config
         learner_config = dataclasses.replace(c.rl.learner, device="cuda" if torch.cuda.is_available() else "cpu")
@@ -421,9 +416,18 @@ class Trainer:
         )
 
 
-def train(config: TrainConfig, *, resume: bool = False, compare: str | None = None) -> dict[str, Any]:
-    """Run (or resume) a training run; returns its summary (also in summary.json). A sandbox that cannot be
-    used stops it before the run folder is written."""
-
+def preflight(config: TrainConfig, *, compare: str | None = None) -> None:
+    """The checks before any work, each run once: the environment, its kwargs, sft.data and --compare
+    (`check_run`), and a usable sandbox (`check_backend`)."""
+    check_run(config, compare=compare)
     check_backend(config.rollout.sandbox, **config.rollout.sandbox_kwargs)
-    return Trainer(config, resume=resume).run(compare=compare)
+
+
+def train(
+    config: TrainConfig, *, resume: bool = False, compare: str | None = None, checked: bool = False
+) -> dict[str, Any]:
+    """Run (or resume) a training run; returns its summary (also in summary.json). A config or a sandbox that
+    cannot be used stops it before the run folder is written (`preflight`; `checked`: the caller ran it)."""
+    if not checked:
+        preflight(config, compare=compare)
+    return Trainer(config, resume=resume).run(compare=compare, checked=True)

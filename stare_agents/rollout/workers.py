@@ -31,19 +31,24 @@ from typing import Any
 import torch
 
 from stare_agents.rollout.agent_loop import RolloutConfig, RolloutTask, collect, make_env
-from stare_agents.rollout.engine import make_engine
+from stare_agents.rollout.engine import Dtype, make_engine
 from stare_agents.rollout.weight_sync import WIRE_DTYPES, WeightSender
 from stare_agents.trajectory import Trajectory
 
 logger = logging.getLogger("stare_agents.rollout")
 
 
+DEFAULT_DTYPE: Dtype = "fast"  # the engine's dtype: bfloat16 where it is fast, else float32
+DEFAULT_MAX_MODEL_LEN = 2048
+
+
 @dataclass
 class WorkerSpec:
     """What each rollout worker builds.
 
-    model: local HF directory. engine: "vllm" or "hf". dtype: "auto" | "float32" | "bfloat16" | "float16".
-    max_model_len: context window. kv_cache_gib: vLLM on CPU. sandbox: "docker" | "local" | "none";
+    model: local HF directory. engine: "vllm" or "hf". dtype: "auto" | "float32" | "bfloat16" | "fast" | "float16"
+    (DEFAULT_DTYPE, as a run's model.rollout_dtype). max_model_len: context window (DEFAULT_MAX_MODEL_LEN, as a
+    run's model.max_model_len). kv_cache_gib: vLLM on CPU. sandbox: "docker" | "local" | "none";
     sandbox_pool_size: warm interpreters (episodes holding a stateful session at once; others wait);
     sandbox_kwargs: e.g. {"runtime": "runsc"}. num_cpus / num_gpus: Ray resources per worker.
     imports: modules to import in the worker first (to register your own environments).
@@ -57,9 +62,9 @@ class WorkerSpec:
 
     model: str
     engine: str = "vllm"
-    dtype: str = "auto"
+    dtype: Dtype = DEFAULT_DTYPE
     seed: int = 0
-    max_model_len: int = 4096
+    max_model_len: int = DEFAULT_MAX_MODEL_LEN
     kv_cache_gib: float = 2.0
     sandbox: str = "docker"
     sandbox_pool_size: int = 8

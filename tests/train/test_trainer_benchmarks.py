@@ -16,6 +16,7 @@ from stare_agents.eval.report import read_samples
 from stare_agents.records import read_records
 from stare_agents.train.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
 from stare_agents.train.config import load_config
+from stare_agents.train.rl_loop import training_tasks
 from stare_agents.train.trainer import Trainer, train
 
 # a benchmark in the harness's file format, in the default job's task family (the "arith" protocol)
@@ -182,7 +183,7 @@ def test_dataset_environments_are_never_evaluated_on_their_training_problems(tmp
     trainer.evaluation.check_heldout()
     heldout = {task.problem for task in trainer.evaluation.heldout_tasks(4)}
     assert len(heldout) == 4
-    training = trainer.training_tasks(0)[0]
+    training = training_tasks(trainer.config, 0)[0]
     assert training.env_kwargs["split"] == "train"
     env = gym.make(env_id, **training.env_kwargs)
     drawn = set()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from stare_agents.train.config import TrainConfig, load_config, recipe_names
+from stare_agents.train.rl_loop import training_tasks
 from stare_agents.train.trainer import Trainer
 
 
@@ -90,8 +91,7 @@ def test_trainer_reads_the_task_and_sampling_fields(tmp_path):
             "eval.temperature=0.0",
         ],
     )
-    trainer = Trainer(config)
-    tasks = trainer.training_tasks(position=6)  # prompts 6, 7, 8 of the run: seeds 106, 107, 108
+    tasks = training_tasks(config, position=6)  # prompts 6, 7, 8 of the run: seeds 106, 107, 108
     assert [(t.seed, t.sample_index) for t in tasks] == [
         (106, 0),
         (106, 1),
@@ -107,6 +107,7 @@ def test_trainer_reads_the_task_and_sampling_fields(tmp_path):
     sampling = config.rollout_config()
     assert (sampling.temperature, sampling.top_p, sampling.max_tokens_per_turn) == (0.8, 1.0, 32)
     assert config.rollout_config(evaluation=True).temperature == 0.0
+    Trainer(config)  # writes the run folder
     with pytest.raises(FileExistsError, match="--resume"):
         (tmp_path / "run" / "x").write_text("")
         Trainer(config)
@@ -138,10 +139,10 @@ def test_heldout_tasks_are_distinct_and_never_drawn_by_training(tmp_path):
     assert [t.id for t in trainer.evaluation.heldout_tasks(8)] == [
         t.id for t in heldout[:8]
     ]  # the base model's are a prefix
-    env = gym.make(config.env.id, **trainer.training_tasks(0)[0].env_kwargs)
+    env = gym.make(config.env.id, **training_tasks(config, 0)[0].env_kwargs)
     drawn = set()
     for position in range(0, 400, config.rl.prompts_per_step):
-        for task in trainer.training_tasks(position)[:: config.rl.samples_per_prompt]:
+        for task in training_tasks(config, position)[:: config.rl.samples_per_prompt]:
             env.reset(seed=task.seed)
             drawn.add(env.unwrapped.task.problem)
     assert not drawn & {t.problem for t in heldout}

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from stare_agents.train.config.schema import ALGORITHM_FIELDS, RECIPES_DIR, TrainConfig
-from stare_agents.train.config.typed import build, flatten, load_scalars, plain_data
+from stare_agents.train.config.typed import build, did_you_mean, flatten, load_scalars, plain_data
 
 logger = logging.getLogger("stare_agents.train")
 
@@ -30,7 +30,7 @@ def load_config(
     if recipe is not None:
         file = RECIPES_DIR / f"{recipe}.yaml"
         if not file.exists():
-            raise FileNotFoundError(f"no recipe {recipe!r}; recipes: {recipe_names()}")
+            raise FileNotFoundError(f"no recipe {recipe!r}; recipes: {recipe_names()}{did_you_mean([recipe], recipe_names())}")
         data = _read_yaml(file)
     elif path is not None:
         data = _read_yaml(Path(path))

@@ -22,6 +22,7 @@ from stare_agents.rollout.engine import Dtype, EngineName
 from stare_agents.rollout.placement import Placement, check_custom_resources
 from stare_agents.rollout.render import Rendering
 from stare_agents.rollout.weight_sync import WeightSync
+from stare_agents.rollout.workers import DEFAULT_DTYPE, DEFAULT_MAX_MODEL_LEN
 from stare_agents.sandbox import DEFAULT_BACKEND, Backend, backend_class, check_config_kwargs
 from stare_agents.sandbox.channel import check_limits
 from stare_agents.sandbox.runner import DEFAULT_TIMEOUT_S
@@ -50,8 +51,8 @@ ENGINE_OWNED_KWARGS = {
 class ModelSection:
     name: str = "smollm2-135m"  # "tiny", "smollm2-135m", a local HF folder or a hub id
     # the engine's dtype: "auto" (the checkpoint's), "float32", "bfloat16", "fast" (bfloat16 where it is fast)
-    rollout_dtype: Dtype = "fast"
-    max_model_len: int = 2048
+    rollout_dtype: Dtype = DEFAULT_DTYPE
+    max_model_len: int = DEFAULT_MAX_MODEL_LEN
     # the LM head and its log-softmax in fp32 in the engine (vLLM's head_dtype) and in the learner, whatever
     # the precisions: the fix for bf16's rounded logits (BENCHMARKS.md, "Precision"); no effect in fp32
     fp32_lm_head: bool = False
