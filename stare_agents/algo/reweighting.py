@@ -10,7 +10,7 @@
 
 A method (`TokenReweighting`) is a class with a config type of its own (`config_type`: its knobs are the keys
 under `rl.stare`); a new one is a file in this folder, a line in `REWEIGHTINGS` and, if wanted, a preset in
-`config.py` (see `random_tokens.py`; `tests/algo/test_reweighting.py` adds one with a knob of its own and trains
+`config.py` (see `random_tokens.py`; `tests/train/test_new_reweighting.py` adds one with a knob of its own and trains
 with it without touching `train/`). Its figures keep the `stare/` names (`REWEIGHTING_FIGURES`), so every
 method's runs read alike in metrics.jsonl, the plots and the viewer.
 """

@@ -70,7 +70,9 @@ def test_selection_sums_count_l_plus_l_minus_their_phi_and_their_mismatch():
         abs_log_ratio=abs_log_ratio,
     )
     figures = sums.figures({"action_tokens": 9.0}, reweighting.measured)
-    assert figures["stare/lplus_share"] == pytest.approx(2 / 9) and figures["stare/lminus_share"] == pytest.approx(1 / 9)
+    assert figures["stare/lplus_share"] == pytest.approx(2 / 9) and figures[
+        "stare/lminus_share"
+    ] == pytest.approx(1 / 9)
     assert figures["stare/lplus_negative_phi"] == pytest.approx(1 / 2)
     assert figures["mismatch/lplus_abs_diff"] == pytest.approx((0.1 + 0.3) / 2)
     assert figures["mismatch/lminus_abs_diff"] == pytest.approx(0.05)
@@ -90,7 +92,9 @@ def test_what_a_step_measures_decides_which_figures_exist():
     stare = StepReweighting(Stare(StareConfig(target_entropy=10.0)), diagnostics=False)
     stare.gate(1.0, math.nan, measured=True)  # entropy under the target: on
     assert stare.on and stare.measured == {"selection"}
-    sums = SelectionSums(lplus=2.0, lminus=1.0, lplus_negative_phi=2.0, lplus_abs_diff=0.2, lminus_abs_diff=0.1)
+    sums = SelectionSums(
+        lplus=2.0, lminus=1.0, lplus_negative_phi=2.0, lplus_abs_diff=0.2, lminus_abs_diff=0.1
+    )
     figures = sums.figures({"action_tokens": 10.0}, stare.measured)
     assert figures["stare/lplus_share"] == 0.2 and math.isnan(figures["stare/lplus_negative_phi"])  # no Phi
     assert all(math.isnan(v) for v in sums.figures({"action_tokens": 10.0}, quiet.measured).values())
@@ -112,7 +116,9 @@ def test_sums_add_flatten_and_name_their_figures_nested_ones_included():
     a, b = Outer(1.0, Inner(4.0, 1.0)), Outer(2.0, Inner(6.0, 4.0))
     total = a + b
     assert total == Outer(3.0, Inner(10.0, 5.0))
-    assert total.values() == [3.0, 10.0, 5.0] and Outer.of(total.vector()) == total  # an all-reduce's round trip
+    assert (
+        total.values() == [3.0, 10.0, 5.0] and Outer.of(total.vector()) == total
+    )  # an all-reduce's round trip
     assert Outer.names() == ("test/loss", "test/hit_share")
     assert total.figures({"updates": 2.0}) == {"test/loss": 1.5, "test/hit_share": 0.5}
     assert math.isnan(Outer().figures({"updates": 0.0})["test/loss"])  # nothing to divide by: absent
