@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,17 +15,17 @@ from stare_agents.rollout import RolloutTask, RolloutWorkerGroup
 from stare_agents.rollout.summary import summarize_episodes
 from stare_agents.sandbox import backend_class
 from stare_agents.train.config import TrainConfig, benchmark_protocol
-from stare_agents.train.run_folder import EVALS_DIR
+from stare_agents.train.run_folder import EVALS_DIR, StageTimer
 
 logger = logging.getLogger("stare_agents.train")
 
 
 class RunEvaluation:
-    """A run's held-out tasks and benchmarks, loaded once; `timed(stage, seconds)` gets each evaluation's time."""
+    """A run's held-out tasks and benchmarks, loaded once; `timer` (the run's) gets each evaluation's time."""
 
-    def __init__(self, config: TrainConfig, timed: Callable[[str, float], None]) -> None:
+    def __init__(self, config: TrainConfig, timer: StageTimer) -> None:
         self.config = config
-        self._timed = timed
+        self.timer = timer
         self._heldout: list[Task] | None = None
         self._benchmarks: list[Any] | None = None
 
@@ -79,12 +77,11 @@ class RunEvaluation:
             for task in heldout
             for j in range(c.eval.samples)
         ]
-        started = time.perf_counter()
-        trajectories = workers.collect(
-            tasks, c.rollout_config(evaluation=True), progress=c.logging.progress
-        )
-        seconds = time.perf_counter() - started
-        self._timed("eval", seconds)
+        with self.timer("eval") as took:
+            trajectories = workers.collect(
+                tasks, c.rollout_config(evaluation=True), progress=c.logging.progress
+            )
+        seconds = took.seconds
         per_task: dict[str, float] = {task.id: 0.0 for task in heldout}
         for trajectory in trajectories:  # a failed episode scores 0 here (it answered nothing)
             per_task[trajectory.group_id] += float(bool(trajectory.correct)) / c.eval.samples
@@ -99,45 +96,44 @@ class RunEvaluation:
         the figures for the step's record: `benchmark/<name>/avg@k` with its 95% interval, pass@1, pass@k."""
 
         c = self.config
-        started = time.perf_counter()
         figures: dict[str, Any] = {}
-        for entry, benchmark in zip(c.eval.benchmarks, self.benchmarks(), strict=True):
-            config = entry.eval_config(c)
-            out = folder / EVALS_DIR / f"step-{steps_done:06d}" / benchmark.name
-            shutil.rmtree(out, ignore_errors=True)  # a repeated step (resume) evaluates afresh
-            identity = {
-                "path": str(out),
-                "name": f"{c.name} ({key}) after {steps_done} RL steps",
-                "fingerprint": None,
-                **workers.weights(),  # weight_version and weights_digest: the weights scored
-            }
-            metrics = evaluate_on_workers(
-                workers,
-                benchmark_protocol(entry),
-                config,
-                tokenizer_dir,
-                benchmark,
-                out=out,
-                identity=identity,
-                progress=c.logging.progress,
-            )
-            k, prefix = entry.k, f"benchmark/{benchmark.name}"
-            figures.update(
-                {
-                    f"{prefix}/avg@{k}": metrics.avg.value,
-                    f"{prefix}/avg@{k}_ci_low": metrics.avg.ci_low,
-                    f"{prefix}/avg@{k}_ci_high": metrics.avg.ci_high,
-                    **{
-                        f"{prefix}/pass@{n}": metrics.pass_at[n].value for n in {1, k} if n in metrics.pass_at
-                    },
-                    f"{prefix}/error_rate": metrics.error_rate,
-                    f"{prefix}/problems": metrics.problems,
+        with self.timer("eval_benchmarks"):
+            for entry, benchmark in zip(c.eval.benchmarks, self.benchmarks(), strict=True):
+                config = entry.eval_config(c)
+                out = folder / EVALS_DIR / f"step-{steps_done:06d}" / benchmark.name
+                shutil.rmtree(out, ignore_errors=True)  # a repeated step (resume) evaluates afresh
+                identity = {
+                    "path": str(out),
+                    "name": f"{c.name} ({key}) after {steps_done} RL steps",
+                    "fingerprint": None,
+                    **workers.weights(),  # weight_version and weights_digest: the weights scored
                 }
-            )
-            logger.info(
-                "%s after %d RL steps: avg@%d %s", benchmark.name, steps_done, k, metrics.avg.format()
-            )
-        self._timed("eval_benchmarks", time.perf_counter() - started)
+                metrics = evaluate_on_workers(
+                    workers,
+                    benchmark_protocol(entry),
+                    config,
+                    tokenizer_dir,
+                    benchmark,
+                    out=out,
+                    identity=identity,
+                    progress=c.logging.progress,
+                )
+                k, prefix = entry.k, f"benchmark/{benchmark.name}"
+                figures.update(
+                    {
+                        f"{prefix}/avg@{k}": metrics.avg.value,
+                        f"{prefix}/avg@{k}_ci_low": metrics.avg.ci_low,
+                        f"{prefix}/avg@{k}_ci_high": metrics.avg.ci_high,
+                        **{
+                            f"{prefix}/pass@{n}": metrics.pass_at[n].value for n in {1, k} if n in metrics.pass_at
+                        },
+                        f"{prefix}/error_rate": metrics.error_rate,
+                        f"{prefix}/problems": metrics.problems,
+                    }
+                )
+                logger.info(
+                    "%s after %d RL steps: avg@%d %s", benchmark.name, steps_done, k, metrics.avg.format()
+                )
         return figures
 
     def benchmarks(self) -> list[Any]:

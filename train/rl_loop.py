@@ -20,7 +20,6 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import math
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,7 +45,6 @@ from stare_agents.train.run_summary import accuracy_estimate
 from stare_agents.trajectory import Trajectory, collate, learning_trajectories, policy_text
 
 logger = logging.getLogger("stare_agents.train")
-Timed = Callable[[str, float], None]  # adds seconds to a named stage of the run (progress.json)
 
 
 # -- sampling -------------------------------------------------------------------------------------------------
@@ -364,7 +362,7 @@ class ToolUseWatch:
 class RLLoop:
     """The steps of one algorithm's RL from `start_dir` into `folder`: `run(start)` goes from step `start` to
     rl.steps with evaluation and checkpoints as two `if` blocks; `step(step)` is one step. `sync(learner)` sends
-    the learner's weights to the workers (`sync_weights`, the trainer's) and `timed` adds seconds to the run's
+    the learner's weights to the workers (`sync_weights`, the trainer's) and `timer` (the run's) times the run's
     stage times."""
 
     def __init__(
@@ -379,14 +377,14 @@ class RLLoop:
         key: str,
         evaluation: RunEvaluation,
         sync_weights: Callable[[TrainingLearner], float],
-        timed: Timed,
+        timer: StageTimer,
         position: int = 0,
         ahead: SampledStep | None = None,
     ) -> None:
         c = config
         self.config, self.workers, self.learner, self.algorithm = config, workers, learner, algorithm
         self.folder, self.start_dir, self.key = folder, start_dir, key
-        self.evaluation, self.sync_weights, self.timed = evaluation, sync_weights, timed
+        self.evaluation, self.sync_weights, self.timer = evaluation, sync_weights, timer
         self.sampler = GroupSampler(config, workers, algorithm, c.rollout_config(), position)
         self.pipeline = OneStepPipeline(self.sampler, c.rl.steps, on=c.rl.pipeline == "one-step", ahead=ahead)
         self.rollout_log = (
@@ -397,10 +395,10 @@ class RLLoop:
         self.mismatch_warned = False
         self.tool_use = ToolUseWatch()
 
-    def run(self, start: int) -> Path:
-        """Steps `start` .. rl.steps - 1; returns the metrics file they were logged to."""
+    def run(self, start: int, log: RunLog) -> Path:
+        """Steps `start` .. rl.steps - 1, logged to `log` (the run folder's one writer, the trainer's, opened
+        without what a killed attempt logged from `start` on); returns its metrics file."""
         c = self.config
-        log = RunLog(self.folder, c, purge_from=start)
         if start:  # the run's first step sets the tool-use level that collapse is judged against
             self.tool_use.resume(read_records(log.path, "rl"))
         bar = None
@@ -444,7 +442,6 @@ class RLLoop:
             self.pipeline.close()
             if bar is not None:
                 bar.close()
-            log.close()
 
     def heldout_figures(self) -> dict[str, Any]:
         """Held-out accuracy on eval.every_num_tasks tasks, as the figures of a step's record."""
@@ -461,17 +458,16 @@ class RLLoop:
         }
 
     def checkpoint(self, next_step: int) -> None:
-        started = time.perf_counter()
-        state = {
-            "next_step": next_step,
-            "data_position": self.sampler.position,
-            "weight_version": self.workers.weight_version,
-            "ahead": self.pipeline.state(),
-        }
-        path = checkpoint_path(self.folder, next_step)
-        self.learner.save_checkpoint(state, path, tokenizer_dir=self.start_dir)
-        prune_checkpoints(self.folder, self.config.checkpoint.keep_last)
-        self.timed("checkpoint", time.perf_counter() - started)
+        with self.timer("checkpoint"):
+            state = {
+                "next_step": next_step,
+                "data_position": self.sampler.position,
+                "weight_version": self.workers.weight_version,
+                "ahead": self.pipeline.state(),
+            }
+            path = checkpoint_path(self.folder, next_step)
+            self.learner.save_checkpoint(state, path, tokenizer_dir=self.start_dir)
+            prune_checkpoints(self.folder, self.config.checkpoint.keep_last)
 
     def step(self, step: int) -> dict[str, Any]:
         """One RL step, as named stages: sample groups (refilled under dynamic sampling) and their advantages
@@ -518,7 +514,7 @@ class RLLoop:
                     other_data=metrics.other_records,
                 )
         for stage, value in timer.seconds.items():
-            self.timed(f"rl_{stage}", value)
+            self.timer.add(f"rl_{stage}", value)
         record = step_record(c, step, algorithm, sampled, metrics, timer.seconds)
         # how many weight versions the trained trajectories' sampler was behind the learner (0 unless pipelined)
         record["rollout/staleness_max"] = float(max(staleness, default=0))

@@ -15,6 +15,7 @@ import shutil
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -217,10 +218,7 @@ class RunState:
         self.started = time.perf_counter()
         self.previous_wall_s = float(self.progress.get("wall_time_s", 0.0))
         self.stage_seconds: dict[str, float] = dict(self.progress.get("stage_seconds", {}))
-
-    def timed(self, stage: str, seconds: float) -> None:
-        """Add `seconds` to a named stage (saved with the next `save`)."""
-        self.stage_seconds[stage] = self.stage_seconds.get(stage, 0.0) + seconds
+        self.timer = StageTimer(self.stage_seconds)  # the run's stages (saved with the next `save`)
 
     def wall_time_s(self) -> float:
         return self.previous_wall_s + time.perf_counter() - self.started
@@ -234,19 +232,31 @@ class RunState:
 
 
 class StageTimer:
-    """Wall seconds per named stage of a step (`with timer("rollout"): ...`; a stage entered twice adds
-    up)."""
+    """Wall seconds per named stage: `with timer("rollout") as took: ...` adds them (a stage entered twice adds
+    up; `took.seconds` is this time's), `add(stage, seconds)` adds a measured amount (a step's stages to the
+    run's). The one way stages are timed: a step's (rl_loop) and the run's (RunState.timer, progress.json)."""
 
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
+    def __init__(self, seconds: dict[str, float] | None = None) -> None:
+        self.seconds: dict[str, float] = seconds if seconds is not None else {}
+
+    def add(self, stage: str, seconds: float) -> None:
+        self.seconds[stage] = self.seconds.get(stage, 0.0) + seconds
 
     @contextlib.contextmanager
-    def __call__(self, stage: str) -> Iterator[None]:
-        started = time.perf_counter()
+    def __call__(self, stage: str) -> Iterator[Elapsed]:
+        took, started = Elapsed(), time.perf_counter()
         try:
-            yield
+            yield took
         finally:
-            self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - started
+            took.seconds = time.perf_counter() - started
+            self.add(stage, took.seconds)
+
+
+@dataclass
+class Elapsed:
+    """What a stage took, once its `with` block is left."""
+
+    seconds: float = 0.0
 
 
 def save_hf_model(model: Any, tokenizer_dir: Path, out: Path) -> Path:

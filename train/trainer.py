@@ -30,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
@@ -98,13 +97,20 @@ class Trainer:
             check_same_run(self.folder / "config.yaml", config)
         save_config(config, self.folder / "config.yaml")
         self.workers: RolloutWorkerGroup | None = None
-        self.evaluation = RunEvaluation(config, self.state.timed)
+        self.evaluation = RunEvaluation(config, self.state.timer)
+        self._run_logs: dict[Path, RunLog] = {}  # each run folder's one writer (`run_log`)
 
-    def run_log(self) -> RunLog:
-        """The run folder's log of evaluation and SFT records (opened once, closed when `run()` ends)."""
-        if getattr(self, "_run_log", None) is None:
-            self._run_log = RunLog(self.folder, self.config)
-        return self._run_log
+    def run_log(self, folder: Path | None = None, *, purge_from: int | None = None) -> RunLog:
+        """The one writer of a run folder's records (evaluation, SFT, RL; `folder`: this run's, or a compared
+        algorithm's), opened on first use and closed when `run()` ends. `purge_from` (where RL starts): opened
+        anew without what a killed attempt logged from that step on."""
+        folder = folder or self.folder
+        logs = self._run_logs
+        if purge_from is not None and folder in logs:
+            logs.pop(folder).close()
+        if folder not in logs:
+            logs[folder] = RunLog(folder, self.config, purge_from=purge_from)
+        return logs[folder]
 
     # ---- the run ----
     def run(self, *, compare: str | None = None, checked: bool = False) -> dict[str, Any]:
@@ -116,9 +122,8 @@ class Trainer:
             preflight(config, compare=compare)
         self.evaluation.benchmarks()  # eval.benchmarks that cannot load (a Hugging Face id offline) stop the run now
         self.evaluation.check_heldout()  # a held-out evaluation that would draw training problems stops the run now
-        started = time.perf_counter()
-        base_dir = prepare_model(config.model.name)
-        self.state.timed("prepare_model", time.perf_counter() - started)
+        with self.state.timer("prepare_model"):
+            base_dir = prepare_model(config.model.name)
         runs = {config.rl.algorithm: self.folder}
         if compare:
             runs[compare] = self.folder / compare
@@ -157,18 +162,17 @@ class Trainer:
         finally:
             self.workers.close()
             self.workers = None
-            if getattr(self, "_run_log", None) is not None:
-                self._run_log.close()
-                self._run_log = None
+            for log in self._run_logs.values():
+                log.close()
+            self._run_logs.clear()
 
     def _start_workers(self, model_dir: Path) -> RolloutWorkerGroup:
         c = self.config
         spec = c.worker_spec(model_dir)
-        started = time.perf_counter()
-        workers = RolloutWorkerGroup(
-            spec, c.rollout.workers, use_ray=c.rollout.use_ray, ray_address=c.rollout.ray_address
-        )
-        self.state.timed("start_workers", time.perf_counter() - started)
+        with self.state.timer("start_workers"):
+            workers = RolloutWorkerGroup(
+                spec, c.rollout.workers, use_ray=c.rollout.use_ray, ray_address=c.rollout.ray_address
+            )
         for worker in workers.ping():
             logger.info(
                 "rollout worker %d: %s engine%s, %s",
@@ -236,51 +240,49 @@ class Trainer:
         from transformers import AutoTokenizer
 
         c = self.config
-        started = time.perf_counter()
-        tokenizer = AutoTokenizer.from_pretrained(base_dir)
-        model = load_causal_lm(base_dir)
-        eos_ids = eos_token_ids(tokenizer, model.generation_config)
-        if c.sft.data == "solver":
+        with self.state.timer("sft_data"):
+            tokenizer = AutoTokenizer.from_pretrained(base_dir)
+            model = load_causal_lm(base_dir)
+            eos_ids = eos_token_ids(tokenizer, model.generation_config)
+            if c.sft.data == "solver":
 
-            seeds = [c.env.train_seed + 10_000_000 + i for i in range(c.sft.num_examples)]  # apart from RL's
-            # the solver's code must run to be verified: "none" still uses Docker here, never the host
-            backend, sandbox_kwargs = c.rollout.code_sandbox()  # the rollout workers' kwargs
-            with make_sandbox(backend, pool_size=4, **sandbox_kwargs) as sandbox:
-                traces = solver_traces(
-                    c.env.id,
-                    seeds,
+                seeds = [c.env.train_seed + 10_000_000 + i for i in range(c.sft.num_examples)]  # apart from RL's
+                # the solver's code must run to be verified: "none" still uses Docker here, never the host
+                backend, sandbox_kwargs = c.rollout.code_sandbox()  # the rollout workers' kwargs
+                with make_sandbox(backend, pool_size=4, **sandbox_kwargs) as sandbox:
+                    traces = solver_traces(
+                        c.env.id,
+                        seeds,
+                        tokenizer,
+                        eos_ids,
+                        env_kwargs=split_kwargs(c.env.id, c.env.make_kwargs(), "train"),
+                        sandbox=sandbox,
+                        rendering=c.rollout.rendering,
+                    )
+            else:
+                traces = conversation_traces(
+                    c.sft.data,
                     tokenizer,
                     eos_ids,
-                    env_kwargs=split_kwargs(c.env.id, c.env.make_kwargs(), "train"),
-                    sandbox=sandbox,
                     rendering=c.rollout.rendering,
-                )
-        else:
-            traces = conversation_traces(
-                c.sft.data,
-                tokenizer,
-                eos_ids,
-                rendering=c.rollout.rendering,
-                observation_format=self._observation_format(),
-            )[: c.sft.num_examples]
-        if not traces:
-            raise RuntimeError(f"SFT: no usable traces from {c.sft.data!r} for {c.env.id}")
-        self.state.timed("sft_data", time.perf_counter() - started)
-        started = time.perf_counter()
-        sft_config = c.sft.sft_config(seed=c.seed, device="cuda" if torch.cuda.is_available() else "cpu")
-        pad = tokenizer.pad_token_id or 0
-        if c.rl.learner_workers > 1:  # the same data-parallel (FSDP) workers as RL: a model one device cannot fit
+                    observation_format=self._observation_format(),
+                )[: c.sft.num_examples]
+            if not traces:
+                raise RuntimeError(f"SFT: no usable traces from {c.sft.data!r} for {c.env.id}")
+        with self.state.timer("sft"):
+            sft_config = c.sft.sft_config(seed=c.seed, device="cuda" if torch.cuda.is_available() else "cpu")
+            pad = tokenizer.pad_token_id or 0
+            if c.rl.learner_workers > 1:  # the same data-parallel (FSDP) workers as RL: a model one device cannot fit
 
-            del model
-            sft: Any = SFTGroup(base_dir, sft_config, self._distributed_config(), pad_token_id=pad)
-        else:
-            sft = SFTTrainer(model, sft_config, pad_token_id=pad)
-        try:
-            trained = self._fit_sft(sft, traces, base_dir)
-        finally:
-            sft.close()
-        save_hf_model(trained, base_dir, out)
-        self.state.timed("sft", time.perf_counter() - started)
+                del model
+                sft: Any = SFTGroup(base_dir, sft_config, self._distributed_config(), pad_token_id=pad)
+            else:
+                sft = SFTTrainer(model, sft_config, pad_token_id=pad)
+            try:
+                trained = self._fit_sft(sft, traces, base_dir)
+            finally:
+                sft.close()
+            save_hf_model(trained, base_dir, out)
         self.progress["sft_done"] = True
         self.progress["sft_traces"] = len(traces)
         self.state.save()
@@ -373,14 +375,13 @@ class Trainer:
                 key=key,
                 evaluation=self.evaluation,
                 sync_weights=self._sync,
-                timed=self.state.timed,
+                timer=self.state.timer,
                 position=position,
                 ahead=ahead,
             )
-            metrics_path = loop.run(start)
-            started = time.perf_counter()
-            save_hf_model(learner.hf_model(start_dir), start_dir, folder / FINAL_MODEL)  # for `eval --model`
-            self.state.timed("save_model", time.perf_counter() - started)
+            metrics_path = loop.run(start, self.run_log(folder, purge_from=start))
+            with self.state.timer("save_model"):  # a model folder for `eval --model`
+                save_hf_model(learner.hf_model(start_dir), start_dir, folder / FINAL_MODEL)
             self.progress[f"{key}_done"] = True
             self.progress.setdefault("weight_versions", {})[key] = self.workers.weight_version
             self.progress.setdefault("rl_logs", {})[key] = str(metrics_path)
@@ -392,15 +393,13 @@ class Trainer:
         """Send the learner's weights to the rollout workers (straight from the learner when rollout.weight_sync
         resolves to "collective": `stare_agents.rollout.weight_sync`)."""
         assert self.workers is not None
-        started = time.perf_counter()
-        if resolved_weight_sync(self.config, driver_has_gpu=torch.cuda.is_available()) == "collective":
-            bucket_mb = self.config.rollout.weight_sync_bucket_mb
-            self.workers.update_weights_from(learner.sender, version=version, bucket_mb=bucket_mb)
-        else:
-            self.workers.update_weights(learner.model_state_dict(), version=version)
-        seconds = time.perf_counter() - started
-        self.state.timed("sync", seconds)
-        return seconds
+        with self.state.timer("sync") as took:
+            if resolved_weight_sync(self.config, driver_has_gpu=torch.cuda.is_available()) == "collective":
+                bucket_mb = self.config.rollout.weight_sync_bucket_mb
+                self.workers.update_weights_from(learner.sender, version=version, bucket_mb=bucket_mb)
+            else:
+                self.workers.update_weights(learner.model_state_dict(), version=version)
+        return took.seconds
 
     # ---- summary and plot ----
 
