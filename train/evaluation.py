@@ -13,8 +13,10 @@ from typing import Any
 from stare_agents.envs.registration import split_kwargs
 from stare_agents.envs.tasks import Task, unique_tasks
 from stare_agents.eval import evaluate_on_workers, get_protocol, load_benchmark
+from stare_agents.models import prepare_model
 from stare_agents.rollout import RolloutTask, RolloutWorkerGroup
 from stare_agents.rollout.summary import summarize_episodes
+from stare_agents.rollout_log import write_heldout
 from stare_agents.sandbox import backend_class
 from stare_agents.train.config import TrainConfig, benchmark_protocol
 from stare_agents.train.run_folder import EVALS_DIR
@@ -61,9 +63,13 @@ class RunEvaluation:
         if c.eval.num_tasks:
             self.heldout_tasks(c.eval.num_tasks)
 
-    def evaluate(self, workers: RolloutWorkerGroup, num_tasks: int | None = None) -> dict[str, Any]:
+    def evaluate(
+        self, workers: RolloutWorkerGroup, num_tasks: int | None = None, point: str | None = None
+    ) -> dict[str, Any]:
         """Accuracy (and tool use) of `workers`' current weights on the first `num_tasks` held-out tasks;
-        `per_task` maps each task id to its score (the mean correctness of its samples)."""
+        `per_task` maps each task id to its score (the mean correctness of its samples). With `point` ("base",
+        "sft", "rl", "rl-step-000010", ...) the samples are kept in <run>/heldout/<point>.jsonl.gz for the
+        viewer's across-training view."""
         c = self.config
         heldout = self.heldout_tasks(num_tasks or c.eval.num_tasks)
         tasks = [
@@ -83,6 +89,8 @@ class RunEvaluation:
         )
         seconds = time.perf_counter() - started
         self._timed("eval", seconds)
+        if point is not None:
+            write_heldout(c.out_dir, point, trajectories, prepare_model(c.model.name))
         per_task: dict[str, float] = {task.id: 0.0 for task in heldout}
         for trajectory in trajectories:  # a failed episode scores 0 here (it answered nothing)
             per_task[trajectory.group_id] += float(bool(trajectory.correct)) / c.eval.samples

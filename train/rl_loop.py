@@ -369,7 +369,7 @@ class RLLoop:
             for step in range(start, c.rl.steps):
                 record = self.step(step)
                 if c.eval.num_tasks and c.eval.every and (step + 1) % c.eval.every == 0 and step + 1 < c.rl.steps:
-                    record.update(self.heldout_figures())
+                    record.update(self.heldout_figures(step + 1))
                 if c.eval.benchmarks and (
                     (c.eval.every and (step + 1) % c.eval.every == 0) or step + 1 == c.rl.steps
                 ):
@@ -397,10 +397,12 @@ class RLLoop:
                 bar.close()
             log.close()
 
-    def heldout_figures(self) -> dict[str, float]:
-        """Held-out accuracy on eval.every_num_tasks tasks, as the figures of a step's record."""
+    def heldout_figures(self, steps_done: int) -> dict[str, float]:
+        """Held-out accuracy on eval.every_num_tasks tasks after `steps_done` steps, as the figures of a step's
+        record (the samples kept as point "<key>-step-NNNNNN")."""
         c = self.config
-        result = self.evaluation.evaluate(self.workers, c.eval.every_num_tasks)
+        point = f"{self.key}-step-{steps_done:06d}"
+        result = self.evaluation.evaluate(self.workers, c.eval.every_num_tasks, point=point)
         score = accuracy_estimate(result["per_task"], c.eval.bootstrap)
         return {
             "eval/accuracy": score.value,

@@ -186,7 +186,7 @@ class Trainer:
             self.state.save()
             return {}
         assert self.workers is not None
-        result = self.evaluation.evaluate(self.workers, num_tasks)
+        result = self.evaluation.evaluate(self.workers, num_tasks, point=point)
         score = accuracy_estimate(result["per_task"], self.config.eval.bootstrap)
         logger.info("accuracy (%s): %s on %d held-out tasks", point, score.format(), result["tasks"])
         self.progress.setdefault("accuracy", {})[point] = score.value
