@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from stare_agents.jsonl import Unread
+from stare_agents.records import read_records
 from stare_agents.rollout_log import (
     HELDOUT_DIR,
     SavedRollout,
@@ -77,14 +78,21 @@ def heldout_points_of(
             p for p in heldout_points(folder.parent) if p in ("base", "sft") or _key(p) == f"rl-{folder.name}"
         ]
         if any(p not in ("base", "sft") for p in parent):
-            from stare_agents.records import read_records
-
             own, source, arm = parent, folder.parent, f"rl-{folder.name}"
             eval_records = read_records(folder.parent / "metrics.jsonl")
     accuracies = {
         **_accuracies([r for r in eval_records if r.get("kind") == "eval"], arm),
         **_accuracies([r for r in records if r.get("kind") == "rl"], arm),
     }
+    for key in {_key(p) for p in own} - {
+        "base",
+        "sft",
+        "rl",
+        arm,
+    }:  # a compare arm's own evaluations during RL
+        if key.startswith("rl-") and (folder / key.removeprefix("rl-") / "metrics.jsonl").is_file():
+            arm_records = read_records(folder / key.removeprefix("rl-") / "metrics.jsonl", "rl")
+            accuracies.update(_accuracies(arm_records, key))
     names = sorted(set(own) | set(accuracies), key=heldout_order)
     points = []
     for name in names:

@@ -11,7 +11,7 @@
   const TOKEN_PAGE = 200; // tokens listed at a time
   const FILTERS = { rmin: "", rmax: "", stop: "", group: "", status: "", tool: "", q: "", sort: "",
     tscope: "", tstat: "", top: ">", tval: "" };
-  const state = { step: null, prompt: null, heldout: null, open: null, tok: null, mode: "stare", scale: "log",
+  const state = { step: null, prompt: null, heldout: null, tokens: false, open: null, tok: null, mode: "stare", scale: "log",
     limit: PAGE, tlimit: TOKEN_PAGE, hfilter: "", hq: "", ...FILTERS };
 
   // ---- text: every string goes in as text, its invisible characters made visible ----
@@ -127,10 +127,11 @@
   function readHash() {
     const params = new URLSearchParams(location.hash.slice(1));
     const step = params.get("step"), prompt = params.get("prompt"), traj = params.get("traj"), tok = params.get("tok");
-    if (step !== state.step) Object.assign(state, FILTERS, { limit: PAGE, tlimit: TOKEN_PAGE });
+    if (step !== state.step && !(step === null && params.has("tokens"))) Object.assign(state, FILTERS, { limit: PAGE, tlimit: TOKEN_PAGE });
     state.step = step;
     state.prompt = prompt === null ? null : Number(prompt);
     state.heldout = params.get("heldout");
+    state.tokens = params.has("tokens");
     state.open = traj === null ? null : Number(traj);
     state.tok = tok === null ? null : Number(tok);
   }
@@ -228,7 +229,7 @@
     return el("div", {},
       el("h2", {}, "Steps"),
       curve(),
-      el("table", { id: "overview" }, el("thead", {}, head), el("tbody", {}, ...rows)));
+      el("div", { class: "scroll" }, el("table", { id: "overview" }, el("thead", {}, head), el("tbody", {}, ...rows))));
   }
 
   // ---- per-token colourings and their scales ----
@@ -438,11 +439,11 @@
     edges.push(Infinity);
     return edges;
   }
-  function histogram(data, key) {
+  function histogram(sources, key) {
     const stat = STATS[key], edges = bins(stat.lo, stat.hi);
     const pos = new Array(edges.length - 1).fill(0), neg = new Array(edges.length - 1).fill(0);
     let total = 0;
-    for (const t of data) {
+    for (const { rows } of sources) for (const t of rows) {
       const list = t[key];
       if (!list) continue;
       for (let j = 0; j < t.m.length; j++) {
@@ -457,14 +458,15 @@
     }
     return { edges, pos, neg, total };
   }
-  function histogramChart(data, key, cut) {
-    const stat = STATS[key], hist = histogram(data, key);
+  function histogramChart(sources, key, cut) {
+    const stat = STATS[key], hist = histogram(sources, key);
     const W = 370, H = 150, left = 36, right = 8, top = 18, bottom = 34;
     const box = el("div", { class: "hist-box", "data-stat": key });
     const title = el("div", { class: "hist-title" }, stat.label + " (" + stat.unit + ", log axis) · " + hist.total.toLocaleString("en") + " action tokens");
     if (!hist.total) {
-      const why = key === "d" ? "no learner log-probs in this step: the mismatch is not known"
-        : key === "h" ? "per-token entropy not saved in this step" : "no action tokens";
+      const where = sources.length === 1 ? "this step" : "these steps";
+      const why = key === "d" ? "no learner log-probs in " + where + ": the mismatch is not known"
+        : key === "h" ? "per-token entropy not saved in " + where : "no action tokens";
       box.append(title, el("div", { class: "muted hist-none" }, why));
       return box;
     }
@@ -499,7 +501,7 @@
     }
     add("text", { x: (left + W - right) / 2, y: H - 4, "font-size": 10, "text-anchor": "middle", fill: "#333" }, stat.label + (key === "d" ? " (blue: learner > rollout, red: <)" : ""));
     for (const c of [1, 10, 100, 1000, 10000, 100000].filter((c) => Math.log10(1 + c) <= ymax + 1e-9)) {
-      add("text", { class: "ytick", x: left - 3, y: y(c) + 3, "font-size": 9, "text-anchor": "end", fill: "#777" }, num(c));
+      add("text", { class: "ytick", x: left - 3, y: y(c) + 3, "font-size": 9, "text-anchor": "end", fill: "#777" }, c >= 1000 ? c / 1000 + "k" : String(c));
     }
     const xOf = (v) => { // where value v sits on the binned axis
       if (v < hist.edges[1]) return left + width / 2;
@@ -519,11 +521,28 @@
     return box;
   }
 
+  // a change of the token filter redraws the charts and the results, never the controls (an edited value
+  // commits on blur: the control must stay in place for the click that blurred it)
   function setTokenFilter(values) {
     Object.assign(state, values, { limit: PAGE, tlimit: TOKEN_PAGE });
-    const panel = document.getElementById("token-panel");
-    if (panel) panel.replaceWith(tokenPanel());
-    list();
+    for (const [id, key] of [["t-scope", "tscope"], ["t-stat", "tstat"], ["t-op", "top"], ["t-val", "tval"]]) {
+      const node = document.getElementById(id);
+      if (node && node.value !== state[key]) node.value = state[key];
+    }
+    const clear = document.getElementById("t-clear");
+    if (clear) clear.disabled = !tokenFilterOn();
+    refreshTokens();
+    if (state.step !== null && !state.tokens) list();
+  }
+  function refreshTokens() {
+    const charts = document.getElementById("token-charts"), results = document.getElementById("token-results");
+    if (charts) charts.replaceWith(tokenCharts());
+    if (results) results.replaceWith(tokenTable());
+  }
+  // the tokens the finder searches: the open step's, or every step's (#tokens)
+  function tokenSources() {
+    if (state.tokens) return meta.overview.map((row) => ({ step: row.step, rows: stepData(row.step) || [] }));
+    return [{ step: state.step, rows: stepData(state.step) || [] }];
   }
   const PRESETS = [
     ["mismatch > 0.1 nat", { tscope: "", tstat: "d", top: ">", tval: "0.1" }, "learner"],
@@ -532,9 +551,13 @@
     ["L- tokens", { tscope: "-", tstat: "", top: ">", tval: "" }, null],
     ["Φ < 0 among L+", { tscope: "+", tstat: "phi", top: "<", tval: "0" }, "phi"],
   ];
+  function tokenCharts() {
+    const sources = tokenSources();
+    const cut = state.tokens ? null : (stepRow() || {}).cut || {}; // each step has its own cut-offs
+    return el("div", { class: "hists", id: "token-charts" },
+      histogramChart(sources, "h", null), histogramChart(sources, "s", cut), histogramChart(sources, "d", null));
+  }
   function tokenPanel() {
-    const data = stepData(state.step) || [];
-    const cut = (stepRow() || {}).cut || {};
     const select = (id, key, choices) => {
       const node = el("select", { id, onchange: (e) => setTokenFilter({ [key]: e.target.value }) });
       for (const [value, text] of choices) node.append(el("option", { value, selected: value === state[key] ? "selected" : null }, text));
@@ -550,13 +573,13 @@
       el("input", { id: "t-val", type: "number", step: "any", value: state.tval, placeholder: "value",
         onchange: (e) => setTokenFilter({ tval: e.target.value }) }),
       ...presets,
-      tokenFilterOn() ? el("button", { type: "button", id: "t-clear", onclick: () => setTokenFilter({ tscope: "", tstat: "", tval: "" }) }, "clear") : null);
-    const charts = el("div", { class: "hists" }, histogramChart(data, "h", null), histogramChart(data, "s", cut), histogramChart(data, "d", null));
-    return el("div", { id: "token-panel" }, charts, controls, tokenFilterOn() ? tokenTable(data) : null);
+      el("button", { type: "button", id: "t-clear", disabled: !tokenFilterOn(), onclick: () => setTokenFilter({ tscope: "", tstat: "", tval: "" }) }, "clear"));
+    return el("div", { id: "token-panel" }, tokenCharts(), controls, tokenTable());
   }
-  function tokenTable(data) {
-    const hits = [];
-    for (const t of data) for (let j = 0; j < t.m.length; j++) if (tokenMatches(t, j)) hits.push([t, j]);
+  function tokenTable() {
+    if (!tokenFilterOn()) return el("div", { id: "token-results", class: "muted" }, "choose a threshold, a preset or a histogram bar to list tokens");
+    const sources = tokenSources(), hits = [];
+    for (const { step, rows } of sources) for (const t of rows) for (let j = 0; j < t.m.length; j++) if (tokenMatches(t, j)) hits.push([t, j, step]);
     const key = state.tstat || "s", desc = !state.tstat || state.top === ">" || state.top === "≥";
     const value = ([t, j]) => { const v = t[key] ? t[key][j] : null; return isNum(v) ? (STATS[key].abs ? Math.abs(v) : v) : null; };
     hits.sort((a, b) => {
@@ -564,30 +587,32 @@
       if (va === null || vb === null) return va === null ? (vb === null ? 0 : 1) : -1;
       return desc ? vb - va : va - vb;
     });
-    const inTrajectories = new Set(hits.map(([t]) => t.i)).size;
-    const head = el("tr", {}, ...["#", "at", "token (in context)", "status", "reward", "advantage", "surprisal", "entropy", "mismatch", "Φ", "weight"].map((h, k) => el("th", { class: k === 2 || k === 3 ? "l" : null }, h)));
+    const inTrajectories = new Set(hits.map(([t, , step]) => step + "/" + t.i)).size;
+    const head = el("tr", {}, ...["step", "#", "at", "token (in context)", "status", "reward", "advantage", "surprisal", "entropy", "mismatch", "Φ", "weight"].map((h, k) => el("th", { class: k === 3 || k === 4 ? "l" : null }, h)));
     const body = el("tbody", {});
-    for (const [t, j] of hits.slice(0, state.tlimit)) {
+    for (const [t, j, step] of hits.slice(0, state.tlimit)) {
       const context = el("td", { class: "l ctx" });
       const before = [], after = [];
       for (let k = j - 1; k >= 0 && before.length < 4; k--) before.unshift(t.tok ? t.tok[k] : "");
       for (let k = j + 1; k < t.m.length && after.length < 4; k++) after.push(t.tok ? t.tok[k] : "");
       context.append(el("span", { class: "muted" }, before.join("")), el("span", { class: "hit" }, t.tok ? t.tok[j] : "#" + j), el("span", { class: "muted" }, after.join("")));
       const get = (k) => (t[k] ? fmt(t[k][j], 4) : "-");
-      body.append(el("tr", { class: "tokrow", "data-i": t.i, "data-j": j, onclick: () => { location.hash = link({ step: state.step, traj: t.i, tok: j }); } },
-        el("td", {}, el("a", { href: link({ step: state.step, traj: t.i, tok: j }) }, t.i)), el("td", {}, j), context,
+      const target = link({ step, traj: t.i, tok: j });
+      body.append(el("tr", { class: "tokrow", "data-step": step, "data-i": t.i, "data-j": j, onclick: (e) => { if (!e.target.closest("a")) location.hash = target; } },
+        el("td", {}, step), el("td", {}, el("a", { href: target }, t.i)), el("td", {}, j), context,
         el("td", { class: "l" }, t.st), el("td", {}, fmt(t.r)), el("td", {}, fmt(t.a)),
         el("td", {}, get("s")), el("td", {}, get("h")), el("td", {}, get("d")), el("td", {}, get("phi")),
         el("td", {}, t.w ? fmt(t.w[j]) + (t.sel && t.sel[j] !== "0" ? " L" + t.sel[j] : "") : t.sel && t.sel[j] !== "0" ? "L" + t.sel[j] : "-")));
     }
     const more = hits.length > state.tlimit
-      ? el("button", { id: "t-more", onclick: () => { state.tlimit += TOKEN_PAGE; const p = document.getElementById("token-panel"); p.replaceWith(tokenPanel()); } },
+      ? el("button", { id: "t-more", onclick: () => { state.tlimit += TOKEN_PAGE; refreshTokens(); } },
         "show " + Math.min(TOKEN_PAGE, hits.length - state.tlimit) + " more tokens") : null;
     return el("div", { id: "token-results" },
       el("div", { id: "t-count", class: "muted" }, hits.length.toLocaleString("en") + " tokens in " + inTrajectories + " trajectories" +
+        (sources.length > 1 ? " of " + sources.length + " steps" : "") +
         (state.tstat ? ", " + (desc ? "largest" : "smallest") + " " + STATS[key].label + " first" : ", highest surprisal first") +
-        " (the list below holds only the trajectories with one)"),
-      el("table", { id: "tokens" }, el("thead", {}, head), body), more);
+        (state.tokens ? "; a row opens its trajectory in its step" : " (the list below holds only the trajectories with one)")),
+      el("div", { class: "scroll tall" }, el("table", { id: "tokens" }, el("thead", {}, head), body)), more);
   }
 
   // ---- one step ----
@@ -1042,7 +1067,7 @@
       const mine = rows.filter((x) => x.point === point).map((x) => x.t);
       const column = el("div", { class: "hcol", "data-point": point.point, "data-run": point.run },
         el("div", { class: "hcol-head" }, el("strong", {}, pointName(point)),
-          el("div", { class: "muted" }, "accuracy " + fmt(point.accuracy) + " on " + (point.samples ? "its tasks" : "-"))));
+          el("div", { class: "muted" }, "accuracy " + fmt(point.accuracy) + " over its " + byTask(point).size + " task(s)")));
       if (!mine.length) column.append(el("div", { class: "muted" }, "not evaluated on this task (fewer tasks at this point)"));
       for (const t of mine) {
         const box = el("div", { class: "detail hsample", "data-i": t.i, "data-block": point.block },
@@ -1062,6 +1087,14 @@
       el("div", { class: "hcols" }, ...columns));
   }
 
+  // ---- tokens of every step (#tokens) ----
+  function tokensView() {
+    return el("div", { id: "tokens-view" },
+      el("h2", {}, "Tokens of all " + meta.overview.length + " steps"),
+      el("div", { class: "muted" }, "The action tokens of every step on this page, by their statistics (each step's own L+/L- cut-offs are drawn in its step view)."),
+      tokenPanel());
+  }
+
   // ---- page ----
   // what the source had that could not be read (a damaged step file, a malformed line): named, never hidden
   function notices() {
@@ -1077,19 +1110,21 @@
       ? " · against " + meta.runs[1].title + " (its entropy curve and held-out samples; its steps: stare-agents show on its folder)" : "";
     return el("div", { class: "muted", id: "nav" }, "stare-agents rollouts · " + meta.overview.length + " step(s) · ",
       el("a", { href: "#", id: "nav-steps" }, "steps"), " · ",
+      el("a", { href: "#tokens", id: "nav-tokens" }, "find tokens in all steps"), " · ",
       el("a", { href: "#heldout", id: "nav-heldout" }, "held-out tasks across training (" + points.filter((p) => p.samples).length + " point(s) with samples)"),
       against);
   }
   function render() {
     const children = [el("h1", {}, meta.title), nav(), notices(), overview()];
     if (state.heldout !== null) children.push(state.heldout === "" ? heldoutOverview() : heldoutTask());
+    else if (state.tokens) children.push(tokensView());
     else if (state.prompt !== null) children.push(promptView());
     else if (state.step !== null) children.push(stepView());
     else children.push(el("p", { class: "muted", id: "hint" }, "open a step above to list its trajectories"));
     app.replaceChildren(...children.filter((c) => c !== null));
-    if (state.prompt === null && state.heldout === null && state.step !== null) list();
+    if (state.prompt === null && state.heldout === null && !state.tokens && state.step !== null) list();
   }
   readHash();
-  if (state.step === null && state.prompt === null && state.heldout === null && meta.overview.length === 1) state.step = meta.overview[0].step;
+  if (state.step === null && state.prompt === null && state.heldout === null && !state.tokens && meta.overview.length === 1) state.step = meta.overview[0].step;
   render();
 })();
