@@ -300,7 +300,7 @@ def build_page(
             if (point.source.resolve(), point.name) in seen:
                 continue
             seen.add((point.source.resolve(), point.name))
-            block = f"heldout-{run}-{point.name}"
+            block = f"heldout-{len(heldout_blocks)}"  # the point's name may hold any character
             heldout.append({**point.meta(), "run": run, "block": block})
             heldout_blocks[block] = [compact(s, i, prompts.index(s)) for i, s in enumerate(point.samples)]
     report_unread(notices, unread, "lines or files")

@@ -12,7 +12,6 @@ its accuracies with a note that says so.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,13 +21,11 @@ from stare_agents.records import read_records
 from stare_agents.rollout_log import (
     HELDOUT_DIR,
     SavedRollout,
-    heldout_file,
     heldout_order,
     heldout_points,
+    heldout_stage,
     read_rollouts,
 )
-
-_IN_TRAINING = re.compile(r"^(rl(?:-.+?)?)-step-(\d{6})$")
 
 
 @dataclass
@@ -60,8 +57,7 @@ def label(point: str, arm: str | None = None) -> tuple[str, int | None]:
         return "base", None
     if point == "sft":
         return "SFT", None
-    found = _IN_TRAINING.match(point)
-    key, step = (found.group(1), int(found.group(2))) if found else (point, None)
+    key, step = heldout_stage(point)
     name = "RL" if key in ("rl", arm) else "RL " + key.removeprefix("rl-")
     return (f"{name} step {step}" if step is not None else f"{name} end"), step
 
@@ -97,7 +93,7 @@ def heldout_points_of(
     points = []
     for name in names:
         text, step = label(name, arm)
-        samples = _samples(heldout_file(source, name), unread) if name in own else []
+        samples = _samples(source / HELDOUT_DIR / f"{name}.jsonl.gz", unread) if name in own else []
         points.append(HeldoutPoint(name, text, step, source, accuracies.get(name), samples))
     missing = [p.label for p in points if not p.samples]
     note = None
@@ -123,8 +119,7 @@ def _samples(path: Path, unread: list[Unread] | None) -> list[SavedRollout]:
 
 
 def _key(point: str) -> str:
-    found = _IN_TRAINING.match(point)
-    return found.group(1) if found else point
+    return heldout_stage(point)[0]
 
 
 def _accuracies(records: list[dict[str, Any]], arm: str | None) -> dict[str, float]:

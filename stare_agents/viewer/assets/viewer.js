@@ -407,29 +407,50 @@
   }
   // the token filter: which action tokens (all, L+ or L-) and a condition on one statistic
   function tokenFilterOn() { return state.tscope !== "" || (state.tstat !== "" && state.tval !== "" && isNum(Number(state.tval))); }
-  function tokenMatches(t, j) {
-    if (t.m[j] !== "1") return false;
-    if (state.tscope && !(t.sel && t.sel[j] === state.tscope)) return false;
-    if (state.tstat && state.tval !== "" && isNum(Number(state.tval))) {
-      const list = t[state.tstat], raw = list ? list[j] : null;
-      if (!isNum(raw)) return false;
-      const v = STATS[state.tstat].abs ? Math.abs(raw) : raw, bound = Number(state.tval);
-      if (!(state.top === ">" ? v > bound : state.top === "≥" ? v >= bound : state.top === "<" ? v < bound : v <= bound)) return false;
-    }
-    return true;
-  }
-  const matchCounts = new Map(); // filter key -> WeakMap(t -> matching tokens)
-  function filterKey() { return [state.tscope, state.tstat, state.top, state.tval].join("|"); }
-  function matchCount(t) {
+  // the current filter as one test of token j of trajectory t (made once per filter: a step has 10^5 tokens)
+  let compiled = { key: null, test: null };
+  function tokenTest() {
     const key = filterKey();
-    if (!matchCounts.has(key)) matchCounts.set(key, new WeakMap());
-    const counts = matchCounts.get(key);
-    if (!counts.has(t)) {
-      let n = 0;
-      for (let j = 0; j < t.m.length; j++) if (tokenMatches(t, j)) n++;
-      counts.set(t, n);
+    if (compiled.key !== key) {
+      const scope = state.tscope, stat = state.tstat, bound = Number(state.tval);
+      const on = stat !== "" && state.tval !== "" && isNum(bound), abs = on && STATS[stat].abs;
+      const pass = { ">": (v) => v > bound, "≥": (v) => v >= bound, "<": (v) => v < bound, "≤": (v) => v <= bound }[state.top] || ((v) => v > bound);
+      compiled = { key, test: (t, j) => {
+        if (t.m[j] !== "1") return false;
+        if (scope && !(t.sel && t.sel[j] === scope)) return false;
+        if (!on) return true;
+        const list = t[stat], raw = list ? list[j] : null;
+        return isNum(raw) && pass(abs ? Math.abs(raw) : raw);
+      } };
     }
-    return counts.get(t);
+    return compiled.test;
+  }
+  function tokenMatches(t, j) { return tokenTest()(t, j); }
+  function filterKey() { return [state.tscope, state.tstat, state.top, state.tval].join("|"); }
+  // the matching tokens of the current sources (one pass, kept for the latest filter) and their count per trajectory
+  let hitCache = { key: null };
+  function tokenHits() {
+    const key = (state.tokens ? "all steps" : "step " + state.step) + "|" + filterKey();
+    if (hitCache.key !== key) {
+      const test = tokenTest(), hits = [], counts = new Map();
+      for (const { step, rows } of tokenSources()) {
+        for (const t of rows) {
+          let n = 0;
+          for (let j = 0; j < t.m.length; j++) if (test(t, j)) { hits.push([t, j, step]); n++; }
+          counts.set(t, n);
+        }
+      }
+      hitCache = { key, hits, counts };
+    }
+    return hitCache;
+  }
+  function matchCount(t) {
+    const { counts } = tokenHits();
+    if (counts.has(t)) return counts.get(t);
+    const test = tokenTest(); // a trajectory of another view (not searched): counted on its own
+    let n = 0;
+    for (let j = 0; j < t.m.length; j++) if (test(t, j)) n++;
+    return n;
   }
 
   // per-step histograms: log-spaced bins (4 a decade) of the action tokens' entropy, surprisal and |mismatch|
@@ -439,7 +460,13 @@
     edges.push(Infinity);
     return edges;
   }
+  const histograms = new Map(); // "sources|statistic" -> bins (a filter change redraws the charts, never recounts)
   function histogram(sources, key) {
+    const cacheKey = sources.map((x) => x.step).join(",") + "|" + key;
+    if (!histograms.has(cacheKey)) histograms.set(cacheKey, countBins(sources, key));
+    return histograms.get(cacheKey);
+  }
+  function countBins(sources, key) {
     const stat = STATS[key], edges = bins(stat.lo, stat.hi);
     const pos = new Array(edges.length - 1).fill(0), neg = new Array(edges.length - 1).fill(0);
     let total = 0;
@@ -578,8 +605,7 @@
   }
   function tokenTable() {
     if (!tokenFilterOn()) return el("div", { id: "token-results", class: "muted" }, "choose a threshold, a preset or a histogram bar to list tokens");
-    const sources = tokenSources(), hits = [];
-    for (const { step, rows } of sources) for (const t of rows) for (let j = 0; j < t.m.length; j++) if (tokenMatches(t, j)) hits.push([t, j, step]);
+    const sources = tokenSources(), hits = tokenHits().hits.slice();
     const key = state.tstat || "s", desc = !state.tstat || state.top === ">" || state.top === "≥";
     const value = ([t, j]) => { const v = t[key] ? t[key][j] : null; return isNum(v) ? (STATS[key].abs ? Math.abs(v) : v) : null; };
     hits.sort((a, b) => {
