@@ -63,6 +63,12 @@ def escape_surrogates(json_text: str) -> str:
     return _SURROGATE.sub(lambda found: f"\\u{ord(found.group()):04x}", json_text)
 
 
+def lone_surrogate(text: str) -> str | None:
+    """The first lone surrogate in `text` as "U+DC80" (JSON "\\udc80" read back); None when it has none."""
+    found = _SURROGATE.search(text)
+    return None if found is None else f"U+{ord(found.group()):04X}"
+
+
 def dumps_line(record: Any, **kwargs: Any) -> str:
     """One JSON line (no trailing newline): finite numbers, non-ASCII text kept, line separators escaped."""
     text = dumps(record, ensure_ascii=False, **kwargs)

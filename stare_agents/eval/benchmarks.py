@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from stare_agents.envs import Task, TaskDataset
+from stare_agents.jsonl import lone_surrogate
 
 DATA_DIR_ENV = "STARE_DATA_DIR"
 
@@ -139,6 +140,13 @@ def load_benchmark(
         seen[task.id] = index
         if not task.problem.strip():
             raise ValueError(f"benchmark {name!r} ({source}): problem {task.id!r} (row {index}) has no text")
+        for field_name, text in (("id", task.id), ("problem", task.problem), ("answer", str(task.answer))):
+            if (found := lone_surrogate(text)) is not None:
+                raise ValueError(
+                    f"benchmark {name!r} ({source}): problem {task.id!a} (row {index}): its {field_name} "
+                    f"holds a lone surrogate {found} (valid JSON, but no text a tokenizer or a UTF-8 file can "
+                    "hold); fix or drop that row"
+                )
         if task.answer is None or not str(task.answer).strip():
             raise ValueError(
                 f"benchmark {name!r} ({source}): problem {task.id!r} (row {index}) has no reference answer; "

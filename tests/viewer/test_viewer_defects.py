@@ -221,3 +221,17 @@ def test_the_mismatch_legend_shows_both_signs(browser, tmp_path: Path):
         ticks = view.page.locator("#scale text.tick").all_text_contents()
         assert ticks == ["-1", "-0.1", "-0.01", "-0.001", "±0.0001", "0.001", "0.01", "0.1", "1"]
         assert view.errors == []
+
+
+def test_a_benchmark_row_with_a_lone_surrogate_is_named_before_eval_runs(tmp_path: Path):
+    """`eval` reads benchmark files: a row whose text holds a lone surrogate is refused by row and field at
+    load, before any model loads (a tokenizer cannot encode it), not with a bare codec error mid-run."""
+    from stare_agents.eval.benchmarks import load_benchmark
+
+    path = tmp_path / "bench.jsonl"
+    rows = [{"id": "a", "problem": "1+1?", "answer": "2"}, {"id": "b", "problem": "x" + LONE, "answer": "3"}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(
+        ValueError, match=r"problem 'b' \(row 1\): its problem holds a lone surrogate U\+DC80"
+    ):
+        load_benchmark(str(path))
