@@ -431,13 +431,19 @@ def heldout_points(folder: str | Path) -> list[str]:
     return sorted(names, key=heldout_order)
 
 
+def heldout_stage(point: str) -> tuple[str, int | None]:
+    """(RL key or "base"/"sft", steps done) of a point: ("rl-grpo-ds", 10) for "rl-grpo-ds-step-000010",
+    ("rl", None) for "rl" (after its last step)."""
+    found = _IN_TRAINING.match(point)
+    return (found.group(1), int(found.group(2))) if found else (point, None)
+
+
 def heldout_order(point: str) -> tuple[int, str, int]:
     """The sort key of a point: (stage, RL key, step), a run's last evaluation after those during it."""
     if point in ("base", "sft"):
         return (0 if point == "base" else 1, "", 0)
-    found = _IN_TRAINING.match(point)
-    key, step = (found.group(1), int(found.group(2))) if found else (point, 1 << 62)
-    return (2 if key == "rl" else 3, key, step)
+    key, step = heldout_stage(point)
+    return (2 if key == "rl" else 3, key, (1 << 62) if step is None else step)
 
 
 def write_heldout(

@@ -9,6 +9,7 @@ and by the README walk-through test."""
 from __future__ import annotations
 
 import gzip
+import io
 import json
 from pathlib import Path
 
@@ -235,3 +236,28 @@ def test_a_benchmark_row_with_a_lone_surrogate_is_named_before_eval_runs(tmp_pat
         ValueError, match=r"problem 'b' \(row 1\): its problem holds a lone surrogate U\+DC80"
     ):
         load_benchmark(str(path))
+
+
+def test_compare_shows_names_with_a_lone_surrogate_as_chips(tmp_path: Path):
+    """`compare` reads results.json files: a benchmark or model name holding a lone surrogate (or a bidi control)
+    is shown as a chip in the table and the chart, instead of a traceback from the terminal or matplotlib."""
+    import shutil
+
+    from rich.console import Console
+
+    from stare_agents.eval.report import compare_runs
+
+    source = Path(__file__).resolve().parents[2] / "benchmarks/logs/long-bf16-s1/pass8"
+    folder = tmp_path / "a"
+    shutil.copytree(source, folder)
+    results = json.loads((folder / "results.json").read_text())
+    results["model"]["name"] = "model" + LONE
+    name = next(iter(results["benchmarks"]))
+    results["benchmarks"][name + LONE + "\u202e"] = results["benchmarks"].pop(name)
+    (folder / "results.json").write_text(json.dumps(results))
+    table, _ = compare_runs([folder], out=tmp_path / "chart.png")
+    console = Console(file=io.StringIO(), width=200)
+    console.print(table)
+    text = console.file.getvalue()
+    assert f"{name}\u27e8U+DC80\u27e9\u27e8U+202E\u27e9" in text and "model\u27e8U+DC80\u27e9" in text
+    assert (tmp_path / "chart.png").stat().st_size > 0
