@@ -13,7 +13,6 @@ from typing import Any
 from stare_agents.envs.registration import split_kwargs
 from stare_agents.envs.tasks import Task, unique_tasks
 from stare_agents.eval import evaluate_on_workers, get_protocol, load_benchmark
-from stare_agents.models import prepare_model
 from stare_agents.rollout import RolloutTask, RolloutWorkerGroup
 from stare_agents.rollout.summary import summarize_episodes
 from stare_agents.rollout_log import write_heldout
@@ -32,6 +31,7 @@ class RunEvaluation:
         self._timed = timed
         self._heldout: list[Task] | None = None
         self._benchmarks: list[Any] | None = None
+        self.tokenizer_dir: Path | None = None  # the trainer's model: kept held-out samples get token texts
 
     def heldout_tasks(self, count: int) -> list[Task]:
         """The first `count` held-out tasks: distinct problems, drawn from seeds `env.eval_seed`, ... of the
@@ -90,7 +90,7 @@ class RunEvaluation:
         seconds = time.perf_counter() - started
         self._timed("eval", seconds)
         if point is not None:
-            write_heldout(c.out_dir, point, trajectories, prepare_model(c.model.name))
+            write_heldout(c.out_dir, point, trajectories, self.tokenizer_dir)
         per_task: dict[str, float] = {task.id: 0.0 for task in heldout}
         for trajectory in trajectories:  # a failed episode scores 0 here (it answered nothing)
             per_task[trajectory.group_id] += float(bool(trajectory.correct)) / c.eval.samples

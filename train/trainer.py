@@ -110,6 +110,7 @@ class Trainer:
         self.evaluation.check_heldout()  # a held-out evaluation that would draw training problems stops the run now
         started = time.perf_counter()
         base_dir = prepare_model(config.model.name)
+        self.evaluation.tokenizer_dir = base_dir
         self.state.timed("prepare_model", time.perf_counter() - started)
         runs = {config.rl.algorithm: self.folder}
         if compare:
