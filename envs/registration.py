@@ -11,6 +11,7 @@ import os
 import sys
 import warnings
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 import gymnasium as gym
 
@@ -55,10 +56,20 @@ def register_envs() -> None:
             gym.register(id=env_id, entry_point=entry_point)
 
 
-def env_class(env_id: str) -> type:
-    """The class (or creator) registered under `env_id`."""
+def env_class(env_id: str) -> Any:
+    """The class (or creator) registered under `env_id`: any entry point Gymnasium accepts, a callable (class,
+    function, partial) or a "module:attr" string (its module imported)."""
+    import stare_agents.envs  # noqa: F401  (registers the stare_agents/* ids)
+
     entry_point = gym.spec(env_id).entry_point
-    return entry_point if callable(entry_point) else gym.envs.registration.load_env_creator(entry_point)
+    if callable(entry_point):
+        return entry_point
+    if not isinstance(entry_point, str) or ":" not in entry_point:
+        raise ValueError(
+            f"{env_id} is registered with entry_point={entry_point!r}: register a class, a callable or a "
+            "'module:attr' string (gymnasium.register(id, entry_point=...))"
+        )
+    return gym.envs.registration.load_env_creator(entry_point)
 
 
 def split_kwargs(env_id: str, kwargs: dict, split: str) -> dict:

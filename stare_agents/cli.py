@@ -295,20 +295,26 @@ def show(
     ),
     out: Path | None = typer.Option(None, help="The HTML file (default: RUN/rollouts.html, or FILE.html)."),
     step: list[int] | None = typer.Option(None, help="Only these RL steps (repeatable; default: all saved)."),
+    against: Path | None = typer.Option(
+        None,
+        help="A second run folder (e.g. GRPO-ds from the same SFT model): its entropy curves drawn over this "
+        "run's and its held-out samples beside this run's in the across-training view.",
+    ),
     serve: bool = typer.Option(False, help="Also serve the page over HTTP on localhost until Ctrl-C."),
     port: int = typer.Option(8000, help="The port for --serve (0: any free port)."),
 ) -> None:
-    """Write one self-contained HTML page of saved rollouts: per-step overview, filters, search and sorting, and
-    each trajectory's tokens coloured by STARE weight, surprisal, entropy or rollout/learner mismatch (with a
-    scale), with tool calls, outputs and grading details; #step=N&traj=I links one trajectory, #prompt=P one
-    prompt across steps. Opens from disk."""
+    """Write one self-contained HTML page of saved rollouts: per-step overview, filters, search and sorting, token
+    search by statistics with per-step histograms, and each trajectory's tokens coloured by STARE weight,
+    surprisal, entropy, rollout/learner mismatch or Phi (with a scale), with tool calls, outputs and grading
+    details; #step=N&traj=I links one trajectory, #prompt=P one prompt across steps, #heldout the held-out tasks
+    across training (base, SFT, during RL, end; and --against's). Opens from disk."""
     from stare_agents.jsonl import Unread, unread_message
     from stare_agents.viewer import serve as serve_page
     from stare_agents.viewer import write_page
 
     unread: list[Unread] = []
     try:
-        path = write_page(source, out, steps=step or None, unread=unread)
+        path = write_page(source, out, steps=step or None, unread=unread, against=against)
     except (FileNotFoundError, ValueError) as error:
         typer.secho(str(error), fg="red", err=True)
         raise typer.Exit(2) from error

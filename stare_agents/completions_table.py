@@ -6,9 +6,10 @@ step, prompt, completion, reward, advantage (and the trajectory's status in the 
 
 The rows are the saved rollouts the step's `RolloutLog.write` produced (`SavedRollout`: prompt text, token
 texts, reward, advantage, status). Prompts and completions are cut at `max_chars` characters (the cut is
-said in the cell); bidi controls, zero-width characters and other invisible controls are shown as marked
-glyphs (`⟨U+202E⟩`), as the viewer shows them, so no cell renders reordered. In TensorBoard the table is
-Markdown under the tag `rl/completions` (every Markdown and HTML character of the text escaped, so a cell
+said in the cell); every character that hides or reorders text (bidi controls, zero-width and tag
+characters, controls, fillers, lone surrogates: `stare_agents.viewer.text.INVISIBLE_RANGES`) is shown as a
+marked chip (`⟨U+202E⟩`), as the viewer shows it, so no cell renders reordered or hides text, and every cell
+encodes. In TensorBoard the table is Markdown under the tag `rl/completions` (every Markdown and HTML character of the text escaped, so a cell
 shows what was generated, literally); in W&B a `wandb.Table` under the same key, on the `rl/step` axis.
 """
 
@@ -20,6 +21,7 @@ from dataclasses import astuple, dataclass
 from typing import Any
 
 from stare_agents.rollout_log import SavedRollout
+from stare_agents.viewer.text import marked
 
 TAG = "rl/completions"
 COLUMNS = ("step", "prompt", "completion", "reward", "advantage", "status")
@@ -73,14 +75,6 @@ def cap(text: str, max_chars: int) -> str:
     if len(text) <= max_chars:
         return text
     return text[:max_chars] + f" … [{len(text) - max_chars} more characters]"
-
-
-def marked(text: str) -> str:
-    """`text` with bidi controls, zero-width characters and other invisible controls (not tab or newline)
-    as visible glyphs `⟨U+XXXX⟩`: the viewer's set (`stare_agents.viewer.INVISIBLE`)."""
-    from stare_agents.viewer import INVISIBLE
-
-    return "".join(f"\u27e8U+{ord(c):04X}\u27e9" if c in INVISIBLE else c for c in text)
 
 
 def markdown_table(rows: Sequence[CompletionRow]) -> str:

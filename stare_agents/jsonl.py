@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,7 @@ logger = logging.getLogger("stare_agents.jsonl")
 # Characters that end a line for str.splitlines() (and some JSON readers) but that JSON may leave raw in a
 # string: escaped on write, so that one record is one line for every reader.
 _LINE_BREAKS = {"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"}
+_SURROGATE = re.compile("[\ud800-\udfff]")
 WARN_LISTED = 10  # unread lines a warning names one by one
 
 
@@ -49,8 +51,22 @@ def _non_finite(value: Any) -> bool:
 
 
 def dumps(value: Any, **kwargs: Any) -> str:
-    """`json.dumps` of `finite(value)` with `allow_nan=False`: what every JSON file of the project is."""
-    return json.dumps(finite(value), allow_nan=False, **kwargs)
+    """`json.dumps` of `finite(value)` with `allow_nan=False`: what every JSON file of the project is. With
+    `ensure_ascii=False` a lone surrogate (JSON "\\udc80" read back) stays escaped: the text encodes as UTF-8."""
+    text = json.dumps(finite(value), allow_nan=False, **kwargs)
+    return text if kwargs.get("ensure_ascii", True) else escape_surrogates(text)
+
+
+def escape_surrogates(json_text: str) -> str:
+    """JSON text with each lone surrogate (possible only inside a string) as its \\u escape: the same value,
+    encodable as UTF-8."""
+    return _SURROGATE.sub(lambda found: f"\\u{ord(found.group()):04x}", json_text)
+
+
+def lone_surrogate(text: str) -> str | None:
+    """The first lone surrogate in `text` as "U+DC80" (JSON "\\udc80" read back); None when it has none."""
+    found = _SURROGATE.search(text)
+    return None if found is None else f"U+{ord(found.group()):04X}"
 
 
 def dumps_line(record: Any, **kwargs: Any) -> str:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import os
+import re
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ ROLLOUT_STATUSES: tuple[str, ...] = (
     "dropped",  # left out by dynamic sampling (its group's rewards were all equal) or past prompts_per_step
     "void_turn",  # left out because it has a void turn (rl.drop_void_turns)
     "failed",  # the rollout failed (environment, sandbox or engine): its reward carries no signal
+    "evaluated",  # a held-out evaluation sample (heldout/): never trained
 )
 
 
@@ -52,9 +54,8 @@ class SavedRollout:
     learner_logprobs: list[float] | None = None  # per response token; None unless the learner recorded them
     # the pre-update policy's entropy per response token (0 on observation tokens); None unless recorded
     learner_entropy: list[float] | None = None
-    learner_phi: list[float] | None = (
-        None  # its entropy sensitivity Phi per response token; None unless recorded
-    )
+    # Phi(p, a) of the pre-update policy per response token (0 on observation tokens); None unless recorded
+    learner_phi: list[float] | None = None
     stare_weights: list[float] | None = None
     selection: list[int] | None = None  # 1 L+, -1 L-, 0 neither
     gate_on: bool | None = None  # whether the step reweighted (None: unknown)
@@ -392,7 +393,11 @@ class RolloutLog:
 
 def write_step(folder: str | Path, step: int, rollouts: Sequence[SavedRollout]) -> Path:
     """Write one step's file atomically (a temporary file renamed into place)."""
-    path = step_file(folder, step)
+    return write_rollouts(step_file(folder, step), rollouts)
+
+
+def write_rollouts(path: Path, rollouts: Sequence[SavedRollout]) -> Path:
+    """Write a file of saved rollouts (gzip'd JSON lines) atomically: a temporary file renamed into place."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=6) as handle:
@@ -410,3 +415,61 @@ def _per_token(record: Any, name: str, n: int) -> list[float] | None:
 
 def _rounded(values: Sequence[float]) -> list[float]:
     return [round(float(v), 5) for v in values]
+
+
+# ---- held-out evaluation samples: <run>/heldout/<point>.jsonl.gz, read by the viewer's across-training view ----
+HELDOUT_DIR = "heldout"
+# a point: "base", "sft", an RL run's key ("rl", "rl-grpo-ds") after its last step, or "<key>-step-NNNNNN" for
+# an evaluation during RL (eval.every) after NNNNNN steps
+_IN_TRAINING = re.compile(r"^(rl(?:-.+?)?)-step-(\d{6})$")
+
+
+def heldout_file(folder: str | Path, point: str) -> Path:
+    """The file of one evaluation point's held-out samples in a run folder."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", point):
+        raise ValueError(f"held-out point {point!r}: letters, digits, '_', '.', '-' only")
+    return Path(folder) / HELDOUT_DIR / f"{point}.jsonl.gz"
+
+
+def heldout_points(folder: str | Path) -> list[str]:
+    """The evaluation points with held-out samples in a run folder, in training order: base, sft, then each RL
+    run (rl first) with its evaluations during training by step and its last."""
+    directory = Path(folder) / HELDOUT_DIR
+    names = (
+        [p.name.removesuffix(".jsonl.gz") for p in directory.glob("*.jsonl.gz")] if directory.is_dir() else []
+    )
+    return sorted(names, key=heldout_order)
+
+
+def heldout_stage(point: str) -> tuple[str, int | None]:
+    """(RL key or "base"/"sft", steps done) of a point: ("rl-grpo-ds", 10) for "rl-grpo-ds-step-000010",
+    ("rl", None) for "rl" (after its last step)."""
+    found = _IN_TRAINING.match(point)
+    return (found.group(1), int(found.group(2))) if found else (point, None)
+
+
+def heldout_order(point: str) -> tuple[int, str, int]:
+    """The sort key of a point: (stage, RL key, step), a run's last evaluation after those during it."""
+    if point in ("base", "sft"):
+        return (0 if point == "base" else 1, "", 0)
+    key, step = heldout_stage(point)
+    return (2 if key == "rl" else 3, key, (1 << 62) if step is None else step)
+
+
+def write_heldout(
+    folder: str | Path, point: str, trajectories: Sequence[Trajectory], tokenizer_dir: str | Path | None
+) -> Path:
+    """Save one evaluation point's held-out samples (status "evaluated", or "failed") with their token texts
+    and prompts, so that the viewer shows them without a tokenizer; a repeated point (resume) is rewritten."""
+    log = RolloutLog(folder, tokenizer_dir=tokenizer_dir)
+    saved = [
+        SavedRollout(
+            step=t.weight_version,
+            trajectory=t,
+            status="failed" if t.failed else "evaluated",
+            tokens=token_texts(log.tokenizer, t.response_ids) if log.tokenizer else [],
+            prompt_text=log._decode(t.prompt_ids),
+        )
+        for t in trajectories
+    ]
+    return write_rollouts(heldout_file(folder, point), saved)

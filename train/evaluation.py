@@ -13,6 +13,7 @@ from stare_agents.envs.tasks import Task, unique_tasks
 from stare_agents.eval import evaluate_on_workers, get_protocol, load_benchmark
 from stare_agents.rollout import RolloutTask, RolloutWorkerGroup
 from stare_agents.rollout.summary import summarize_episodes
+from stare_agents.rollout_log import write_heldout
 from stare_agents.sandbox import backend_class
 from stare_agents.train.config import TrainConfig, benchmark_protocol
 from stare_agents.train.run_folder import EVALS_DIR, StageTimer
@@ -28,6 +29,7 @@ class RunEvaluation:
         self.timer = timer
         self._heldout: list[Task] | None = None
         self._benchmarks: list[Any] | None = None
+        self.tokenizer_dir: Path | None = None  # the trainer's model: kept held-out samples get token texts
 
     def heldout_tasks(self, count: int) -> list[Task]:
         """The first `count` held-out tasks: distinct problems, drawn from seeds `env.eval_seed`, ... of the
@@ -59,10 +61,14 @@ class RunEvaluation:
         if c.eval.num_tasks:
             self.heldout_tasks(c.eval.num_tasks)
 
-    def evaluate(self, workers: RolloutWorkerGroup, num_tasks: int | None = None) -> dict[str, Any]:
+    def evaluate(
+        self, workers: RolloutWorkerGroup, num_tasks: int | None = None, point: str | None = None
+    ) -> dict[str, Any]:
         """Accuracy (and tool use) of `workers`' current weights on the first `num_tasks` held-out tasks;
         `per_task` maps each task id to its score (the mean correctness of its samples); `weight_version` and
-        `weights_digest` name the weights scored (`RolloutWorkerGroup.weights`)."""
+        `weights_digest` name the weights scored (`RolloutWorkerGroup.weights`). With `point` ("base", "sft", "rl",
+        "rl-step-000010", ...) the samples are kept in <run>/heldout/<point>.jsonl.gz for the viewer's
+        across-training view."""
         c = self.config
         scored = workers.weights()
         heldout = self.heldout_tasks(num_tasks or c.eval.num_tasks)
@@ -82,6 +88,8 @@ class RunEvaluation:
                 tasks, c.rollout_config(evaluation=True), progress=c.logging.progress
             )
         seconds = took.seconds
+        if point is not None:
+            write_heldout(c.out_dir, point, trajectories, self.tokenizer_dir)
         per_task: dict[str, float] = {task.id: 0.0 for task in heldout}
         for trajectory in trajectories:  # a failed episode scores 0 here (it answered nothing)
             per_task[trajectory.group_id] += float(bool(trajectory.correct)) / c.eval.samples

@@ -416,7 +416,7 @@ class RLLoop:
                     and (step + 1) % c.eval.every == 0
                     and step + 1 < c.rl.steps
                 ):
-                    record.update(self.heldout_figures())
+                    record.update(self.heldout_figures(step + 1))
                 if c.eval.benchmarks and (
                     (c.eval.every and (step + 1) % c.eval.every == 0) or step + 1 == c.rl.steps
                 ):
@@ -443,10 +443,12 @@ class RLLoop:
             if bar is not None:
                 bar.close()
 
-    def heldout_figures(self) -> dict[str, Any]:
-        """Held-out accuracy on eval.every_num_tasks tasks, as the figures of a step's record."""
+    def heldout_figures(self, steps_done: int) -> dict[str, Any]:
+        """Held-out accuracy on eval.every_num_tasks tasks after `steps_done` steps, as the figures of a step's
+        record (the samples kept as point "<key>-step-NNNNNN")."""
         c = self.config
-        result = self.evaluation.evaluate(self.workers, c.eval.every_num_tasks)
+        point = f"{self.key}-step-{steps_done:06d}"
+        result = self.evaluation.evaluate(self.workers, c.eval.every_num_tasks, point=point)
         score = accuracy_estimate(result["per_task"], c.eval.bootstrap)
         return {
             "eval/accuracy": score.value,

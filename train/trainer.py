@@ -124,6 +124,7 @@ class Trainer:
         self.evaluation.check_heldout()  # a held-out evaluation that would draw training problems stops the run now
         with self.state.timer("prepare_model"):
             base_dir = prepare_model(config.model.name)
+        self.evaluation.tokenizer_dir = base_dir
         runs = {config.rl.algorithm: self.folder}
         if compare:
             runs[compare] = self.folder / compare
@@ -212,7 +213,7 @@ class Trainer:
             self.state.save()
             return {}
         assert self.workers is not None
-        result = self.evaluation.evaluate(self.workers, num_tasks)
+        result = self.evaluation.evaluate(self.workers, num_tasks, point=point)
         score = accuracy_estimate(result["per_task"], self.config.eval.bootstrap)
         logger.info("accuracy (%s): %s on %d held-out tasks", point, score.format(), result["tasks"])
         self.progress.setdefault("accuracy", {})[point] = score.value

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from stare_agents.envs import Task, TaskDataset
+from stare_agents.jsonl import lone_surrogate
 
 DATA_DIR_ENV = "STARE_DATA_DIR"
 
@@ -139,6 +140,13 @@ def load_benchmark(
         seen[task.id] = index
         if not task.problem.strip():
             raise ValueError(f"benchmark {name!r} ({source}): problem {task.id!r} (row {index}) has no text")
+        for field_name, text in (("id", task.id), ("problem", task.problem), ("answer", str(task.answer))):
+            if (found := lone_surrogate(text)) is not None:
+                raise ValueError(
+                    f"benchmark {name!r} ({source}): problem {task.id!a} (row {index}): its {field_name} "
+                    f"holds a lone surrogate {found} (valid JSON, but no text a tokenizer or a UTF-8 file can "
+                    "hold); fix or drop that row"
+                )
         if task.answer is None or not str(task.answer).strip():
             raise ValueError(
                 f"benchmark {name!r} ({source}): problem {task.id!r} (row {index}) has no reference answer; "
@@ -237,18 +245,28 @@ class Protocol:
         return kwargs
 
     def effective_max_turns(self) -> int:
-        """The turn limit the episodes run with: 1, the override, or the environment class's default."""
+        """The turn limit the episodes run with: 1, the override, the environment keyword, or the environment's
+        default. The id may be registered with any entry point Gymnasium accepts: a "module:attr" string, a class
+        (the class's `default_max_turns`), or another callable (one environment is made to ask it)."""
         if self.single_turn:
             return 1
         if self.max_turns is not None:
             return self.max_turns
+        kwargs = self.make_env_kwargs()
+        if isinstance(kwargs.get("max_turns"), int):
+            return kwargs["max_turns"]
         import gymnasium as gym
-        from gymnasium.envs.registration import load_env_creator
 
-        import stare_agents.envs  # noqa: F401  (registers the ids)
+        from stare_agents.envs.registration import env_class
 
-        creator = load_env_creator(gym.spec(self.env_id).entry_point)
-        return int(getattr(creator, "default_max_turns", 1))  # a TextEnv (yours, say): max_turns=1 by default
+        creator = env_class(self.env_id)
+        if isinstance(creator, type):  # a TextEnv (yours, say) has max_turns=1 by default
+            return int(getattr(creator, "default_max_turns", 1))
+        env = gym.make(self.env_id, **kwargs)
+        try:
+            return int(getattr(env.unwrapped, "max_turns", 1))
+        finally:
+            env.close()
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -454,11 +454,16 @@ def compare_runs(
     Returns (table, data) where data maps run label -> benchmark -> Estimate as a dict."""
     from rich.table import Table
 
+    from stare_agents.viewer.text import marked
+
     if len(folders) < 1:
         raise ValueError("compare needs at least one evaluation folder")
     paths = [Path(f) for f in folders]
     runs = [load_results(p) for p in paths]
-    labels = _labels(paths)
+    for run in runs:  # names as text can show them: invisible characters and lone surrogates as chips
+        run["benchmarks"] = {marked(str(name)): entry for name, entry in run["benchmarks"].items()}
+        run["model"] = {**run["model"], "name": marked(str(run["model"].get("name")))}
+    labels = [marked(label) for label in _labels(paths)]
     names: list[str] = []
     for run in runs:
         names += [n for n in run["benchmarks"] if n not in names]

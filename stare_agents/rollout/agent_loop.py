@@ -99,11 +99,9 @@ def make_env(task: RolloutTask, sandbox: Any = None) -> Any:
             "the run's sandbox (rollout.sandbox) is handed to its environments; remove env.kwargs.sandbox"
         )
     if sandbox is not None and "sandbox" not in kwargs:
-        entry_point = gym.spec(task.env_id).entry_point
-        creator = (
-            entry_point if callable(entry_point) else gym.envs.registration.load_env_creator(entry_point)
-        )
-        if getattr(creator, "uses_sandbox", False):  # tool environments and sandboxed graders
+        from stare_agents.envs.registration import env_class
+
+        if getattr(env_class(task.env_id), "uses_sandbox", False):  # tool environments and sandboxed graders
             kwargs["sandbox"] = sandbox
     return gym.make(task.env_id, **kwargs)
 

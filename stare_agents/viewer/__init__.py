@@ -2,14 +2,16 @@
 
     path = write_page("runs/tiny")                  # runs/tiny/rollouts.html; also a step file, an eval
     path = write_page("evals/x/samples.jsonl")      # samples.jsonl or a trajectories JSONL
+    path = write_page("runs/a", against="runs/b")   # and run b's entropy curve and held-out samples beside a's
 
 The page needs no server and no network: its script and style are inline, a Content-Security-Policy forbids
 every other source, and the data is embedded as JSON in `<script type="application/json">` blocks, one per
-RL step, and one of the prompts (each distinct prompt once, however many samples and steps share it),
-escaped so that no text (a tool output holding `</script>`, say) can end a block. The script parses a step's
-block when the step is opened and draws a trajectory's tokens when it is opened, so a run of thousands of
-trajectories opens as fast as its overview. Text is only ever inserted as text, with control, bidi and
-zero-width characters shown as marked glyphs (text never renders reordered or hidden).
+RL step, one per held-out evaluation point, and one of the prompts (each distinct prompt once, however many
+samples and steps share it), escaped so that no text (a tool output holding `</script>`, say) can end a block.
+The script parses a block when its view is opened and draws a trajectory's tokens when it is opened, so a run
+of thousands of trajectories opens as fast as its overview. Text is only ever inserted as text, with every
+character that hides or reorders text (`viewer.text.INVISIBLE_RANGES`: controls, bidi and zero-width
+characters, tag characters, fillers, lone surrogates) shown as a marked code-point chip.
 
 A display cap keeps a huge trajectory readable and loses nothing: an observation or a turn's text longer than
 `CAP_CHARS` characters is drawn cut there, and a run of more than `CAP_TOKENS` action tokens draws its first
@@ -17,25 +19,31 @@ A display cap keeps a huge trajectory readable and loses nothing: an observation
 drawn later take the current colouring). Only the drawing is cut: the embedded data holds everything, and the
 search reads the data, so it finds text past the cap.
 
-Per token the page colours the STARE weight, the surprisal -log pi, the learner's entropy (when the rollout
-files have it: `SavedRollout.learner_entropy`) and the learner/rollout log-prob mismatch, on a log or a
-quantile scale drawn with its numbers; it shows the surprisal cut-off of the selected L+/L- tokens per step
-and per trajectory, the grading details, a link per trajectory (`#step=N&traj=I`) and a prompt's
-trajectories across steps (`#prompt=P`).
+Per token the page colours the STARE weight, the surprisal -log pi, the learner's entropy, the learner/rollout
+log-prob mismatch and Phi (each where the rollout files have it, for any trajectory: `SavedRollout`'s
+`learner_*` fields), on a log or a quantile scale drawn with its numbers. Per step it finds tokens by their
+statistics (histograms of entropy, surprisal and mismatch on log axes with the L+/L- cut-offs, a token table
+filtered by a threshold, trajectories sorted by their largest mismatch or entropy, their L+/L- counts, Phi < 0
+share or tool errors); it shows the grading details, a link per trajectory (`#step=N&traj=I`), a prompt's
+trajectories across steps (`#prompt=P`) and the held-out tasks across training (`#heldout`: each evaluation
+point's samples of one task side by side, `#heldout=TASK`). docs/viewer.md describes the page.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from stare_agents.jsonl import Unread, report_unread
 from stare_agents.rollout_log import ROLLOUTS_DIR, SavedRollout, read_rollouts, saved_steps
+from stare_agents.viewer.heldout import heldout_points_of
+from stare_agents.viewer.text import INVISIBLE_RANGES, escape_json, marked
+
+__all__ = ["build_page", "compact", "escape_json", "marked", "serve", "write_page"]
 
 logger = logging.getLogger("stare_agents.viewer")
 ASSETS = Path(__file__).parent / "assets"
@@ -59,35 +67,17 @@ TARGET_BAND = 0.3  # the band drawn around the target entropy: +-30%, as trainin
 # of one run, drawn before a "show all" button; counted as the page's script counts (UTF-16 code units)
 CAP_CHARS = 4000
 CAP_TOKENS = 2000
-
-
-def escape_json(value: Any) -> str:
-    """JSON that is safe inside a <script> block: no `<`, `>`, `&` or line separators appear raw (inside
-    JSON strings they become \\u escapes; outside strings JSON has none), and NaN/inf become null."""
-    text = json.dumps(_finite(value), ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    for raw, escaped in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026")):
-        text = text.replace(raw, escaped)
-    return text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
-
-
-def _finite(value: Any) -> Any:
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {str(k): _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
+DIGITS = 4  # decimals of the per-token figures in the page
 
 
 def compact(saved: SavedRollout, index: int, prompt: int | None = None) -> dict[str, Any]:
     """One trajectory as the page's script reads it (short keys: a step of thousands stays small). `prompt`:
-    the index of its prompt in the page's prompt table (None: the prompt text is stored with it)."""
+    the index of its prompt in the page's prompt table (None: the prompt text is stored with it). Per-token
+    lists hold 0 on observation tokens, and null where a saved figure is not a number."""
     t = saved.trajectory
     learner = saved.learner_logprobs
-    logprobs = learner if learner is not None else t.rollout_logprobs
     mask = t.action_mask
-    surprisal = [round(-lp, 4) if bit else 0 for lp, bit in zip(logprobs, mask, strict=True)]
+    surprisal = _per_action([-lp for lp in (learner if learner is not None else t.rollout_logprobs)], mask)
     selection = _selection(saved)
     tokens = saved.tokens or None
     out = {
@@ -109,7 +99,7 @@ def compact(saved: SavedRollout, index: int, prompt: int | None = None) -> dict[
         "m": "".join("1" if bit else "0" for bit in mask),
         "s": surprisal,
         "ssrc": "learner" if learner is not None else "rollout",
-        "w": [round(w, 4) for w in saved.stare_weights] if saved.stare_weights is not None else None,
+        "w": [round(w, DIGITS) for w in saved.stare_weights] if saved.stare_weights is not None else None,
         "sel": "".join("+-"[v < 0] if v else "0" for v in saved.selection) if saved.selection else None,
         "cut": _cutoffs(surprisal, selection) if selection else None,
         "grade": {key: t.info[key] for key in GRADING if t.info.get(key) is not None} or None,
@@ -125,17 +115,29 @@ def compact(saved: SavedRollout, index: int, prompt: int | None = None) -> dict[
         ],
     }
     if saved.learner_entropy is not None:
-        out["h"] = [round(h, 4) if bit else 0 for h, bit in zip(saved.learner_entropy, mask, strict=True)]
+        out["h"] = _per_action(saved.learner_entropy, mask)
     if learner is not None:  # log pi_learner - log pi_rollout per action token
-        out["d"] = [
-            round(lp - rp, 4) if bit else 0
-            for lp, rp, bit in zip(learner, t.rollout_logprobs, mask, strict=True)
-        ]
+        out["d"] = _per_action(
+            [_difference(lp, rp) for lp, rp in zip(learner, t.rollout_logprobs, strict=True)], mask
+        )
+    if saved.learner_phi is not None:
+        out["phi"] = _per_action(saved.learner_phi, mask)
     if prompt is None:
         out["prompt"] = saved.prompt_text
     else:
         out["p"] = prompt
     return out
+
+
+def _per_action(values: Sequence[Any], mask: Sequence[int]) -> list[float | None]:
+    """A per-token figure rounded, 0 on observation tokens, None where it is not a finite number."""
+    return [
+        (round(v, DIGITS) if _number(v) else None) if bit else 0 for v, bit in zip(values, mask, strict=True)
+    ]
+
+
+def _difference(a: Any, b: Any) -> float | None:
+    return a - b if _number(a) and _number(b) else None
 
 
 def _selection(saved: SavedRollout) -> list[int] | None:
@@ -147,12 +149,12 @@ def _selection(saved: SavedRollout) -> list[int] | None:
     return [1 if w > 1 else -1 if w < 1 else 0 for w in saved.stare_weights]
 
 
-def _cutoffs(surprisal: list[float], selection: list[int]) -> dict[str, Any]:
+def _cutoffs(surprisal: list[float | None], selection: list[int]) -> dict[str, Any]:
     """The surprisal cut-off of a trajectory's selected tokens: the lowest surprisal among its L+ (and L-)
     tokens, and how many there are."""
     out: dict[str, Any] = {}
     for sign, name in ((1, "+"), (-1, "-")):
-        chosen = [s for s, v in zip(surprisal, selection, strict=True) if v == sign]
+        chosen = [s for s, v in zip(surprisal, selection, strict=True) if v == sign and s is not None]
         if chosen:
             out[name] = min(chosen)
             out[name + "n"] = len(chosen)
@@ -176,11 +178,11 @@ def step_cutoffs(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def load_source(
     source: str | Path, unread: list[Unread] | None = None, *, steps: Iterable[int] | None = None
 ) -> tuple[str, dict[str, list[SavedRollout]], list[dict[str, Any]]]:
-    """(title, step name -> saved rollouts, metrics.jsonl "rl" records) of a run folder, a step file, an
-    eval samples.jsonl or a trajectories JSONL. `steps` limits a run folder to those RL steps: only their
-    files are opened. What cannot be read (a damaged step file, a malformed line) is skipped and appended to
-    `unread` (else logged as a warning); a step of which nothing could be read is left out, and a single file
-    of which nothing could be read is a ValueError."""
+    """(title, step name -> saved rollouts, metrics.jsonl records) of a run folder, a step file, an eval
+    samples.jsonl or a trajectories JSONL. `steps` limits a run folder to those RL steps: only their files are
+    opened. What cannot be read (a damaged step file, a malformed line) is skipped and appended to `unread`
+    (else logged as a warning); a step of which nothing could be read is left out, and a single file of which
+    nothing could be read is a ValueError."""
     source = Path(source)
     if source.is_dir():
         saved = saved_steps(source)
@@ -202,13 +204,13 @@ def load_source(
             saved = [s for s in wanted if s not in missing]
         data = {str(s): read_rollouts(source, s, unread=unread) for s in saved}
         data = {name: saved for name, saved in data.items() if saved}
-        return source.name or str(source), data, _rl_records(source / "metrics.jsonl", unread)
+        return source.name or str(source.resolve().name), data, _records(source / "metrics.jsonl", unread)
     if not source.exists():
         raise FileNotFoundError(f"{source}: no such run folder or file")
     if source.name.endswith(".jsonl.gz"):
         saved = read_rollouts(source, unread=unread)
         name = str(saved[0].step) if saved else source.name
-        return source.name, {name: saved}, _rl_records(source.parent.parent / "metrics.jsonl", unread)
+        return source.name, {name: saved}, _records(source.parent.parent / "metrics.jsonl", unread)
     if source.suffix == ".jsonl":
         return source.name, {"samples": read_rollouts(source, unread=unread)}, []
     raise ValueError(
@@ -230,32 +232,80 @@ def _ranges(numbers: list[int]) -> str:
     return ", ".join(parts)
 
 
-def _rl_records(path: Path, unread: list[Unread] | None) -> list[dict[str, Any]]:
+def _records(path: Path, unread: list[Unread] | None) -> list[dict[str, Any]]:
     from stare_agents.records import read_records
 
-    return read_records(path, "rl", unread=unread)
+    return read_records(path, unread=unread)
+
+
+def _curve(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        {"step": r.get("step"), "entropy": r.get("learner/entropy"), "all": r.get("learner/entropy_all")}
+        for r in records
+        if r.get("kind") == "rl"
+    ]
+
+
+def _target(records: list[dict[str, Any]]) -> float | None:
+    return next((r["stare/target_entropy"] for r in records if _number(r.get("stare/target_entropy"))), None)
 
 
 def build_page(
-    source: str | Path, *, steps: Iterable[int] | None = None, unread: list[Unread] | None = None
+    source: str | Path,
+    *,
+    steps: Iterable[int] | None = None,
+    unread: list[Unread] | None = None,
+    against: str | Path | None = None,
 ) -> str:
     """The HTML page of `source` (see `load_source`); `steps` limits a run folder to those RL steps (only
-    their files are read). What could not be read is shown as notices at the top of the page, and appended
-    to `unread` when given (else logged as one warning)."""
+    their files are read); `against`: a second run folder whose entropy curve is drawn over `source`'s and
+    whose held-out samples stand beside `source`'s in the across-training view. What could not be read is
+    shown as notices at the top of the page, and appended to `unread` when given (else logged as one
+    warning)."""
     notices: list[Unread] = []
     title, data, records = load_source(source, notices, steps=steps)
-    report_unread(notices, unread, "lines or files")
     if steps is not None and not Path(source).is_dir():
         wanted = {str(s) for s in steps}
         data = {name: saved for name, saved in data.items() if name in wanted}
         if not data:
+            report_unread(notices, unread, "lines or files")
             raise ValueError(f"none of the steps {sorted(wanted)} has saved rollouts in {source}")
+    runs = [("A", Path(source), title, records)]
+    if against is not None:
+        other = Path(against)
+        if not other.is_dir():
+            raise FileNotFoundError(f"--against {other}: not a run folder")
+        other_records = _records(other / "metrics.jsonl", notices)
+        if not other_records and not saved_steps(other):
+            raise FileNotFoundError(
+                f"--against {other}: no metrics.jsonl and no saved rollouts: not a run folder"
+            )
+        runs.append(("B", other, other.resolve().name, other_records))
     prompts = Prompts()
     payloads = {
         name: [compact(s, i, prompts.index(s, name)) for i, s in enumerate(saved)]
         for name, saved in data.items()
     }
-    by_step = {str(r.get("step")): r for r in records}
+    heldout: list[dict[str, Any]] = []
+    heldout_blocks: dict[str, list[dict[str, Any]]] = {}
+    heldout_notes: list[str] = []
+    seen: set[tuple[Path, str]] = set()  # a compare arm's base and SFT are its parent's: shown once
+    for run, folder, _, run_records in runs:
+        if not folder.is_dir():
+            continue
+        points, note = heldout_points_of(folder, run_records, notices)
+        if note:
+            heldout_notes.append(note)
+        for point in points:
+            if (point.source.resolve(), point.name) in seen:
+                continue
+            seen.add((point.source.resolve(), point.name))
+            block = f"heldout-{len(heldout_blocks)}"  # the point's name may hold any character
+            heldout.append({**point.meta(), "run": run, "block": block})
+            heldout_blocks[block] = [compact(s, i, prompts.index(s)) for i, s in enumerate(point.samples)]
+    report_unread(notices, unread, "lines or files")
+    every = [s for saved in data.values() for s in saved]
+    by_step = {str(r.get("step")): r for r in records if r.get("kind") == "rl"}
     overview = []
     for name, saved in data.items():
         record = by_step.get(name, {})
@@ -266,26 +316,30 @@ def build_page(
         row["target"] = record.get("stare/target_entropy")
         row["cut"] = step_cutoffs(payloads[name])
         overview.append(row)
-    target = next(
-        (r["stare/target_entropy"] for r in records if _number(r.get("stare/target_entropy"))), None
-    )
-    every = [s for saved in data.values() for s in saved]
     meta = {
         "title": title,
         "columns": OVERVIEW,
         "overview": overview,
-        "curve": [
-            {"step": r.get("step"), "entropy": r.get("learner/entropy"), "all": r.get("learner/entropy_all")}
-            for r in records
+        "runs": [
+            {"run": run, "title": name, "curve": _curve(recs), "target": _target(recs)}
+            for run, _, name, recs in runs
         ],
-        "target": target,
+        "curve": _curve(records),
+        "target": _target(records),
         "band": TARGET_BAND,
         "fields": {  # which per-token figures the source holds (the page says so where one is absent)
             "entropy": any(s.learner_entropy is not None for s in every),
             "learner": any(s.learner_logprobs is not None for s in every),
+            "phi": any(s.learner_phi is not None for s in every),
         },
+        # trajectories with the learner's per-token figures, by status: a folder written before every sampled
+        # trajectory was scored has them for trained ones only (the page says so)
+        "coverage": _coverage(every),
+        "heldout": heldout,
+        "heldoutNotes": heldout_notes,
         "notices": [str(u) for u in notices],
         "cap": {"chars": CAP_CHARS, "tokens": CAP_TOKENS},
+        "invisible": [[lo, hi, name] for lo, hi, name in INVISIBLE_RANGES],
     }
     blocks = [
         f'<script type="application/json" id="meta">{escape_json(meta)}</script>',
@@ -294,6 +348,10 @@ def build_page(
     for name, payload in payloads.items():
         blocks.append(
             f'<script type="application/json" id="step-{_safe_id(name)}">{escape_json(payload)}</script>'
+        )
+    for name, payload in heldout_blocks.items():
+        blocks.append(
+            f'<script type="application/json" id="{_safe_id(name)}">{escape_json(payload)}</script>'
         )
     css = (ASSETS / "viewer.css").read_text(encoding="utf-8")
     js = (ASSETS / "viewer.js").read_text(encoding="utf-8")
@@ -308,6 +366,16 @@ def build_page(
     )
 
 
+def _coverage(saved: list[SavedRollout]) -> dict[str, list[int]]:
+    """status -> [trajectories with learner log-probs, trajectories]."""
+    out: dict[str, list[int]] = {}
+    for s in saved:
+        counts = out.setdefault(s.status, [0, 0])
+        counts[0] += s.learner_logprobs is not None
+        counts[1] += 1
+    return out
+
+
 class Prompts:
     """The page's prompt table: each distinct prompt once, and the steps each appears in (for the view of a
     prompt across steps). A rollout without a prompt text (an eval sample) is keyed by its task."""
@@ -318,8 +386,9 @@ class Prompts:
         self.tasks: list[str] = []
         self.steps: list[list[str]] = []
 
-    def index(self, saved: SavedRollout, step: str) -> int:
-        """The number of `saved`'s prompt in the table (added if new); `step`: the name of its step."""
+    def index(self, saved: SavedRollout, step: str | None = None) -> int:
+        """The number of `saved`'s prompt in the table (added if new); `step`: the name of its RL step (None:
+        a held-out sample, not a training prompt)."""
         text = saved.prompt_text
         key = (text, "" if text else saved.trajectory.task_id)
         if key not in self.keys:
@@ -328,7 +397,7 @@ class Prompts:
             self.tasks.append(saved.trajectory.task_id)
             self.steps.append([])
         number = self.keys[key]
-        if not self.steps[number] or self.steps[number][-1] != step:
+        if step is not None and (not self.steps[number] or self.steps[number][-1] != step):
             self.steps[number].append(step)
         return number
 
@@ -345,18 +414,7 @@ def _safe_id(name: str) -> str:
 
 
 def _html_text(text: str) -> str:
-    text = "".join(f"\u27e8U+{ord(c):04X}\u27e9" if c in INVISIBLE else c for c in text)
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-
-
-# characters that reorder or hide text (bidi controls, zero-width characters) or are invisible controls:
-# shown as a marked glyph, never applied (the page's script does the same for every text it inserts)
-INVISIBLE = frozenset(
-    [chr(c) for c in range(0x20) if c not in (9, 10)]
-    + ["\x7f", "\u200b", "\u200c", "\u200d", "\u200e", "\u200f", "\u2060", "\ufeff"]
-    + [chr(c) for c in range(0x202A, 0x202F)]
-    + [chr(c) for c in range(0x2066, 0x206A)]
-)
+    return marked(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def default_output(source: str | Path) -> Path:
@@ -373,11 +431,12 @@ def write_page(
     *,
     steps: Iterable[int] | None = None,
     unread: list[Unread] | None = None,
+    against: str | Path | None = None,
 ) -> Path:
     """Write the page of `source` (default: RUN/rollouts.html, or FILE.html beside a file); returns its path.
-    What could not be read goes to `unread` when given (see `build_page`)."""
+    `against`: a second run folder (see `build_page`). What could not be read goes to `unread` when given."""
     path = Path(out) if out is not None else default_output(source)
-    html = build_page(source, steps=steps, unread=unread)
+    html = build_page(source, steps=steps, unread=unread, against=against)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(html, encoding="utf-8")

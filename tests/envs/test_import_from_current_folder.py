@@ -1,7 +1,7 @@
 """`--import MODULE` and `env.imports` find a module in the folder the command runs from, as uvicorn and celery
 find their app (issue 30, item 6): the console script `stare-agents` (which, unlike `python -m`, does not put
 the current folder on the path) from a fresh temporary folder holding the module, with no PYTHONPATH. The
-README's "Adding an environment" walk-through runs there as written."""
+README's "Adding an environment" walk-through runs there as written, `eval` included (its class entry point)."""
 
 from __future__ import annotations
 
@@ -155,3 +155,24 @@ def test_the_readme_walk_through_runs_from_a_fresh_folder(tmp_path: Path):
     result = stare_agents(tmp_path, *commands[0].split()[1:])
     assert result.returncode == 0, result.stdout + result.stderr
     assert "ok my_envs/NthPrime-v0 passed check_env" in result.stdout
+    # `eval` on the same registration (a class as the entry point, issue 49 item 2), with a protocol a module
+    # adds as the section says, on the tiny model
+    (tmp_path / "nth_protocol.py").write_text(
+        "import custom_env  # noqa: F401 (registers my_envs/NthPrime-v0 with its class)\n"
+        "from stare_agents.eval.benchmarks import PROTOCOLS, Protocol\n"
+        'PROTOCOLS["nthprime"] = Protocol(name="nthprime", env_id="my_envs/NthPrime-v0", '
+        "max_tokens_per_turn=8, max_total_tokens=16)\n"
+    )
+    (tmp_path / "bench.jsonl").write_text(
+        json.dumps({"id": "p1", "problem": "What is the 1000-th prime number?", "answer": "7919"}) + "\n"
+    )
+    assert stare_agents(tmp_path, "model", "tiny").returncode == 0
+    result = stare_agents(
+        tmp_path,
+        *("eval", "--import", "nth_protocol", "--protocol", "nthprime", "--model", "tiny", "--engine", "hf"),
+        *("--benchmark", "bench.jsonl", "--sandbox", "local", "--bootstrap", "0", "--out", "evaluation"),
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    results = json.loads((tmp_path / "evaluation" / "results.json").read_text())
+    assert results["settings"]["protocol"]["max_turns"] == 3  # NthPrimeEnv.default_max_turns
+    assert results["benchmarks"]["bench"]["samples_done"] == 1

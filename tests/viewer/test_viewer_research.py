@@ -203,7 +203,7 @@ def test_entropy_and_mismatch_colour_tokens_on_a_numeric_log_scale(browser, rese
             ), j
         # mismatch: log pi_learner - log pi_rollout; blue where the learner gives more, red where less
         view.page.select_option("#f-mode", "mismatch")
-        assert ticks(view) == ["0.0001", "0.001", "0.01", "0.1", "1"]
+        assert ticks(view) == ["-1", "-0.1", "-0.01", "-0.001", "±0.0001", "0.001", "0.01", "0.1", "1"]
         for span, j in zip(spans, actions, strict=True):
             d = saved.learner_logprobs[j] - saved.trajectory.rollout_logprobs[j]
             assert float(span.get_attribute("data-d")) == pytest.approx(d, abs=1e-5)
