@@ -44,6 +44,7 @@ from stare_agents.algo.importance import ImportanceConfig, importance_weights, m
 from stare_agents.algo.reweighting import NO_REWEIGHTING, build_reweighting, diagnostic_selector
 from stare_agents.rollout.weight_sync import GroupAddress, SyncGroup, WeightsPlan, open_group, send_weights
 from stare_agents.train.checkpoint import save_checkpoint
+from stare_agents.train.packing import PackRows
 from stare_agents.train.policy import (
     PACKINGS,
     PRECISIONS,
@@ -176,6 +177,9 @@ class LearnerConfig:
     mini_batches: int = 1  # optimiser updates per training step (contiguous row ranges of the step batch)
     precision: Precision = "fp32"  # see train/policy.py: fp32, bf16 (autocast), fast, bf16-emulated, fp16
     gradient_checkpointing: bool = False
+    # a micro-batch's real tokens run as one sequence, attended row by row (train/packing.py): no FLOPs on
+    # padding; "auto" where a probe at load finds it exact for the model, "on" (refuse otherwise), "off"
+    pack_rows: PackRows = "auto"
     head_chunk_rows: int = 1024  # action tokens per chunk of the LM head (memory: rows x vocab floats)
     old_logprobs: OldLogprobs = "recompute"  # PPO's pi_old: the pre-update pass ("recompute") or the rollout's
     # the correction for pi_rollout != pi_old (stare_agents.algo.importance): truncated (cap) and/or masked
