@@ -44,9 +44,10 @@ logger = logging.getLogger(__name__)
 PackRows = Literal["auto", "on", "off"]  # auto: pack where the probe finds it exact, else pad (said once)
 PACK_ROWS: tuple[str, ...] = get_args(PackRows)
 PACKED_ATTENTION = "stare_packed"
-PROBE_TOLERANCE = (
-    1e-3  # packed vs padded hidden states (fp32, relative to their scale); a leak between rows is O(1)
-)
+# packed vs padded last hidden states, relative to their scale (a leak between rows is O(1)): fp32, and bf16/fp16
+# autocast (8 or 11 significant bits, other kernels)
+PROBE_TOLERANCE = 1e-3
+HALF_PROBE_TOLERANCE = 5e-2
 
 _in_packed_forward: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "stare_packed_forward", default=False
@@ -130,7 +131,13 @@ def packed_hidden_states(decoder: nn.Module, packed: PackedRows) -> Tensor:
 # ---- the attention ------------------------------------------------------------------------------------------
 
 
+_VARLEN = {"enabled": True}  # off once the probe found torch's varlen attention failing or inexact here
+
+
 def _varlen() -> Any:
+    """torch's variable-length flash attention, where this torch has it and it has not been switched off."""
+    if not _VARLEN["enabled"]:
+        return None
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:
@@ -242,7 +249,8 @@ def register_packed_attention() -> None:
 
 def packing_refusal(model: nn.Module) -> str | None:
     """Why packing would not be exact for `model` (None: it is). Sets the model's attention to PACKED_ATTENTION
-    to find out, and leaves it set when the answer is None (restored otherwise)."""
+    to find out, and leaves it set when the answer is None (restored otherwise). On CUDA the half-precision path
+    (varlen flash attention) is probed too; where it fails or differs, per-row SDPA takes its place, said once."""
     if not getattr(model, "_supports_attention_backend", False):
         return (
             f"{type(model).__name__} does not route its attention through transformers' attention interface"
@@ -250,32 +258,42 @@ def packing_refusal(model: nn.Module) -> str | None:
     windows = sorted({w for m in model.modules() if (w := getattr(m, "sliding_window", None))})
     if windows:
         return f"{type(model).__name__} has sliding-window attention (window {windows[0]})"
-    config = model.config
-    before = config._attn_implementation
+    before = model.config._attn_implementation
     register_packed_attention()
     model.set_attn_implementation(PACKED_ATTENTION)
+    reason = _probe_reason(model, None)
+    device = next(model.parameters()).device
+    if reason is None and device.type == "cuda" and _varlen() is not None:
+        half = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        varlen = _probe_reason(model, half)
+        if varlen is not None:
+            _VARLEN["enabled"] = False
+            logger.warning(
+                "varlen flash attention is not used for packed rows (%s): per-row SDPA instead", varlen
+            )
+    if reason is not None:
+        model.set_attn_implementation(before)
+    return reason
+
+
+def _probe_reason(model: nn.Module, half: torch.dtype | None) -> str | None:
+    tolerance = PROBE_TOLERANCE if half is None else HALF_PROBE_TOLERANCE
     try:
-        difference = _probe(model)
+        difference = _probe(model, half)
     except (
         Exception
     ) as error:  # any failure of the packed forward is a reason not to pack, said with the error
-        difference, failure = float("inf"), f"{type(error).__name__}: {error}"
-    else:
-        failure = None
-    if difference <= PROBE_TOLERANCE:
+        return f"the packed forward failed ({type(error).__name__}: {error})"
+    if difference <= tolerance:
         return None
-    model.set_attn_implementation(before)
-    if failure is not None:
-        return f"the packed forward failed ({failure})"
-    return (
-        f"a packed forward differs from the padded one by {difference:.2e} (relative; over {PROBE_TOLERANCE})"
-    )
+    where = "fp32" if half is None else str(half).removeprefix("torch.")
+    return f"a packed forward differs from the padded one by {difference:.2e} in {where} (relative; over {tolerance})"
 
 
 @torch.no_grad()
-def _probe(model: nn.Module) -> float:
+def _probe(model: nn.Module, half: torch.dtype | None = None) -> float:
     """The largest relative difference of the last hidden states between a padded and a packed forward of two
-    rows of different lengths (fp32, the model's own device, eval mode)."""
+    rows of different lengths (the model's own device, eval mode; fp32, or `half` autocast)."""
     device = next(model.parameters()).device
     vocab = int(model.config.vocab_size)
     generator = torch.Generator().manual_seed(0)
@@ -286,29 +304,25 @@ def _probe(model: nn.Module) -> float:
     for row, n in enumerate(lengths):
         mask[row, width - n :] = 1  # left-padded, as collate pads prompts
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    batch = Batch(
-        ids, mask, positions, ids[:, :1], mask[:, :1].float(), mask[:, :1].float(), mask[:, 0].float(), width
-    )
-    batch = batch.to(device)
+    ones = mask[:, :1].float()
+    batch = Batch(ids, mask, positions, ids[:, :1], ones, ones, ones[:, 0], width).to(device)
     decoder = model.get_decoder()
     was_training = decoder.training
     decoder.eval()
     try:
-        with torch.autocast(device.type, enabled=False):
+        with torch.autocast(device.type, dtype=half or torch.bfloat16, enabled=half is not None):
             padded = decoder(
                 input_ids=batch.input_ids,
                 attention_mask=batch.attention_mask,
                 position_ids=batch.position_ids,
                 use_cache=False,
             ).last_hidden_state
-            packed = pack_batch(batch)
-            flat = packed_hidden_states(decoder, packed)[0]
+            flat = packed_hidden_states(decoder, pack_batch(batch))[0]
     finally:
         decoder.train(was_training)
-    keep = batch.attention_mask > 0
-    reference = padded[keep]
+    reference = padded[batch.attention_mask > 0].float()
     scale = float(reference.abs().max()) or 1.0
-    return float((flat - reference).abs().max()) / scale
+    return float((flat.float() - reference).abs().max()) / scale
 
 
 def resolve_pack_rows(model: nn.Module, pack_rows: str) -> bool:
