@@ -44,6 +44,7 @@ from stare_agents.algo.importance import ImportanceConfig, importance_weights, m
 from stare_agents.algo.reweighting import NO_REWEIGHTING, build_reweighting, diagnostic_selector
 from stare_agents.rollout.weight_sync import GroupAddress, SyncGroup, WeightsPlan, open_group, send_weights
 from stare_agents.train.checkpoint import save_checkpoint
+from stare_agents.train.memory_plan import MemoryMode
 from stare_agents.train.packing import PackRows
 from stare_agents.train.policy import (
     PACKINGS,
@@ -180,6 +181,10 @@ class LearnerConfig:
     # a micro-batch's real tokens run as one sequence, attended row by row (train/packing.py): no FLOPs on
     # padding; "auto" where a probe at load finds it exact for the model, "on" (refuse otherwise), "off"
     pack_rows: PackRows = "auto"
+    # micro_batch_tokens and gradient_checkpointing against the device's memory, before the model loads
+    # (train/memory_plan.py): "fit" turns checkpointing on, then lowers the budget, when they do not fit;
+    # "check" refuses instead, naming what would fit; "off" trusts them
+    memory_plan: MemoryMode = "fit"
     head_chunk_rows: int = 1024  # action tokens per chunk of the LM head (memory: rows x vocab floats)
     old_logprobs: OldLogprobs = "recompute"  # PPO's pi_old: the pre-update pass ("recompute") or the rollout's
     # the correction for pi_rollout != pi_old (stare_agents.algo.importance): truncated (cap) and/or masked

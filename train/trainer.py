@@ -51,6 +51,7 @@ from stare_agents.train.config import (
 from stare_agents.train.distributed import DistributedConfig, LearnerGroup, SFTGroup
 from stare_agents.train.evaluation import RunEvaluation
 from stare_agents.train.learner import Learner, TrainingLearner
+from stare_agents.train.memory_plan import MemoryPlan, plan_run
 from stare_agents.train.policy import load_causal_lm
 from stare_agents.train.rl_loop import RLLoop, SampledStep, training_tasks
 from stare_agents.train.run_folder import (
@@ -90,6 +91,7 @@ class Trainer:
         save_config(config, self.folder / "config.yaml")
         self.workers: RolloutWorkerGroup | None = None
         self.evaluation = RunEvaluation(config, self.state.timed)
+        self.memory_plans: dict[str, MemoryPlan] | None = None  # by stage, from `memory_plan`
 
     def run_log(self) -> RunLog:
         """The run folder's log of evaluation and SFT records (opened once, closed when `run()` ends)."""
@@ -124,6 +126,7 @@ class Trainer:
             return self.write_summary(compare)  # a finished run: nothing to do but report
         self.workers = self._start_workers(base_dir)
         try:
+            self.memory_plan("rl", base_dir)  # a learner that cannot fit stops here, before anything loads
             if "base" not in self.progress.get("accuracy", {}):
                 self._record_accuracy("base", num_tasks=config.eval.base_num_tasks)
             rl_start = base_dir
@@ -245,7 +248,9 @@ class Trainer:
             raise RuntimeError(f"SFT: no usable traces from {c.sft.data!r} for {c.env.id}")
         self.state.timed("sft_data", time.perf_counter() - started)
         started = time.perf_counter()
-        sft_config = c.sft.sft_config(seed=c.seed, device="cuda" if torch.cuda.is_available() else "cpu")
+        sft_config = self.memory_plan("sft", base_dir).applied(
+            c.sft.sft_config(seed=c.seed, device="cuda" if torch.cuda.is_available() else "cpu")
+        )
         pad = tokenizer.pad_token_id or 0
         if c.rl.learner_workers > 1:  # the same data-parallel (FSDP) workers as RL: a model one device cannot fit
 
@@ -301,9 +306,21 @@ class Trainer:
         """The RL tasks drawn from data position `position` (`rl_loop.training_tasks`)."""
         return training_tasks(self.config, position, prompts)
 
+    def memory_plan(self, stage: str, model_dir: Path) -> MemoryPlan:
+        """The learner's memory plan for `stage` ("sft", "rl") on this machine's device. Both stages are planned
+        at the first call, from the model's config alone (train/memory_plan.py), and said in the log; a learner
+        that cannot fit raises MemoryPlanError with the numbers."""
+        if self.memory_plans is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+            self.memory_plans = plan_run(self.config, model_dir, device=device)
+            for name, plan in self.memory_plans.items():
+                (logger.warning if plan.changes else logger.info)("%s %s", name, plan.summary())
+        return self.memory_plans[stage]
+
     def make_learner(self, model_dir: Path, algorithm: AlgorithmConfig) -> TrainingLearner:
         c = self.config
         learner_config = dataclasses.replace(c.rl.learner, device="cuda" if torch.cuda.is_available() else "cpu")
+        learner_config = self.memory_plan("rl", model_dir).applied(learner_config)
         if c.rl.learner_workers > 1:
 
             return LearnerGroup(model_dir, algorithm, learner_config, self._distributed_config())
