@@ -353,6 +353,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--peak-tflops", type=float, default=None, help="the device's dense bf16 peak for MFU"
     )
+    parser.add_argument(
+        "--padding-only", action="store_true", help="only the padding share of the step batches"
+    )
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None, help="also write the results here (strict JSON)")
@@ -377,6 +380,22 @@ def main(argv: list[str] | None = None) -> int:
         batch.attention_mask.numel() for batch, _ in batches
     )
     share, micro_batches, largest = padding_share(batches, args.micro_batch_tokens, "longest-first")
+    if args.padding_only:  # the micro-batch plan's padding, step batch by step batch; no model is built
+        shares = [padding_share([b], args.micro_batch_tokens, "longest-first")[0] for b in batches]
+        report = {
+            "step_batches": len(batches),
+            "real_tokens": real,
+            "micro_batch_tokens": args.micro_batch_tokens,
+        }
+        report.update(padding_share=share, step_padding_shares=shares, micro_batches=micro_batches)
+        print(
+            f"{len(batches)} step batches, {real} real tokens, micro_batch_tokens {args.micro_batch_tokens}: padding "
+            f"{100 * share:.1f}% of the padded positions (by step: median {100 * statistics.median(shares):.1f}%, "
+            f"{100 * min(shares):.1f}-{100 * max(shares):.1f}%)"
+        )
+        if args.json:
+            Path(args.json).write_text(dumps(report, indent=2) + "\n")
+        return 0
     shape = ModelShape.of_config(config)
     peak_tflops, peak_note = device_peak_tflops(args)
     device_name = torch.cuda.get_device_name() if cuda else "CPU"
