@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import typer
 from rich.console import Console
@@ -139,3 +140,20 @@ def export(
             row = {"id": task.id, "problem": task.problem, "answer": task.answer}
             handle.write(json.dumps(row, allow_nan=False) + "\n")
     console.print(f"wrote {len(tasks)} distinct {split} tasks of {env_id} to {out}")
+
+
+@app.command("prepare-dapo-math")
+def prepare_dapo_math(
+    out: Path = typer.Option(..., help="the JSONL to write (the CoT recipes read data/dapo_math_17k.jsonl)"),
+    source: str = typer.Option(
+        "", help="a .parquet/.jsonl file or a Hugging Face dataset id (default: the hub's DAPO-Math-17k)"
+    ),
+) -> None:
+    """Write DAPO-Math-17k (the official STARE CoT training set) as {problem, answer, id} rows.
+
+    The package ships no training data: the CoT recipes name the file this writes. A hub id needs the network
+    once (or the dataset in the Hugging Face cache)."""
+    from stare_agents.envs.dapo_math import HUB_ID, prepare
+
+    written = prepare(source or HUB_ID, out)
+    typer.echo(f"{written} problems -> {out}")

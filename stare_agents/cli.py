@@ -112,11 +112,12 @@ def train(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     for noisy in ("vllm", "ray", "httpx", "filelock"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    from stare_agents.train.memory_plan import MemoryPlanError
     from stare_agents.train.rl_loop import NoLearningSignal
 
     try:
         summary = run_training(train_config, resume=resume, compare=compare, checked=True)  # checked above
-    except (FileExistsError, NoLearningSignal) as error:  # said plainly; the run folder keeps what it had
+    except (FileExistsError, NoLearningSignal, MemoryPlanError) as error:  # said plainly, before a learner loads
         typer.secho(str(error), fg="red", err=True)
         raise typer.Exit(2) from error
     table = Table(
@@ -323,6 +324,19 @@ def show(
     typer.echo(str(path))
     if serve:
         serve_page(path, port=port)
+
+
+@app.command(
+    "gpu-smoke",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    add_help_option=False,
+)
+def gpu_smoke(ctx: typer.Context) -> None:
+    """GPU smoke checks (tiers device, node, cluster), each with a deadline: one JSON report, what was skipped and
+    why. `stare-agents gpu-smoke --help` lists the options; `--tier device --device cpu` rehearses on the CPU."""
+    from stare_agents.train.gpu_smoke import main as smoke
+
+    raise typer.Exit(smoke(list(ctx.args)))
 
 
 @app.command()

@@ -1,6 +1,7 @@
-"""scripts/gpu_smoke.py on a machine without a GPU: one JSON report whose every check is passed, failed, skipped
-(with the reason) or timed out; the GPU checks skipped for want of CUDA; the device tier's checks run on the CPU
-(`--device cpu`, gloo for NCCL) and pass; a check past its deadline is killed with what it started."""
+"""`stare-agents gpu-smoke` (stare_agents/train/gpu_smoke.py) on a machine without a GPU: one JSON report whose
+every check is passed, failed, skipped (with the reason) or timed out; the GPU checks skipped for want of CUDA; the
+device tier's checks run on the CPU (`--device cpu`, gloo for NCCL) from an installed wheel and pass; a check past
+its deadline is killed with what it started."""
 
 from __future__ import annotations
 
@@ -14,19 +15,20 @@ import psutil
 import pytest
 import torch
 
-SCRIPT = Path(__file__).parents[1] / "scripts" / "gpu_smoke.py"
+SMOKE = [sys.executable, "-m", "stare_agents.train.gpu_smoke"]  # = stare-agents gpu-smoke
 STATUSES = {"passed", "failed", "skipped", "timeout"}
 CHECK_KEYS = {"name", "tier", "what", "deadline_s", "status"}
 
 
-def smoke(tmp_path: Path, *args: str, timeout: float = 600) -> tuple[int, dict]:
+def smoke(tmp_path: Path, *args: str, timeout: float = 600, wheel=None) -> tuple[int, dict]:
+    """The smoke command's exit status and report: from the checkout, or from `wheel` (an installed one)."""
     out = tmp_path / "report.json"
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--out", str(out), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    command = [*SMOKE, "--out", str(out), *args]
+    if wheel is None:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    else:
+        command = [str(wheel.console_script), "gpu-smoke", *command[len(SMOKE) :]]
+        done = wheel.run(command, cwd=tmp_path, timeout=timeout)
     report = json.loads(out.read_text())  # strict JSON: no NaN
     assert json.loads(done.stdout) == report  # the same report on stdout
     assert {"report", "version", "tiers", "device", "machine", "checks", "counts", "ok", "wall_s"} <= set(
@@ -54,8 +56,9 @@ def test_without_cuda_every_gpu_check_is_skipped_and_says_why(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_device_tier_runs_on_the_cpu(tmp_path):
-    code, report = smoke(tmp_path, "--tier", "device", "--device", "cpu")
+def test_the_device_tier_runs_on_the_cpu_from_the_installed_wheel(tmp_path, installed_wheel):
+    code, report = smoke(tmp_path, "--tier", "device", "--device", "cpu", wheel=installed_wheel)
+    assert report["machine"]["package"].startswith(str(installed_wheel.target))
     statuses = {c["name"]: c["status"] for c in report["checks"]}
     assert set(statuses.values()) == {"passed"}, report["checks"]
     assert code == 0 and report["ok"]
@@ -95,8 +98,7 @@ def test_what_a_check_started_in_a_session_of_its_own_is_ended_after_the_check_d
     marker = f"orphan-{tmp_path.name}"
     program = f"""
 import os, signal, subprocess, sys, time
-sys.path.insert(0, {str(SCRIPT.parent)!r})
-import gpu_smoke
+from stare_agents.train import gpu_smoke
 assert gpu_smoke._become_subreaper()
 check = subprocess.Popen([sys.executable, "-c", '''
 import subprocess, sys, time
@@ -117,3 +119,16 @@ print(gpu_smoke._end_descendants())
     time.sleep(0.2)
     left = [p.pid for p in psutil.process_iter(["cmdline"]) if marker in (p.info["cmdline"] or ())]
     assert left == []
+
+
+def test_a_machine_with_only_torch_hears_every_reason_a_node_check_is_skipped(monkeypatch, tmp_path):
+    """One GPU, no vLLM, no Ray, an installed package without the benchmarks folder: each reason is named."""
+    from stare_agents.train import gpu_smoke
+
+    monkeypatch.setattr(gpu_smoke, "_cuda_count", lambda: 1)
+    monkeypatch.setattr(gpu_smoke, "_module", lambda name: name not in ("vllm", "ray"))
+    monkeypatch.setattr(gpu_smoke, "BENCH_ROLLOUT", tmp_path / "benchmarks" / "bench_rollout.py")
+    assert gpu_smoke.needs_node(None) == "needs 2+ CUDA GPUs, found 1; needs vllm and ray installed"
+    reason = gpu_smoke.needs_node_and_checkout(None)
+    assert reason.startswith("needs 2+ CUDA GPUs, found 1; needs vllm and ray installed; needs benchmarks/")
+    assert "in the repository, not the installed package" in reason

@@ -7,6 +7,8 @@ from typing import Literal, get_args
 
 from stare_agents.algo.importance import ImportanceConfig
 from stare_agents.train.config_fields import DERIVED_FROM
+from stare_agents.train.memory_plan import MemoryMode
+from stare_agents.train.packing import PackRows
 from stare_agents.train.policy import PACKINGS, PRECISIONS, OptimizerConfig, Packing, Precision
 
 OldLogprobs = Literal["recompute", "rollout"]  # PPO's pi_old: the pre-update pass or the rollout's
@@ -26,6 +28,13 @@ class LearnerConfig:
     mini_batches: int = 1  # optimiser updates per training step (contiguous row ranges of the step batch)
     precision: Precision = "fp32"  # see train/policy.py: fp32, bf16 (autocast), fast, bf16-emulated, fp16
     gradient_checkpointing: bool = False
+    # a micro-batch's real tokens run as one sequence, attended row by row (train/packing.py): no FLOPs on
+    # padding; "auto" where a probe at load finds it exact for the model, "on" (refuse otherwise), "off"
+    pack_rows: PackRows = "auto"
+    # micro_batch_tokens and gradient_checkpointing against the device's memory, before the model loads
+    # (train/memory_plan.py): "fit" turns checkpointing on, then lowers the budget, when they do not fit;
+    # "check" refuses instead, naming what would fit; "off" trusts them
+    memory_plan: MemoryMode = "fit"
     head_chunk_rows: int = 1024  # action tokens per chunk of the LM head (memory: rows x vocab floats)
     old_logprobs: OldLogprobs = (
         "recompute"  # PPO's pi_old: the pre-update pass ("recompute") or the rollout's

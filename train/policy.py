@@ -7,6 +7,9 @@ token-budget micro-batches, and the optimiser with its learning-rate schedule.
 Only the action tokens (action_mask 1) are scored: the LM head runs on their hidden states alone, in
 chunks of rows, so neither a [B, T, V] logit tensor nor its log-softmax is ever held; backward recomputes
 each chunk's logits. Observation, prompt and padding positions get 0 and carry no gradient.
+
+Rows are packed (`train/packing.py`, `pack_rows`: "auto" by default): the decoder runs on the micro-batch's real
+tokens only, as one sequence attended row by row, where a probe finds that exact for the model.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from torch import Tensor, nn
 
 from stare_agents.hardware import resolve_precision
 from stare_agents.train.bf16_emulation import emulated_bf16, round_bf16_product
+from stare_agents.train.packing import pack_batch, packed_hidden_states, resolve_pack_rows
 from stare_agents.train.seqlen_balancing import verl_micro_batches
 from stare_agents.trajectory import Batch
 
@@ -212,7 +216,8 @@ class PolicyCore(NamedTuple):
         shard: Any = None,
     ) -> PolicyCore:
         """From a learner's or SFT's config (its `optimizer`, `device`, `precision`, `head_chunk_rows` and
-        `gradient_checkpointing`). `shard`, when given, wraps the policy in place before the optimiser is built."""
+        `gradient_checkpointing`, `pack_rows`). `shard`, when given, wraps the policy in place before the optimiser
+        is built."""
         target = torch.device(config.device)
         model.to(target)
         if config.gradient_checkpointing:
@@ -223,6 +228,7 @@ class PolicyCore(NamedTuple):
             head_chunk_rows=config.head_chunk_rows,
             temperature=temperature,
             fp32_head=fp32_head,
+            pack_rows=config.pack_rows,
         )
         if shard is not None:
             shard(policy)
@@ -388,6 +394,7 @@ class PolicyModel(nn.Module):
         head_chunk_rows: int = 1024,
         temperature: float = 1.0,
         fp32_head: bool = False,
+        pack_rows: str = "auto",
     ) -> None:
         super().__init__()
         if head_chunk_rows < 1:
@@ -432,6 +439,8 @@ class PolicyModel(nn.Module):
             )
         if config is not None:
             config.use_cache = False
+        # packed: the decoder runs on the real tokens only, as one sequence (train/packing.py)
+        self.packed = resolve_pack_rows(model, pack_rows)
 
     @property
     def head(self) -> nn.Linear:
@@ -443,16 +452,27 @@ class PolicyModel(nn.Module):
 
     def forward(self, batch: Batch, *, want_collision: bool = False) -> TokenStats:
         device = batch.input_ids.device
-        with autocast(device, self.precision):
-            hidden = self.decoder(
-                input_ids=batch.input_ids,
-                attention_mask=batch.attention_mask,
-                position_ids=batch.position_ids,
-                use_cache=False,
-            ).last_hidden_state
         p, r = batch.prompt_length, batch.response_length
         is_action = batch.action_mask > 0
-        rows = hidden[:, p - 1 : p - 1 + r][is_action]  # the logits at P - 1 + j score response token j
+        if self.packed:
+            packed = pack_batch(batch)
+            scoring = packed.index[:, p - 1 : p - 1 + r][is_action]  # the logits at P - 1 + j score token j
+            if bool((scoring < 0).any()):
+                raise ValueError(
+                    "an action token is scored from a padding position (a row with an empty prompt, or an "
+                    "action_mask 1 past its response): check how the batch was built"
+                )
+            with autocast(device, self.precision):
+                rows = packed_hidden_states(self.decoder, packed)[0, scoring]
+        else:
+            with autocast(device, self.precision):
+                hidden = self.decoder(
+                    input_ids=batch.input_ids,
+                    attention_mask=batch.attention_mask,
+                    position_ids=batch.position_ids,
+                    use_cache=False,
+                ).last_hidden_state
+            rows = hidden[:, p - 1 : p - 1 + r][is_action]  # the logits at P - 1 + j score response token j
         resolved = resolve_precision(self.precision, device.type)
         half = HALF_DTYPES.get(resolved) if not self.fp32_head else None
         emulate = resolved == "bf16-emulated" and not self.fp32_head

@@ -35,6 +35,7 @@ from torch import nn
 from stare_agents.algo import aggregate
 from stare_agents.train.checkpoint import save_checkpoint
 from stare_agents.train.learner import Collective
+from stare_agents.train.packing import PackRows
 from stare_agents.train.policy import (
     PRECISIONS,
     OptimizerConfig,
@@ -87,6 +88,7 @@ class SFTConfig:
     micro_batch_tokens: int = 8192
     precision: str = "fp32"  # "fp32", "bf16" or "fp16" (autocast; fp16 with a dynamic loss scale), "fast"
     gradient_checkpointing: bool = False
+    pack_rows: PackRows = "auto"  # as the RL learner's (LearnerConfig.pack_rows)
     head_chunk_rows: int = 1024
     shuffle: bool = True  # a new order each epoch, from `seed` and the epoch number
     seed: int = 0

@@ -56,6 +56,7 @@ from stare_agents.train.config import (
 from stare_agents.train.distributed import DistributedConfig, LearnerGroup, SFTGroup
 from stare_agents.train.evaluation import RunEvaluation
 from stare_agents.train.learner import Learner, TrainingLearner
+from stare_agents.train.memory_plan import MemoryPlan, plan_run
 from stare_agents.train.policy import load_causal_lm
 from stare_agents.train.rl_loop import RLLoop, SampledStep
 from stare_agents.train.run_folder import (
@@ -99,6 +100,7 @@ class Trainer:
         self.workers: RolloutWorkerGroup | None = None
         self.evaluation = RunEvaluation(config, self.state.timer)
         self._run_logs: dict[Path, RunLog] = {}  # each run folder's one writer (`run_log`)
+        self.memory_plans: dict[str, MemoryPlan] | None = None  # by stage, from `memory_plan`
 
     def run_log(self, folder: Path | None = None, *, purge_from: int | None = None) -> RunLog:
         """The one writer of a run folder's records (evaluation, SFT, RL; `folder`: this run's, or a compared
@@ -139,6 +141,7 @@ class Trainer:
         self.workers = self._start_workers(base_dir)
         self.engines_hold = "base"  # whose weights the engines sample with (a point's name)
         try:
+            self.memory_plan("rl", base_dir)  # a learner that cannot fit stops here, before anything loads
             if "base" not in self.progress.get("accuracy", {}):
                 self._record_accuracy("base", num_tasks=config.eval.base_num_tasks)
             rl_start, start_version = base_dir, BASE_VERSION
@@ -271,7 +274,9 @@ class Trainer:
             if not traces:
                 raise RuntimeError(f"SFT: no usable traces from {c.sft.data!r} for {c.env.id}")
         with self.state.timer("sft"):
-            sft_config = c.sft.sft_config(seed=c.seed, device="cuda" if torch.cuda.is_available() else "cpu")
+            sft_config = self.memory_plan("sft", base_dir).applied(
+                c.sft.sft_config(seed=c.seed, device="cuda" if torch.cuda.is_available() else "cpu")
+            )
             pad = tokenizer.pad_token_id or 0
             if c.rl.learner_workers > 1:  # the same data-parallel (FSDP) workers as RL: a model one device cannot fit
 
@@ -322,9 +327,21 @@ class Trainer:
             sft.save_checkpoint({"traces": fingerprint}, path, tokenizer_dir=base_dir)
 
     # ---- RL ----
+    def memory_plan(self, stage: str, model_dir: Path) -> MemoryPlan:
+        """The learner's memory plan for `stage` ("sft", "rl") on this machine's device. Both stages are planned
+        at the first call, from the model's config alone (train/memory_plan.py), and said in the log; a learner
+        that cannot fit raises MemoryPlanError with the numbers."""
+        if self.memory_plans is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+            self.memory_plans = plan_run(self.config, model_dir, device=device)
+            for name, plan in self.memory_plans.items():
+                (logger.warning if plan.changes else logger.info)("%s %s", name, plan.summary())
+        return self.memory_plans[stage]
+
     def make_learner(self, model_dir: Path, algorithm: AlgorithmConfig) -> TrainingLearner:
         c = self.config
         learner_config = dataclasses.replace(c.rl.learner, device="cuda" if torch.cuda.is_available() else "cpu")
+        learner_config = self.memory_plan("rl", model_dir).applied(learner_config)
         if c.rl.learner_workers > 1:
 
             return LearnerGroup(model_dir, algorithm, learner_config, self._distributed_config())

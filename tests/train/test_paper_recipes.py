@@ -5,16 +5,13 @@ environments read."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from stare_agents.cli import app
 from stare_agents.envs.tasks import TaskDataset
-from stare_agents.train.config import load_config
-
-SCRIPT = Path(__file__).parents[2] / "scripts" / "prepare_dapo_math.py"
+from stare_agents.train.config import check_run, load_config
 
 
 def test_short_cot_is_the_official_script():
@@ -80,14 +77,31 @@ def test_dapo_math_rows_become_problems_and_answers(tmp_path):
     source = tmp_path / "dapo.jsonl"
     source.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "data" / "dapo_math_17k.jsonl"
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--source", str(source), "--out", str(out)],
-        capture_output=True,
-        text=True,
-    )
-    assert done.returncode == 0, done.stderr
+    done = CliRunner().invoke(app, ["envs", "prepare-dapo-math", "--source", str(source), "--out", str(out)])
+    assert done.exit_code == 0, done.output
+    assert "2 problems" in done.output and [p.name for p in out.parent.iterdir()] == [out.name]  # no partial
     tasks = list(TaskDataset(str(out)))
     assert [(t.problem, t.answer, t.id) for t in tasks] == [
         ("What is $2+3$?", "5", "a1"),
         ("Find $x$ if $2x=8$.", "4", "a2"),
     ]
+
+
+def test_a_recipe_whose_data_file_is_missing_says_which_and_how_to_make_it(tmp_path, monkeypatch):
+    """The package ships no training data: the CoT recipes' file is named, with the command that writes it;
+    another recipe's missing file is named, with where it was looked for."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError) as missing:
+        check_run(load_config(recipe="short-cot-qwen2.5-math-7b"))
+    assert str(missing.value) == (
+        f"env.kwargs.dataset='data/dapo_math_17k.jsonl': no such file (looked for {tmp_path}/data/dapo_math_17k.jsonl); "
+        "the package ships no training data: make this one with "
+        "`stare-agents envs prepare-dapo-math --out data/dapo_math_17k.jsonl`"
+    )
+    with pytest.raises(
+        ValueError, match=r"env.kwargs.dataset='data/math_l3to5.jsonl': no such file \(looked for"
+    ):
+        check_run(load_config(recipe="qwen2.5-7b-tir-stare-c2"))
+    config = load_config(recipe="tiny", overrides=["sft.data=traces/none.jsonl"])
+    with pytest.raises(ValueError, match=r"sft.data='traces/none.jsonl': no such file .* allowed: 'solver'"):
+        check_run(config)

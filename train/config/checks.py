@@ -6,9 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from stare_agents.algo.config import ALGORITHMS
+from stare_agents.envs.dapo_math import DAPO_FILE
+from stare_agents.envs.tasks import FILE_SUFFIXES
 from stare_agents.train.config.config_code import check_config_code
 from stare_agents.train.config.schema import TYPED_ENV_KEYS, TrainConfig
 from stare_agents.train.config.typed import plain_data
+
+DATA_KEYS = ("dataset", "heldout_dataset")  # env.kwargs that name a task file
 
 
 def check_run(config: TrainConfig, *, compare: str | None = None) -> None:
@@ -52,6 +56,11 @@ def check_run(config: TrainConfig, *, compare: str | None = None) -> None:
                     f"{name}={value!r}: {what} takes no keyword {key!r}; allowed: "
                     f"{', '.join(sorted(accepted - {'sandbox', 'tools'}))}"
                 )
+    for key in DATA_KEYS:  # a data file the config names: missing -> said now, with how to make it
+        value = kwargs.get(key)
+        path = Path(value).expanduser() if isinstance(value, str | Path) else None
+        if path is not None and path.suffix in FILE_SUFFIXES and not path.exists():
+            raise ValueError(missing_data(f"env.kwargs.{key}", str(value)))
     for split in ("train", "heldout"):
         split_args = split_kwargs(env_id, kwargs, split)
         try:
@@ -70,6 +79,16 @@ def check_run(config: TrainConfig, *, compare: str | None = None) -> None:
         )
     if config.sft.enabled and config.sft.data != "solver" and not Path(config.sft.data).is_file():
         raise ValueError(
-            f"sft.data={config.sft.data!r}: no such file; allowed: 'solver' (the environment's solver) or a JSONL "
-            "file of conversations"
+            missing_data("sft.data", config.sft.data)
+            + "; allowed: 'solver' (the environment's solver) or a JSONL file of conversations"
         )
+
+
+def missing_data(key: str, value: str) -> str:
+    """What to say of a data file a config names that is not there: where it was looked for, that the package
+    ships none, and the command that makes it where there is one."""
+    where = Path(value).expanduser().absolute()
+    message = f"{key}={value!r}: no such file (looked for {where}); the package ships no training data"
+    if Path(value).name == DAPO_FILE:
+        return f"{message}: make this one with `stare-agents envs prepare-dapo-math --out {value}`"
+    return message
