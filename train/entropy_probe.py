@@ -14,14 +14,24 @@ token's gradient moves every position's logits. This probe measures both on a re
 L_w = -(1/N) sum_t A_t w_t log pi(a_t) over the action tokens (the clipped surrogate's gradient at ratio 1,
 before any clip bites). The gradient is linear in the token weights, so the probe splits it once into parts:
 the four quadrants (sign of A, sign of Phi), each split again into STARE's selection (L+ / L- at top_ratio)
-and the rest. Any weighting that is constant on each part (GRPO, STARE O1 or C2 at any W and M, a random-token
-control with the same P) is then a combination of those gradients: `predicted` for it is a dot product, the W
-at which the first-order drift changes sign is `critical_w`, and C2's M at which it does, at a given W,
-`critical_m`.
+and the rest (`quadrants=False`: only L+, L- and the rest, three gradients instead of eight). Any weighting that
+is constant on each part (GRPO, STARE O1 or C2 at any W and M, a random-token control with the same P) is then a
+combination of those gradients: `predicted` for it is a dot product, the W at which the first-order drift
+changes sign is `critical_w`, and C2's M at which it does, at a given W, `critical_m`.
+
+Training does not take that step: it takes AdamW's, whose direction is the gradient preconditioned by the
+optimiser's moments (close to sign(g) on a first step; mostly the momentum of earlier steps later) and whose
+size is the learning rate times about 1 per parameter. `AdamStep` takes exactly that step on a probe's gradient,
+from the optimiser's current state (the learner's, warmed up by replaying a run's steps), and puts it back:
+
+    delta, norm = AdamStep(learner.optimizer, policy, max_grad_norm).delta(probe.direction(weights))
+    probe.predicted_step(delta)     # <grad H, delta>: first order in the step training takes
+    probe.measured_step(delta)      # H(theta + delta) - H(theta), re-scored
 """
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 
@@ -29,7 +39,7 @@ import torch
 from torch import Tensor
 
 from stare_agents.algo import sensitivity_from_statistics, stare_selection
-from stare_agents.train.policy import PolicyModel, split_step
+from stare_agents.train.policy import PolicyModel, optimizer_step, split_step
 from stare_agents.trajectory import Batch
 
 QUADRANTS = ("pos_high", "pos_low", "neg_high", "neg_low")  # sign of A, and Phi < 0 (high) or >= 0 (low)
@@ -66,10 +76,16 @@ class EntropyProbe:
         top_ratio: float = 0.1,
         micro_batch_tokens: int = 4096,
         selection: tuple[Tensor, Tensor] | None = None,
+        scope: str = "batch",
+        quadrants: bool = True,
     ) -> None:
         """`selection`: (L+, L-) masks [B, R] to use instead of STARE's top-`top_ratio` by surprisal (e.g. a
-        random control's)."""
-        self.policy, self.batch = policy, batch
+        random control's); `scope`: STARE's selection over the whole batch ("batch") or over each micro-batch of
+        the plan ("micro-batch", what the learner does by default); `quadrants`: split the gradient by quadrant
+        (eight parts) or only into L+, L- and the rest (three)."""
+        if scope not in ("batch", "micro-batch"):
+            raise ValueError(f"scope must be 'batch' or 'micro-batch', got {scope!r}")
+        self.policy, self.batch, self.quadrants = policy, batch, quadrants
         self.params = [p for p in policy.parameters() if p.requires_grad]
         self.plan = [
             mb
@@ -88,10 +104,23 @@ class EntropyProbe:
         self.phi = sensitivity_from_statistics(
             {"logprob": stats.logprob, "entropy": stats.entropy, "collision": stats.collision}
         )
-        if selection is None:
+        if selection is None and scope == "batch":
             selection = stare_selection(
                 -stats.logprob, self.advantages, batch.action_mask, top_ratio=top_ratio
             )
+        elif selection is None:  # each micro-batch's own L+/L-, as the learner takes them
+            lplus, lminus = torch.zeros_like(self.mask), torch.zeros_like(self.mask)
+            for mb in self.plan:
+                width = mb.batch.response_length
+                chosen = stare_selection(
+                    -stats.logprob[mb.rows][:, :width],
+                    self.advantages[mb.rows][:, :width],
+                    batch.action_mask[mb.rows][:, :width],
+                    top_ratio=top_ratio,
+                )
+                for full, part in zip((lplus, lminus), chosen, strict=True):
+                    full[mb.rows, :width] = part
+            selection = (lplus, lminus)
         self.lplus, self.lminus = selection
         self.parts = self._parts()
         self.grad_entropy = self._gradient(self._entropy_sum)
@@ -101,6 +130,9 @@ class EntropyProbe:
     # ---- the parts ----
     def _parts(self) -> dict[str, Tensor]:
         a, phi, m = self.advantages, self.phi, self.mask
+        if not self.quadrants:
+            pos, neg = m & (a > 0) & self.lplus, m & (a < 0) & self.lminus
+            return {"pos/selected": pos, "neg/selected": neg, "all/rest": m & (a != 0) & ~pos & ~neg}
         quadrant = {
             "pos_high": m & (a > 0) & (phi < 0),
             "pos_low": m & (a > 0) & (phi >= 0),
@@ -178,13 +210,23 @@ class EntropyProbe:
         step = torch.zeros_like(self.grad_entropy)
         for name in parts if parts is not None else list(self.part_grads):
             step += self.part_weight(name, weights) * self.part_grads[name]
+        return self.measured_step(-lr * step)
+
+    def predicted_step(self, delta: Tensor) -> float:
+        """First-order change of the batch's token-mean entropy under theta += delta: <grad H, delta>."""
+        return _dot(self.grad_entropy, delta)
+
+    @torch.no_grad()
+    def measured_step(self, delta: Tensor) -> float:
+        """H after theta += delta minus H before, re-scored on the batch (the parameters are put back)."""
         saved = [p.detach().clone() for p in self.params]
         offset = 0
         for p in self.params:
             n = p.numel()
-            p.sub_((lr * step[offset : offset + n]).view_as(p).to(p.dtype))
+            p.add_(delta[offset : offset + n].view_as(p).to(p.dtype))
             offset += n
         try:
+            self.policy.eval()
             stats = self.policy(self.batch)
             after = float(stats.entropy[self.mask].sum()) / self.count
         finally:
@@ -216,4 +258,52 @@ class EntropyProbe:
         return -base / minus if minus else math.inf
 
     def quadrant_counts(self) -> dict[str, int]:
-        return {q: int(self.parts[f"{q}/selected"].sum() + self.parts[f"{q}/rest"].sum()) for q in QUADRANTS}
+        a, high, m = self.advantages, self.phi < 0, self.mask
+        pos, neg = m & (a > 0), m & (a < 0)
+        masks = {
+            "pos_high": pos & high,
+            "pos_low": pos & ~high,
+            "neg_high": neg & high,
+            "neg_low": neg & ~high,
+        }
+        return {q: int(masks[q].sum()) for q in QUADRANTS}
+
+
+class AdamStep:
+    """The step an optimiser takes on a given gradient from its current state, taken and put back.
+
+    `delta(gradient)` sets each parameter's gradient from the flat `gradient` (the order of
+    `model.parameters()` that require grad, as `EntropyProbe.params`), clips and steps as training does
+    (`optimizer_step`: clipping at `max_grad_norm`, then AdamW at the optimiser's current learning rate with its
+    moments and step count), reads the parameters' change, and restores the parameters and the optimiser's state.
+    """
+
+    def __init__(
+        self, optimizer: torch.optim.Optimizer, model: torch.nn.Module, max_grad_norm: float
+    ) -> None:
+        self.optimizer, self.model, self.max_grad_norm = optimizer, model, max_grad_norm
+        self.params = [p for p in model.parameters() if p.requires_grad]
+
+    @torch.no_grad()
+    def delta(self, gradient: Tensor) -> tuple[Tensor, float]:
+        """(theta_after - theta_before as one float32 vector, the gradient's norm before clipping)."""
+        total = sum(p.numel() for p in self.params)
+        if gradient.numel() != total:
+            raise ValueError(f"the gradient has {gradient.numel()} entries; the model's parameters {total}")
+        state = copy.deepcopy(self.optimizer.state_dict())
+        before = [p.detach().clone() for p in self.params]
+        offset = 0
+        for p in self.params:
+            p.grad = gradient[offset : offset + p.numel()].view_as(p).to(p.dtype).clone()
+            offset += p.numel()
+        try:
+            norm = optimizer_step(self.optimizer, self.model, self.max_grad_norm)
+            change = torch.cat(
+                [(p.detach() - b).flatten().float() for p, b in zip(self.params, before, strict=True)]
+            )
+        finally:
+            for p, b in zip(self.params, before, strict=True):
+                p.copy_(b)
+                p.grad = None
+            self.optimizer.load_state_dict(state)
+        return change, float(norm)
