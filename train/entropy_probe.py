@@ -226,13 +226,18 @@ class EntropyProbe:
             p.add_(delta[offset : offset + n].view_as(p).to(p.dtype))
             offset += n
         try:
-            self.policy.eval()
-            stats = self.policy(self.batch)
-            after = float(stats.entropy[self.mask].sum()) / self.count
+            return self.rescored()
         finally:
             for p, s in zip(self.params, saved, strict=True):
                 p.copy_(s)
-        return after - self.entropy_before
+
+    @torch.no_grad()
+    def rescored(self) -> float:
+        """The batch's token-mean entropy under the policy's current parameters minus what it was when the probe
+        was built (e.g. after a learner's own step)."""
+        self.policy.eval()
+        stats = self.policy(self.batch)
+        return float(stats.entropy[self.mask].sum()) / self.count - self.entropy_before
 
     def critical_w(self, *, m: float = 1.0, variant: str = "O1") -> float:
         """The W at which the first-order entropy drift of STARE (m on L- for C2) changes sign: the drift is
