@@ -21,8 +21,9 @@ changes sign is `critical_w`, and C2's M at which it does, at a given W, `critic
 
 Training does not take that step: it takes AdamW's, whose direction is the gradient preconditioned by the
 optimiser's moments (close to sign(g) on a first step; mostly the momentum of earlier steps later) and whose
-size is the learning rate times about 1 per parameter. `AdamStep` takes exactly that step on a probe's gradient,
-from the optimiser's current state (the learner's, warmed up by replaying a run's steps), and puts it back:
+size is the learning rate times about 1 per parameter. `AdamStep` computes exactly that step on a probe's
+gradient from the optimiser's current state (the learner's, warmed up by replaying a run's steps), without
+taking it:
 
     delta, norm = AdamStep(learner.optimizer, policy, max_grad_norm).delta(probe.direction(weights))
     probe.predicted_step(delta)     # <grad H, delta>: first order in the step training takes
@@ -31,7 +32,6 @@ from the optimiser's current state (the learner's, warmed up by replaying a run'
 
 from __future__ import annotations
 
-import copy
 import math
 from dataclasses import dataclass
 
@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 
 from stare_agents.algo import sensitivity_from_statistics, stare_selection
-from stare_agents.train.policy import PolicyModel, optimizer_step, split_step
+from stare_agents.train.policy import PolicyModel, split_step
 from stare_agents.trajectory import Batch
 
 QUADRANTS = ("pos_high", "pos_low", "neg_high", "neg_low")  # sign of A, and Phi < 0 (high) or >= 0 (low)
@@ -275,40 +275,57 @@ class EntropyProbe:
 
 
 class AdamStep:
-    """The step an optimiser takes on a given gradient from its current state, taken and put back.
+    """The step AdamW would take on a given gradient from its current state, computed without taking it.
 
-    `delta(gradient)` sets each parameter's gradient from the flat `gradient` (the order of
-    `model.parameters()` that require grad, as `EntropyProbe.params`), clips and steps as training does
-    (`optimizer_step`: clipping at `max_grad_norm`, then AdamW at the optimiser's current learning rate with its
-    moments and step count), reads the parameters' change, and restores the parameters and the optimiser's state.
+    `delta(gradient)` (the flat `gradient` in the order of `model.parameters()` that require grad, as
+    `EntropyProbe.params`) clips it as training does (`clip_grad_norm_`: scaled by max_grad_norm / (norm + 1e-6)
+    when that is below 1) and applies torch's AdamW update rule to each parameter with the optimiser's own state
+    (its moments, step count, learning rate, betas, eps and each group's weight decay), reading the state and
+    writing nothing: the change is -lr wd theta - lr / (1 - b1^t) m_t / (sqrt(v_t / (1 - b2^t)) + eps), with
+    m_t = b1 m + (1 - b1) g, v_t = b2 v + (1 - b2) g^2, t = step + 1. (A copy of the state would cost two
+    more model-sized buffers; tests hold this against the learner's real step.) AdamW only, without amsgrad.
     """
 
     def __init__(
         self, optimizer: torch.optim.Optimizer, model: torch.nn.Module, max_grad_norm: float
     ) -> None:
-        self.optimizer, self.model, self.max_grad_norm = optimizer, model, max_grad_norm
+        if not isinstance(optimizer, torch.optim.AdamW) or any(
+            g.get("amsgrad") or g.get("maximize") for g in optimizer.param_groups
+        ):
+            raise ValueError(
+                f"AdamStep computes AdamW's update (no amsgrad, no maximize); got {optimizer!r:.200}"
+            )
+        self.optimizer, self.max_grad_norm = optimizer, max_grad_norm
         self.params = [p for p in model.parameters() if p.requires_grad]
+        self.groups = {id(p): group for group in optimizer.param_groups for p in group["params"]}
+        missing = [i for i, p in enumerate(self.params) if id(p) not in self.groups]
+        if missing:
+            raise ValueError(f"{len(missing)} trainable parameters of the model are not in the optimiser")
 
     @torch.no_grad()
     def delta(self, gradient: Tensor) -> tuple[Tensor, float]:
-        """(theta_after - theta_before as one float32 vector, the gradient's norm before clipping)."""
+        """(the parameters' change as one float32 vector, the gradient's norm before clipping)."""
         total = sum(p.numel() for p in self.params)
         if gradient.numel() != total:
             raise ValueError(f"the gradient has {gradient.numel()} entries; the model's parameters {total}")
-        state = copy.deepcopy(self.optimizer.state_dict())
-        before = [p.detach().clone() for p in self.params]
+        norm = float(gradient.double().norm())
+        scale = min(1.0, self.max_grad_norm / (norm + 1e-6)) if self.max_grad_norm > 0 else 1.0
+        change = torch.empty(total, dtype=torch.float32)
         offset = 0
         for p in self.params:
-            p.grad = gradient[offset : offset + p.numel()].view_as(p).to(p.dtype).clone()
-            offset += p.numel()
-        try:
-            norm = optimizer_step(self.optimizer, self.model, self.max_grad_norm)
-            change = torch.cat(
-                [(p.detach() - b).flatten().float() for p, b in zip(self.params, before, strict=True)]
+            n, group = p.numel(), self.groups[id(p)]
+            g = gradient[offset : offset + n].view_as(p).to(p.dtype) * scale
+            (beta1, beta2), lr, eps = group["betas"], float(group["lr"]), group["eps"]
+            state = self.optimizer.state.get(p, {})
+            step = float(state["step"]) + 1 if "step" in state else 1.0
+            m = state["exp_avg"] * beta1 + g * (1 - beta1) if "exp_avg" in state else g * (1 - beta1)
+            v = (
+                state["exp_avg_sq"] * beta2 + g * g * (1 - beta2)
+                if "exp_avg_sq" in state
+                else g * g * (1 - beta2)
             )
-        finally:
-            for p, b in zip(self.params, before, strict=True):
-                p.copy_(b)
-                p.grad = None
-            self.optimizer.load_state_dict(state)
-        return change, float(norm)
+            denom = (v.sqrt() / math.sqrt(1 - beta2**step)).add_(eps)
+            update = -(lr / (1 - beta1**step)) * m / denom - lr * group["weight_decay"] * p.detach()
+            change[offset : offset + n] = update.flatten().float()
+            offset += n
+        return change, norm

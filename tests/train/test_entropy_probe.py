@@ -112,7 +112,7 @@ def test_the_adam_step_is_the_step_the_learner_takes(name):
     adam = AdamStep(learner.optimizer, learner.policy, learner.config.optimizer.max_grad_norm)
     before = _flat(learner.policy)
     delta, norm = adam.delta(probe.direction(weights))
-    assert torch.equal(_flat(learner.policy), before)  # taken and put back
+    assert torch.equal(_flat(learner.policy), before)  # computed, not taken
     learner.step(batch, advantages)
     change = _flat(learner.policy) - before
     # the two sum the gradient in other orders; Adam's division by sqrt(v) shows the rounding on tiny gradients
@@ -151,7 +151,11 @@ def test_adam_first_step_is_a_sign_step_and_its_prediction_holds_to_first_order(
     )
 
 
-def test_adam_step_refuses_a_gradient_of_another_model():
+def test_adam_step_refuses_a_gradient_of_another_model_and_another_optimiser():
     learner = make_learner("grpo-ds", model=peaked_model(2))
     with pytest.raises(ValueError, match="entries"):
         AdamStep(learner.optimizer, learner.policy, 1.0).delta(torch.zeros(7))
+    with pytest.raises(ValueError, match="AdamW"):
+        AdamStep(torch.optim.SGD(learner.policy.parameters(), lr=0.1), learner.policy, 1.0)
+    with pytest.raises(ValueError, match="not in the optimiser"):
+        AdamStep(torch.optim.AdamW([next(learner.policy.parameters())]), learner.policy, 1.0)
