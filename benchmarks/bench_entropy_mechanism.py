@@ -177,6 +177,18 @@ def step_row(probe: Any, delta: Any, gradient: Any, lr: float, norm: float | Non
     return row
 
 
+def release_memory() -> None:
+    """Collect, and hand freed heap pages back to the system (glibc keeps them otherwise: on a shared machine a
+    process's size is what its neighbours are left with)."""
+    import contextlib
+    import ctypes
+    import gc
+
+    gc.collect()
+    with contextlib.suppress(OSError):  # not glibc: nothing to trim
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
 def logged_step(run: Path, step: int) -> dict[str, Any]:
     """What the run's metrics.jsonl says of `step` (the last record of it), for the replay's fidelity."""
     from stare_agents.jsonl import read_lines, report_unread
@@ -276,6 +288,10 @@ def replay_main(args: argparse.Namespace, argv: list[str]) -> None:
                 "measured": probe.measured_step(delta),
             }
             del delta
+            # the run's own step needs <grad H, .> and the parts' dot products (scalars) only: the part gradients
+            # (three model-sized buffers) are let go before the learner's step allocates its own
+            probe.part_grads = {}
+            release_memory()
             before = torch.cat([p.detach().flatten().clone() for p in probe.params])
         entropy_all = entropy_of_all(config, learner, saved.sampled, saved.kept, algorithm)
         metrics = learner.step(batch, saved.advantages, others_entropy=entropy_all if reads_all else None)
@@ -289,15 +305,17 @@ def replay_main(args: argparse.Namespace, argv: list[str]) -> None:
                 if on and reweighting
                 else PartWeights()
             )
-            gradient = probe.direction(weights)
             rows["run"] = {
-                **step_row(probe, delta, gradient, lr, float(metrics["learner/grad_norm"])),
+                **step_row(probe, delta, None, lr, float(metrics["learner/grad_norm"])),
+                "plain_predicted": probe.predicted(
+                    weights, lr
+                ),  # -lr <grad H, g>, from the parts' dot products
                 "measured": probe.rescored(),
                 "gate_on": on,
                 "w": reweighting.w if reweighting else 1.0,
                 "m": reweighting.m if reweighting else 1.0,
             }
-            del gradient, delta
+            del delta
             record = {
                 "command": command,
                 "run": str(run),
@@ -331,6 +349,7 @@ def replay_main(args: argparse.Namespace, argv: list[str]) -> None:
                 "seconds": round(time.perf_counter() - started, 1),
             }
             del probe
+            release_memory()
             write_json(path, record)
             print(
                 f"{run.name} step {step}: "

@@ -94,7 +94,8 @@ def test_the_replay_probes_the_steps_asked_and_summarizes_them(tmp_path: Path):
     assert first["batch"]["trajectories"] == 8 and first["batch"]["lplus"] > 0
     for row in first["rows"].values():
         assert all(isinstance(row[k], float) for k in ("predicted", "measured", "step_norm"))
-    assert first["rows"]["run"]["cos_step_minus_gradient"] < 0.99  # AdamW's step is not along the gradient
+    assert first["rows"]["grpo-ds"]["cos_step_minus_gradient"] < 0.99  # AdamW's step is not along the gradient
+    assert isinstance(first["rows"]["run"]["plain_predicted"], float)
     # a probe already written is not probed again (the steps are replayed to reach the next one)
     stamp = (out / "run-step001.json").stat().st_mtime_ns
     bench.main([*argv[:4], "--probe-steps", "1", "--out-dir", str(out)])
