@@ -150,9 +150,13 @@ def common_batch(args: argparse.Namespace) -> list:
         ]  # fmt: skip
         path.parent.mkdir(parents=True, exist_ok=True)
         print("common batch:", shlex.join(command), flush=True)
-        made = subprocess.run(command, stdout=sys.stdout, stderr=subprocess.STDOUT)
+        with open(path.with_suffix(".log"), "w") as log:
+            made = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT)
         if made.returncode != 0:
-            raise SystemExit(f"the common batch could not be made (exit {made.returncode}): {path}")
+            path.unlink(missing_ok=True)  # a partial file would pass for the batch next time
+            raise SystemExit(
+                f"the common batch could not be made (exit {made.returncode}); its log is {path.with_suffix('.log')}"
+            )
     batch = [t for t in read_jsonl(path) if t.num_action_tokens]
     if not batch:
         raise SystemExit(f"--common-batch {path}: no trajectory with action tokens")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 
 import pytest
@@ -69,10 +68,10 @@ def test_bad_input_is_refused_before_any_run(tmp_path: Path, capsys, args, said)
 
 
 @pytest.mark.slow
-def test_two_arms_on_the_tiny_model_end_to_end(tmp_path: Path, monkeypatch, capsys):
+def test_two_arms_on_the_tiny_model_end_to_end(tmp_path: Path, monkeypatch):
     """w1 and top-w3, two seeds, one step each, on the tiny recipe (local sandbox): the common batch is made
     from held-out tasks, each run's change is measured, the reported pair has its interval; a second call runs
-    nothing; --estimate times one step."""
+    nothing."""
     monkeypatch.setenv("STARE_ALLOW_LOCAL_SANDBOX", "1")
     monkeypatch.chdir(ROOT)
     bench = load_bench()
@@ -93,7 +92,3 @@ def test_two_arms_on_the_tiny_model_end_to_end(tmp_path: Path, monkeypatch, caps
     stamp = (out / "w1-s0" / "metrics.jsonl").stat().st_mtime_ns
     bench.main([*common, "--report"])
     assert (out / "w1-s0" / "metrics.jsonl").stat().st_mtime_ns == stamp
-    capsys.readouterr()
-    bench.main([*common, "--estimate"])
-    assert "an arm of 1 steps about" in capsys.readouterr().out
-    assert os.path.isdir(out / "estimate-w1-s0")
