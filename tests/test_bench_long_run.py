@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "bench_long_run.py"
 
@@ -63,7 +65,15 @@ def test_the_pass_line_figures_by_hand(tmp_path: Path):
     assert abs(stare["second_half_sd"] - 0.146828) < 1e-6 and stare["second_half_range"] == [0.10, 0.45]
     assert stare["accuracy"] == {"sft": 0.4, "rl": 0.55}
     assert grpo["second_half_steps"] == 3 and abs(grpo["second_half_mean"] - 0.1) < 1e-12  # the absent one left out
-    assert "pass line (1): 0.50 of second-half steps in the band: not met" in out.stdout
+    # issue 47's criterion (1): blocks of 2 steps (0.375, 0.16), their mean 0.2675; the bootstrap over two
+    # blocks spans both, 0.16-0.375, which reaches below the band (0.21-0.39)
+    assert stare["second_half_mean_interval"] == pytest.approx({"mean": 0.2675, "ci_low": 0.16, "ci_high": 0.375, "blocks": 2})
+    assert "pass line (1): second-half mean 0.268 [0.160, 0.375] (2 blocks of 2 steps) inside the band 0.21-0.39: " \
+        "not met" in out.stdout
+    # the moving average (decay 0.8 from step 0) at steps 4-7: 0.2753, 0.3102, 0.2922, 0.2538, all in the band
+    assert stare["second_half_ema_within_30pct"] == 1.0
+    assert "band share (the registered criterion it replaces): 0.50 of second-half steps in the band: not met" \
+        in out.stdout
     assert "pass line (2): second-half mean 0.100 vs half of step 0 0.200: met" in out.stdout
     assert "metrics.jsonl" in out.stderr  # the torn line is named, not skipped silently
     assert (tmp_path / "p.png").stat().st_size > 10_000
@@ -319,3 +329,29 @@ def test_a_grpo_ds_run_judged_against_by_two_runs_is_drawn_once(tmp_path: Path):
     assert out.returncode == 0, out.stderr
     assert f"plot: {tmp_path / 'p.png'} (3 curves)" in out.stdout
     assert (tmp_path / "p.png").stat().st_size > 0
+
+
+def test_criterion_one_statistics_by_hand():
+    from support import load_script
+
+    bench = load_script(SCRIPT)
+    assert bench.mean_interval([0.3, 0.1, 0.5, 0.3]) == pytest.approx({"mean": 0.3, "ci_low": 0.2, "ci_high": 0.4, "blocks": 2})
+    assert bench.mean_interval([0.3, 0.1, 0.5]) is None  # one whole block says nothing of the noise
+    assert bench.interval_in_band({"ci_low": 0.22, "ci_high": 0.38}, 0.3)
+    assert not bench.interval_in_band({"ci_low": 0.20, "ci_high": 0.30}, 0.3)
+    assert not bench.interval_in_band(None, 0.3)
+    assert bench.ema([1.0, 0.0, 0.0], 0.5) == [1.0, 0.5, 0.25]
+    assert bench.lag1([1.0, -1.0, 1.0, -1.0]) == -0.75
+    assert bench.lag1([0.3, 0.3, 0.3]) is None
+
+
+def test_a_perfect_controller_can_pass_criterion_one_but_not_the_band_share():
+    """The runs' step noise is SD 0.11-0.14 at a level of 0.3: a controller exactly at the target is inside
+    +-30% only half the time, so the registered share of 70% of steps fails it almost always; the mean's
+    interval does not."""
+    from support import load_script
+
+    bench = load_script(SCRIPT)
+    rates = bench.perfect_controller(0.13, 0.0, 0.3, 64, 0.8, trials=200)
+    assert rates["band_share"] < 0.1
+    assert rates["mean_interval_in_band"] > 0.8 and rates["ema_band_share"] > 0.9

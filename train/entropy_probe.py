@@ -14,10 +14,20 @@ token's gradient moves every position's logits. This probe measures both on a re
 L_w = -(1/N) sum_t A_t w_t log pi(a_t) over the action tokens (the clipped surrogate's gradient at ratio 1,
 before any clip bites). The gradient is linear in the token weights, so the probe splits it once into parts:
 the four quadrants (sign of A, sign of Phi), each split again into STARE's selection (L+ / L- at top_ratio)
-and the rest. Any weighting that is constant on each part (GRPO, STARE O1 or C2 at any W and M, a random-token
-control with the same P) is then a combination of those gradients: `predicted` for it is a dot product, the W
-at which the first-order drift changes sign is `critical_w`, and C2's M at which it does, at a given W,
-`critical_m`.
+and the rest (`quadrants=False`: only L+, L- and the rest, three gradients instead of eight). Any weighting that
+is constant on each part (GRPO, STARE O1 or C2 at any W and M, a random-token control with the same P) is then a
+combination of those gradients: `predicted` for it is a dot product, the W at which the first-order drift
+changes sign is `critical_w`, and C2's M at which it does, at a given W, `critical_m`.
+
+Training does not take that step: it takes AdamW's, whose direction is the gradient preconditioned by the
+optimiser's moments (close to sign(g) on a first step; mostly the momentum of earlier steps later) and whose
+size is the learning rate times about 1 per parameter. `AdamStep` computes exactly that step on a probe's
+gradient from the optimiser's current state (the learner's, warmed up by replaying a run's steps), without
+taking it:
+
+    delta, norm = AdamStep(learner.optimizer, policy, max_grad_norm).delta(probe.direction(weights))
+    probe.predicted_step(delta)     # <grad H, delta>: first order in the step training takes
+    probe.measured_step(delta)      # H(theta + delta) - H(theta), re-scored
 """
 
 from __future__ import annotations
@@ -66,10 +76,16 @@ class EntropyProbe:
         top_ratio: float = 0.1,
         micro_batch_tokens: int = 4096,
         selection: tuple[Tensor, Tensor] | None = None,
+        scope: str = "batch",
+        quadrants: bool = True,
     ) -> None:
         """`selection`: (L+, L-) masks [B, R] to use instead of STARE's top-`top_ratio` by surprisal (e.g. a
-        random control's)."""
-        self.policy, self.batch = policy, batch
+        random control's); `scope`: STARE's selection over the whole batch ("batch") or over each micro-batch of
+        the plan ("micro-batch", what the learner does by default); `quadrants`: split the gradient by quadrant
+        (eight parts) or only into L+, L- and the rest (three)."""
+        if scope not in ("batch", "micro-batch"):
+            raise ValueError(f"scope must be 'batch' or 'micro-batch', got {scope!r}")
+        self.policy, self.batch, self.quadrants = policy, batch, quadrants
         self.params = [p for p in policy.parameters() if p.requires_grad]
         self.plan = [
             mb
@@ -88,10 +104,23 @@ class EntropyProbe:
         self.phi = sensitivity_from_statistics(
             {"logprob": stats.logprob, "entropy": stats.entropy, "collision": stats.collision}
         )
-        if selection is None:
+        if selection is None and scope == "batch":
             selection = stare_selection(
                 -stats.logprob, self.advantages, batch.action_mask, top_ratio=top_ratio
             )
+        elif selection is None:  # each micro-batch's own L+/L-, as the learner takes them
+            lplus, lminus = torch.zeros_like(self.mask), torch.zeros_like(self.mask)
+            for mb in self.plan:
+                width = mb.batch.response_length
+                chosen = stare_selection(
+                    -stats.logprob[mb.rows][:, :width],
+                    self.advantages[mb.rows][:, :width],
+                    batch.action_mask[mb.rows][:, :width],
+                    top_ratio=top_ratio,
+                )
+                for full, part in zip((lplus, lminus), chosen, strict=True):
+                    full[mb.rows, :width] = part
+            selection = (lplus, lminus)
         self.lplus, self.lminus = selection
         self.parts = self._parts()
         self.grad_entropy = self._gradient(self._entropy_sum)
@@ -101,6 +130,9 @@ class EntropyProbe:
     # ---- the parts ----
     def _parts(self) -> dict[str, Tensor]:
         a, phi, m = self.advantages, self.phi, self.mask
+        if not self.quadrants:
+            pos, neg = m & (a > 0) & self.lplus, m & (a < 0) & self.lminus
+            return {"pos/selected": pos, "neg/selected": neg, "all/rest": m & (a != 0) & ~pos & ~neg}
         quadrant = {
             "pos_high": m & (a > 0) & (phi < 0),
             "pos_low": m & (a > 0) & (phi >= 0),
@@ -178,19 +210,34 @@ class EntropyProbe:
         step = torch.zeros_like(self.grad_entropy)
         for name in parts if parts is not None else list(self.part_grads):
             step += self.part_weight(name, weights) * self.part_grads[name]
+        return self.measured_step(-lr * step)
+
+    def predicted_step(self, delta: Tensor) -> float:
+        """First-order change of the batch's token-mean entropy under theta += delta: <grad H, delta>."""
+        return _dot(self.grad_entropy, delta)
+
+    @torch.no_grad()
+    def measured_step(self, delta: Tensor) -> float:
+        """H after theta += delta minus H before, re-scored on the batch (the parameters are put back)."""
         saved = [p.detach().clone() for p in self.params]
         offset = 0
         for p in self.params:
             n = p.numel()
-            p.sub_((lr * step[offset : offset + n]).view_as(p).to(p.dtype))
+            p.add_(delta[offset : offset + n].view_as(p).to(p.dtype))
             offset += n
         try:
-            stats = self.policy(self.batch)
-            after = float(stats.entropy[self.mask].sum()) / self.count
+            return self.rescored()
         finally:
             for p, s in zip(self.params, saved, strict=True):
                 p.copy_(s)
-        return after - self.entropy_before
+
+    @torch.no_grad()
+    def rescored(self) -> float:
+        """The batch's token-mean entropy under the policy's current parameters minus what it was when the probe
+        was built (e.g. after a learner's own step)."""
+        self.policy.eval()
+        stats = self.policy(self.batch)
+        return float(stats.entropy[self.mask].sum()) / self.count - self.entropy_before
 
     def critical_w(self, *, m: float = 1.0, variant: str = "O1") -> float:
         """The W at which the first-order entropy drift of STARE (m on L- for C2) changes sign: the drift is
@@ -216,4 +263,69 @@ class EntropyProbe:
         return -base / minus if minus else math.inf
 
     def quadrant_counts(self) -> dict[str, int]:
-        return {q: int(self.parts[f"{q}/selected"].sum() + self.parts[f"{q}/rest"].sum()) for q in QUADRANTS}
+        a, high, m = self.advantages, self.phi < 0, self.mask
+        pos, neg = m & (a > 0), m & (a < 0)
+        masks = {
+            "pos_high": pos & high,
+            "pos_low": pos & ~high,
+            "neg_high": neg & high,
+            "neg_low": neg & ~high,
+        }
+        return {q: int(masks[q].sum()) for q in QUADRANTS}
+
+
+class AdamStep:
+    """The step AdamW would take on a given gradient from its current state, computed without taking it.
+
+    `delta(gradient)` (the flat `gradient` in the order of `model.parameters()` that require grad, as
+    `EntropyProbe.params`) clips it as training does (`clip_grad_norm_`: scaled by max_grad_norm / (norm + 1e-6)
+    when that is below 1) and applies torch's AdamW update rule to each parameter with the optimiser's own state
+    (its moments, step count, learning rate, betas, eps and each group's weight decay), reading the state and
+    writing nothing: the change is -lr wd theta - lr / (1 - b1^t) m_t / (sqrt(v_t / (1 - b2^t)) + eps), with
+    m_t = b1 m + (1 - b1) g, v_t = b2 v + (1 - b2) g^2, t = step + 1. (A copy of the state would cost two
+    more model-sized buffers; tests hold this against the learner's real step.) AdamW only, without amsgrad.
+    """
+
+    def __init__(
+        self, optimizer: torch.optim.Optimizer, model: torch.nn.Module, max_grad_norm: float
+    ) -> None:
+        if not isinstance(optimizer, torch.optim.AdamW) or any(
+            g.get("amsgrad") or g.get("maximize") for g in optimizer.param_groups
+        ):
+            raise ValueError(
+                f"AdamStep computes AdamW's update (no amsgrad, no maximize); got {optimizer!r:.200}"
+            )
+        self.optimizer, self.max_grad_norm = optimizer, max_grad_norm
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.groups = {id(p): group for group in optimizer.param_groups for p in group["params"]}
+        missing = [i for i, p in enumerate(self.params) if id(p) not in self.groups]
+        if missing:
+            raise ValueError(f"{len(missing)} trainable parameters of the model are not in the optimiser")
+
+    @torch.no_grad()
+    def delta(self, gradient: Tensor) -> tuple[Tensor, float]:
+        """(the parameters' change as one float32 vector, the gradient's norm before clipping)."""
+        total = sum(p.numel() for p in self.params)
+        if gradient.numel() != total:
+            raise ValueError(f"the gradient has {gradient.numel()} entries; the model's parameters {total}")
+        norm = float(gradient.double().norm())
+        scale = min(1.0, self.max_grad_norm / (norm + 1e-6)) if self.max_grad_norm > 0 else 1.0
+        change = torch.empty(total, dtype=torch.float32)
+        offset = 0
+        for p in self.params:
+            n, group = p.numel(), self.groups[id(p)]
+            g = gradient[offset : offset + n].view_as(p).to(p.dtype) * scale
+            (beta1, beta2), lr, eps = group["betas"], float(group["lr"]), group["eps"]
+            state = self.optimizer.state.get(p, {})
+            step = float(state["step"]) + 1 if "step" in state else 1.0
+            m = state["exp_avg"] * beta1 + g * (1 - beta1) if "exp_avg" in state else g * (1 - beta1)
+            v = (
+                state["exp_avg_sq"] * beta2 + g * g * (1 - beta2)
+                if "exp_avg_sq" in state
+                else g * g * (1 - beta2)
+            )
+            denom = (v.sqrt() / math.sqrt(1 - beta2**step)).add_(eps)
+            update = -(lr / (1 - beta1**step)) * m / denom - lr * group["weight_decay"] * p.detach()
+            change[offset : offset + n] = update.flatten().float()
+            offset += n
+        return change, norm
