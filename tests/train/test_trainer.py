@@ -236,11 +236,10 @@ def test_steps_that_never_find_reward_variance_stop_the_run_after_the_budget(tmp
     from stare_agents.train.rl_loop import NoLearningSignal
 
     dynamic = ["rl.dynamic_sampling=true", "rl.sampling_rounds=2", "rl.steps=5", "rl.max_empty_steps=3"]
-    with caplog.at_level(logging.WARNING, logger="stare_agents.train"):
-        with pytest.raises(
-            NoLearningSignal, match=r"3 step\(s\) in a row .*rl\.sampling_rounds=2.*max_empty_steps"
-        ):
-            train(tiny(tmp_path / "none", *COIN, *dynamic, "rl.samples_per_prompt=1"))
+    with caplog.at_level(logging.WARNING, logger="stare_agents.train"), pytest.raises(
+        NoLearningSignal, match=r"3 step\(s\) in a row .*rl\.sampling_rounds=2.*max_empty_steps"
+    ):
+        train(tiny(tmp_path / "none", *COIN, *dynamic, "rl.samples_per_prompt=1"))
     assert caplog.text.count("its budget of rl.sampling_rounds=2") == 1
     # the stop is raised while step 2 samples: steps 0 and 1 were logged, each with its budget spent
     records = read_records(tmp_path / "none" / "metrics.jsonl", "rl")
