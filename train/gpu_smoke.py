@@ -938,7 +938,9 @@ def main(argv: list[str] | None = None) -> int:
     report["counts"] = {s: sum(r["status"] == s for r in report["checks"]) for s in STATUSES}
     report["ok"] = report["counts"]["failed"] == report["counts"]["timeout"] == 0
     counts = ", ".join(f"{n} {status}" for status, n in report["counts"].items())
-    print(f"{len(report['checks'])} checks: {counts} (a skipped check's reason is on its line)", file=sys.stderr)
+    print(
+        f"{len(report['checks'])} checks: {counts} (a skipped check's reason is on its line)", file=sys.stderr
+    )
     report["work"] = str(root) if opts.keep else None
     if not opts.keep:
         shutil.rmtree(root, ignore_errors=True)
