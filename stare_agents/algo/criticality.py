@@ -31,7 +31,6 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -120,14 +119,13 @@ class CriticalW:
 
 
 def ratio_interval(
-    numerator: np.ndarray, denominator: np.ndarray, *, bootstrap: int, seed: int
+    numerator: Tensor, denominator: Tensor, *, bootstrap: int, seed: int
 ) -> tuple[float, float]:
     """95% percentile-bootstrap interval of mean(numerator) / mean(denominator), pairs resampled together."""
-    rng = np.random.default_rng(seed)
-    index = rng.integers(0, len(numerator), size=(bootstrap, len(numerator)))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratios = numerator[index].mean(axis=1) / denominator[index].mean(axis=1)
-    low, high = np.percentile(ratios, [2.5, 97.5])
+    gen = torch.Generator().manual_seed(seed)
+    index = torch.randint(0, len(numerator), (bootstrap, len(numerator)), generator=gen)
+    ratios = numerator[index].mean(dim=1) / denominator[index].mean(dim=1)  # +-inf where a mean is 0
+    low, high = torch.quantile(ratios, torch.tensor([0.025, 0.975], dtype=ratios.dtype)).tolist()
     return float(low), float(high)
 
 
@@ -149,7 +147,7 @@ def critical_w(
             f"need batches >= 2 and bootstrap >= 1; got batches={batches}, bootstrap={bootstrap}"
         )
     logits, preferred, gen = initial_policy(config)
-    s0, s1 = np.zeros(batches), np.zeros(batches)
+    s0, s1 = torch.zeros(batches, dtype=torch.float64), torch.zeros(batches, dtype=torch.float64)
     lplus = lplus_negative = 0
     for i in range(batches):
         rollouts = sample_rollouts(logits, preferred, config, gen)
@@ -172,13 +170,13 @@ def critical_w(
         credit=config.credit,
         seed=config.seed,
         batches=batches,
-        w_star=_finite(1.0 - s0.mean() / s1.mean()) if s1.mean() else None,
+        w_star=_finite(float(1.0 - s0.mean() / s1.mean())) if float(s1.mean()) else None,
         ci_low=_finite(1.0 - ratio_high),
         ci_high=_finite(1.0 - ratio_low),
         s0_mean=float(s0.mean()),
-        s0_sd=float(s0.std(ddof=1)),
+        s0_sd=float(s0.std()),  # unbiased
         s1_mean=float(s1.mean()),
-        s1_sd=float(s1.std(ddof=1)),
+        s1_sd=float(s1.std()),
         lplus_negative_phi=lplus_negative / lplus if lplus else None,
         policy_entropy=float(token_entropy(logits).mean()),
     )
