@@ -95,7 +95,11 @@ def test_the_replay_probes_the_steps_asked_and_summarizes_them(tmp_path: Path):
     for row in first["rows"].values():
         assert all(isinstance(row[k], float) for k in ("predicted", "measured", "step_norm"))
     assert first["rows"]["grpo-ds"]["cos_step_minus_gradient"] < 0.99  # AdamW's step is not along the gradient
-    assert isinstance(first["rows"]["run"]["plain_predicted"], float)
+    # the plain prediction is linear in the weights: the run's (W 2 on L+, 1 elsewhere) from GRPO-ds's and O1 W 3's
+    rows = first["rows"]
+    grpo, o1 = rows["grpo-ds"]["plain_predicted"], rows["stare-o1-w3"]["plain_predicted"]
+    assert rows["run"]["plain_predicted"] != 0
+    assert rows["run"]["plain_predicted"] == pytest.approx(grpo + (o1 - grpo) / 2, rel=1e-6)
     # a probe already written is not probed again (the steps are replayed to reach the next one)
     stamp = (out / "run-step001.json").stat().st_mtime_ns
     bench.main([*argv[:4], "--probe-steps", "1", "--out-dir", str(out)])

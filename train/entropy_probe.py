@@ -191,7 +191,7 @@ class EntropyProbe:
 
     def predicted(self, weights: PartWeights, lr: float, parts: list[str] | None = None) -> float:
         """First-order change of the token-mean entropy of the batch under theta -= lr * grad L_w."""
-        names = parts if parts is not None else list(self.part_grads)
+        names = parts if parts is not None else list(self.part_dots)
         return -lr * sum(self.part_weight(n, weights) * self.part_dots[n] for n in names)
 
     def logit_space(self, weights: PartWeights, parts: list[str] | None = None) -> float:
