@@ -515,6 +515,9 @@ class TrainConfig:
     name: str = "run"
     out_dir: str = "runs/run"
     seed: int = 0
+    # the RL run's precision in one word (PRECISION_PRESETS): fp16 (the official STARE runs') or bf16 (with the fp32
+    # head and importance sampling); it sets the keys it names where the config leaves them out. None: each its own
+    precision: RunPrecision | None = None
     model: ModelSection = field(default_factory=ModelSection)
     env: EnvSection = field(default_factory=EnvSection)
     rollout: RolloutSection = field(default_factory=RolloutSection)
@@ -596,6 +599,31 @@ class TrainConfig:
         """The resolved config as YAML: what `--show-config` prints and a run folder's config.yaml holds;
         `load_config(path=...)` reads it back to an equal config."""
         return yaml.safe_dump(plain_data(self.to_dict()), sort_keys=False)
+
+
+# `precision`: the RL run's precision in one word. Each sets the engine's dtype and the learner's precision, which
+# the config may not set otherwise (a run called fp16 that samples in bf16 is not one), and the corrections that go
+# with them, which it may (as an algorithm preset's keys). docs/precision.md has the measurements behind them.
+RunPrecision = Literal["fp16", "bf16"]
+PRECISION_PRESETS: dict[str, dict[str, Any]] = {
+    # the official STARE runs: fp16 actor (autocast over float32 master weights, a dynamic loss scale) and engine;
+    # 11 significant bits, so engine and learner agree to ~0.001 nats a token: no fp32 head, no importance weights
+    "fp16": {
+        "model.rollout_dtype": "float16",
+        "rl.learner.precision": "fp16",
+        "model.fp32_lm_head": False,
+        "rl.learner.importance.cap": None,
+    },
+    # bf16 on both sides, with this project's correction for their mismatch: the LM head in fp32 on both sides and
+    # truncated importance sampling over the rollout's log-probs (cap 2)
+    "bf16": {
+        "model.rollout_dtype": "bfloat16",
+        "rl.learner.precision": "bf16",
+        "model.fp32_lm_head": True,
+        "rl.learner.importance.cap": 2.0,
+    },
+}
+PRECISION_FIXES = ("model.rollout_dtype", "rl.learner.precision")  # what `precision` names: not set otherwise
 
 
 # the audit of issue 29 measured it on a batch of short and long responses
