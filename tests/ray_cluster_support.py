@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import secrets
+import shlex
 import shutil
 import socket
 import subprocess
@@ -81,6 +82,18 @@ def start_head(folder: Path, *, num_cpus: int = 2, token: bool = True, timeout_s
     return address
 
 
+def mount_namespace_prefix() -> list[str] | None:
+    """The `unshare` prefix that runs a command in a mount namespace of its own here (root, or an unprivileged
+    user namespace mapping this user to root), or None where neither is allowed."""
+    if shutil.which("unshare") is None:
+        return None
+    prefix = (
+        ["unshare", "--mount"] if os.geteuid() == 0 else ["unshare", "--user", "--map-root-user", "--mount"]
+    )
+    probe = subprocess.run([*prefix, "true"], capture_output=True)
+    return prefix if probe.returncode == 0 else None
+
+
 def start_node(
     folder: Path,
     name: str,
@@ -91,11 +104,15 @@ def start_node(
     resources: dict[str, float] | None = None,
     env: dict[str, str] | None = None,
     timeout_s: float = 180.0,
+    hidden: tuple[Path, ...] = (),
 ) -> str:
     """`ray start` for one node of a multi-node cluster on this machine: the head (`head` None) or a node joining
     the head at `head`, with node address `ip` (a loopback address other than 127.0.0.1, which Ray maps to the
     machine's network address once multi-node is on), temp folder `folder`/`name`/ray and working directory
-    `folder`/`name`, custom `resources`, `cluster_env` plus `env`. Returns the cluster's address."""
+    `folder`/`name`, custom `resources`, `cluster_env` plus `env`. Returns the cluster's address.
+
+    `hidden`: folders this node does not share with the others: its processes run in a mount namespace of their
+    own with an empty tmpfs over each (storage a node of a real cluster does not mount)."""
     node = folder / name
     node.mkdir(parents=True, exist_ok=True)
     command = [
@@ -113,6 +130,12 @@ def start_node(
         command += ["--include-dashboard=false"]
     else:
         command += [f"--address={head}"]
+    if hidden:
+        prefix = mount_namespace_prefix()
+        if prefix is None:
+            raise RuntimeError("no private mount namespace here (needs root or unprivileged user namespaces)")
+        mounts = " && ".join(f"mount -t tmpfs tmpfs {shlex.quote(str(path))}" for path in hidden)
+        command = [*prefix, "sh", "-c", f"{mounts} && exec {shlex.join(command)}"]
     environment = {**cluster_env(folder), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1", **(env or {})}
     done = subprocess.run(
         command, env=environment, cwd=node, capture_output=True, text=True, timeout=timeout_s

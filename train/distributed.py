@@ -607,7 +607,8 @@ class LearnerGroup(_WorkerGroup):
     def save_checkpoint(self, state: dict[str, Any], path: Path, *, tokenizer_dir: Path) -> None:
         """Each worker writes its own shards (nothing of them passes through the driver); the HF model is
         exported at the end of the run."""
-        save_checkpoint(state | {"sharded": True}, path, shards=self.save_shards, tokenizer_dir=tokenizer_dir)
+        shards, ranks = self.save_shards, len(self.workers)
+        save_checkpoint(state | {"sharded": True}, path, shards=shards, tokenizer_dir=tokenizer_dir, ranks=ranks)
 
     def resume(self, checkpoint: Path, state: dict[str, Any]) -> None:
         if state.get("sharded"):  # each worker reads its own shards
@@ -671,7 +672,8 @@ class SFTGroup(_WorkerGroup):
         def shards(folder: Path) -> dict:
             return ray.get([w.sft_save_shards.remote(str(folder)) for w in self.workers])[0]
 
-        save_checkpoint(state | {"sharded": True}, path, shards=shards, tokenizer_dir=tokenizer_dir)
+        ranks = len(self.workers)
+        save_checkpoint(state | {"sharded": True}, path, shards=shards, tokenizer_dir=tokenizer_dir, ranks=ranks)
 
     def resume(self, checkpoint: Path, state: dict[str, Any]) -> None:
         import ray

@@ -58,6 +58,7 @@ from stare_agents.train.evaluation import RunEvaluation
 from stare_agents.train.learner import Learner, TrainingLearner
 from stare_agents.train.memory_plan import MemoryPlan, plan_run
 from stare_agents.train.policy import load_causal_lm
+from stare_agents.train.preflight import driver_runs_code, node_preflight
 from stare_agents.train.rl_loop import RLLoop, SampledStep
 from stare_agents.train.run_folder import (
     FINAL_MODEL,
@@ -138,6 +139,7 @@ class Trainer:
         ]
         if all(p in self.progress.get("accuracy", {}) for p in points):
             return self.write_summary(compare)  # a finished run: nothing to do but report
+        node_preflight(config, self.folder, base_dir)  # every worker's node: storage, model, data, CUDA, sandbox
         self.workers = self._start_workers(base_dir)
         self.engines_hold = "base"  # whose weights the engines sample with (a point's name)
         try:
@@ -435,9 +437,11 @@ class Trainer:
 
 def preflight(config: TrainConfig, *, compare: str | None = None) -> None:
     """The checks before any work, each run once: the environment, its kwargs, sft.data and --compare
-    (`check_run`), and a usable sandbox (`check_backend`)."""
+    (`check_run`), and a usable sandbox (`check_backend`) where this process runs code itself; the nodes' own
+    checks (the rollout nodes' sandbox among them) come once the run folder exists (`node_preflight`)."""
     check_run(config, compare=compare)
-    check_backend(config.rollout.sandbox, **config.rollout.sandbox_kwargs)
+    if driver_runs_code(config):
+        check_backend(config.rollout.sandbox, **config.rollout.sandbox_kwargs)
 
 
 def train(

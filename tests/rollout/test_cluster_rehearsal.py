@@ -13,6 +13,9 @@
   its own node's address (127.0.0.2), as the driver's log says.
 - The driver is SIGKILLed once its first checkpoint exists and the run resumed from it (its learner shards
   written by the learner workers on the other node, into the driver's run folder by absolute path).
+- Before any model loads, each node checks from itself what its workers need (the pre-flight,
+  stare_agents.train.preflight); with a learner node that does not share the driver's folder (its processes in a
+  mount namespace with an empty tmpfs there) the run stops at the pre-flight, naming that node and the run folder.
 
 The cluster is stopped by process id: only the processes of this cluster (see ray_cluster_support.stop_cluster),
 never `ray stop`, which ends every Ray of the machine.
@@ -31,7 +34,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ray_cluster_support import cluster_env, remove, short_folder, start_node
+from ray_cluster_support import cluster_env, mount_namespace_prefix, remove, short_folder, start_node
+from support import require
 
 from stare_agents.records import read_records
 from stare_agents.train.checkpoint import latest_checkpoint
@@ -71,19 +75,41 @@ print(json.dumps({"actors": actors, "drivers": drivers}))
 """
 
 
-@pytest.fixture
-def cluster():
-    """(folder, address) of a two-node cluster; stopped by process id afterwards."""
+def two_nodes(*, learner_node_hides_the_driver: bool = False):
+    """(folder, address) of a two-node cluster; stopped by process id afterwards. With
+    `learner_node_hides_the_driver` the learner node does not share the driver's folder (an empty tmpfs over it)."""
     folder = short_folder()
     node_env = {"PYTHONPATH": str(COIN_ENV)}  # the environment's module, importable on every node
+    (folder / "driver").mkdir()
+    hidden = (folder / "driver",) if learner_node_hides_the_driver else ()
     try:
         address = start_node(folder, "head", ip=HEAD_IP, resources={"rollout_node": 1}, env=node_env)
         start_node(
-            folder, "learner-node", ip=LEARNER_IP, head=address, resources={"learner_node": 2}, env=node_env
+            folder,
+            "learner-node",
+            ip=LEARNER_IP,
+            head=address,
+            resources={"learner_node": 2},
+            env=node_env,
+            hidden=hidden,
         )
         yield folder, address
     finally:
         remove(folder)
+
+
+@pytest.fixture
+def cluster():
+    yield from two_nodes()
+
+
+@pytest.fixture
+def cluster_without_shared_storage():
+    require(
+        mount_namespace_prefix() is not None,
+        "a private mount namespace (root, or unprivileged user namespaces)",
+    )
+    yield from two_nodes(learner_node_hides_the_driver=True)
 
 
 def driver(folder: Path, address: str, *extra: str, log: Path) -> subprocess.Popen:
@@ -132,6 +158,9 @@ def test_a_run_on_a_two_node_cluster_attaches_places_syncs_and_resumes(cluster):
     shards = run / "checkpoints" / "step-00000003" / "learner_shards"
     assert sorted(p.name for p in shards.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
 
+    # each start checked every node from the node itself before any model loaded
+    for log in (first_log, second_log):
+        assert f"pre-flight: 2 node(s) ready ({HEAD_IP}: rollout, {LEARNER_IP}: learner)" in log.read_text()
     # the sync group opened by the learner on its node; the engine bound its own node's address
     for log in (first_log, second_log):
         said = re.search(
@@ -156,6 +185,31 @@ def test_a_run_on_a_two_node_cluster_attaches_places_syncs_and_resumes(cluster):
         actors.setdefault(name, set()).add(ip)
     assert actors["LearnerWorker"] == {LEARNER_IP} and actors["RolloutWorker"] == {HEAD_IP}
     assert set(places["drivers"]) == {HEAD_IP} and len(places["drivers"]) == 2
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_node_that_does_not_share_the_run_folder_stops_the_run_at_the_pre_flight(
+    cluster_without_shared_storage,
+):
+    """The learner node sees an empty folder where the driver's run folder is: the run stops before any model loads
+    or any worker starts, with one report naming that node, what it lacks and the remedy, and the ready one."""
+    folder, address = cluster_without_shared_storage
+    log = folder / "driver.log"
+    started = time.monotonic()
+    run = driver(folder, address, log=log)
+    assert run.wait(timeout=300) == 2, log.read_text()[-4000:]
+    text = log.read_text()
+    assert "pre-flight: 1 of 2 node(s) cannot run their part of this run" in text, text[-4000:]
+    assert re.search(
+        rf"node {re.escape(LEARNER_IP)} \(host \S+; learner workers\) lacks:\n    - run folder ", text
+    )
+    assert "storage every node mounts at the same path" in text
+    assert re.search(rf"node {re.escape(HEAD_IP)} \(host \S+; rollout workers\): ready", text)
+    assert "rollout worker 0:" not in text  # no engine started, no model loaded
+    run_folder = folder / "driver" / "rel" / "run"
+    assert sorted(p.name for p in run_folder.iterdir()) == ["config.yaml"], text[-2000:]  # nothing trained
+    assert time.monotonic() - started < 300
 
 
 def test_an_engine_binds_its_own_nodes_address_the_sender_its_own(monkeypatch) -> None:
