@@ -119,6 +119,40 @@ def node_fits(resources: Mapping[str, float], request: Mapping[str, float]) -> b
     return all(resources.get(name, 0.0) >= amount for name, amount in request.items() if amount > 0)
 
 
+def shared_gpu_problem(hidden: int, started_here: bool, driver_node_gpus: float) -> str | None:
+    """Why the learner in the trainer's process (on its machine's first GPU, `hidden` > 0) would share a GPU with
+    an engine, or have left the engines none, or None. A Ray started here has that GPU hidden (`gpus_hidden`):
+    fine while it has others to hand out. A cluster attached to counts the trainer's node's GPUs as its
+    `ray start` found them, the learner's among them."""
+    if hidden < 1:
+        return None
+    if started_here:
+        if driver_node_gpus > 0:
+            return None
+        return (
+            "the learner runs in the trainer's process on this machine's only visible GPU, which the local Ray does "
+            "not hand out (an engine would share it), so no GPU is left for the rollout workers: run them on CPUs "
+            "(rollout.num_gpus_per_worker=0) or on a machine with more GPUs"
+        )
+    if driver_node_gpus <= 0:
+        return None
+    return (
+        f"the learner runs in the trainer's process on this node's first GPU, and the Ray cluster counts this node's "
+        f"{driver_node_gpus:g} GPU(s) for the rollout engines, so an engine may be given the learner's GPU: run the "
+        "trainer on a node whose `ray start` counts no GPU (--num-gpus=0) or none of the learner's (a "
+        "CUDA_VISIBLE_DEVICES without it), or the learner as Ray workers on GPUs of their own "
+        "(rl.learner_workers >= 2 with rl.learner_gpus_per_worker=1)"
+    )
+
+
+def learner_gpus_in_driver(config: TrainConfig, driver_has_gpu: bool) -> int:
+    """The GPUs of the trainer's own process that rollout engines must not be given: 1 (cuda:0) when the learner
+    runs there on a GPU and the engines are Ray workers that take GPUs, else 0."""
+    r = config.rollout
+    in_driver = config.rl.learner_workers == 1
+    return 1 if driver_has_gpu and in_driver and r.use_ray and r.num_gpus_per_worker > 0 else 0
+
+
 def report_text(reports: list[NodeReport], homeless: list[str]) -> str:
     """The one report: how many nodes cannot run their part, each node and what it lacks, the kinds of worker no
     node can host."""
@@ -313,6 +347,24 @@ def node_preflight(
     return reports
 
 
+def start_ray(config: TrainConfig) -> tuple[int, bool]:
+    """Ray for the run, unless this process has it: attached to the cluster the run names, else a private local
+    instance (`init_ray`) started without the GPUs the trainer's own learner computes on
+    (`learner_gpus_in_driver`, `gpus_hidden`). Returns (those GPUs, whether this call started a local instance)."""
+    import ray
+    import torch
+
+    from stare_agents.rollout.gpu_layout import gpus_hidden
+    from stare_agents.rollout.local_ray import init_ray
+
+    hidden = learner_gpus_in_driver(config, torch.cuda.is_available())
+    if ray.is_initialized():
+        return hidden, False
+    with gpus_hidden(hidden):
+        attached = init_ray(config.rollout.ray_address)
+    return hidden, attached is None
+
+
 def _probe_cluster(
     config: TrainConfig, needs: dict[str, NodeNeeds], timeout_s: float
 ) -> tuple[list[NodeReport], list[str]]:
@@ -321,10 +373,19 @@ def _probe_cluster(
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from stare_agents.rollout.local_ray import forwarded_env, init_ray
+    from stare_agents.rollout.local_ray import forwarded_env
 
-    init_ray(config.rollout.ray_address)
-    plan, homeless = plan_nodes(ray.nodes(), worker_requests(config), needs, ray.util.get_node_ip_address())
+    hidden, started_here = start_ray(config)
+    nodes, driver_node = ray.nodes(), ray.util.get_node_ip_address()
+    plan, homeless = plan_nodes(nodes, worker_requests(config), needs, driver_node)
+    driver_gpus = sum(
+        n.get("Resources", {}).get("GPU", 0.0)
+        for n in nodes
+        if n.get("Alive") and n["NodeManagerAddress"] == driver_node
+    )
+    problem = shared_gpu_problem(hidden, started_here, driver_gpus)
+    if problem:
+        homeless.append(problem)
     env = forwarded_env()
     probe = ray.remote(num_cpus=0, max_calls=1)(check_node)
     pending = {

