@@ -38,8 +38,8 @@ from torch import Tensor, nn
 
 from stare_agents.algo import AlgorithmConfig
 from stare_agents.models import SHARDS_DIR
-from stare_agents.rollout.local_ray import forwarded_env
 from stare_agents.rollout.weight_sync import GroupAddress, WeightsPlan, is_loopback
+from stare_agents.rollout.worker_env import apply_driver_env, worker_runtime_env
 from stare_agents.train.checkpoint import save_checkpoint
 from stare_agents.train.learner import Collective, Learner, LearnerConfig, StepResult, TokenRecord
 from stare_agents.train.policy import (
@@ -251,6 +251,7 @@ class LearnerWorker:
     """One data-parallel rank: a `Learner` whose `Collective` is the process group (a Ray actor's body)."""
 
     def __init__(self, rank: int, world_size: int, threads: int) -> None:
+        apply_driver_env()  # the driver's NCCL/gloo settings where this node has none, before the group forms
         torch.set_num_threads(threads)
         self.rank, self.world_size = rank, world_size
         self.learner: Learner | None = None
@@ -396,9 +397,9 @@ def _start_workers(d: DistributedConfig) -> tuple[list[Any], Any]:
     actor = ray.remote(
         num_cpus=d.num_cpus_per_worker, num_gpus=d.num_gpus_per_worker, resources=d.resources or None
     )(LearnerWorker)
-    # the driver's NCCL/gloo settings: a worker on another node has its raylet's environment, not the driver's
-    env = forwarded_env()
-    runtime_env = {"runtime_env": {"env_vars": env}} if env else {}
+    # the driver's NCCL/gloo settings where the worker's node has none: it has its raylet's environment
+    env = worker_runtime_env()
+    runtime_env = {"runtime_env": env} if env else {}
     workers = [
         actor.options(scheduling_strategy=bundle(group, rank), **runtime_env).remote(
             rank, d.num_workers, d.threads_per_worker

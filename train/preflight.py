@@ -373,7 +373,7 @@ def _probe_cluster(
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from stare_agents.rollout.local_ray import forwarded_env
+    from stare_agents.rollout.worker_env import worker_runtime_env
 
     hidden, started_here = start_ray(config)
     nodes, driver_node = ray.nodes(), ray.util.get_node_ip_address()
@@ -386,12 +386,12 @@ def _probe_cluster(
     problem = shared_gpu_problem(hidden, started_here, driver_gpus)
     if problem:
         homeless.append(problem)
-    env = forwarded_env()
+    env = worker_runtime_env()
     probe = ray.remote(num_cpus=0, max_calls=1)(check_node)
     pending = {
         probe.options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-            **({"runtime_env": {"env_vars": env}} if env else {}),
+            **({"runtime_env": env} if env else {}),
         ).remote(node_needs, address): (address, node_needs)
         for node_id, (address, node_needs) in plan.items()
     }
