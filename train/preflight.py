@@ -231,7 +231,7 @@ def check_node(needs: NodeNeeds, node: str | None = None) -> NodeReport:
             check_backend(needs.sandbox, **dict(needs.sandbox_kwargs))
         except (SandboxError, ValueError) as error:
             lacks.append(f"sandbox {needs.sandbox!r} (rollout.sandbox) for the rollout workers: {error}")
-    return NodeReport(node or "this machine", socket.gethostname(), needs.roles, lacks)
+    return NodeReport(node or "this process", socket.gethostname(), needs.roles, lacks)
 
 
 # ---- on the driver -------------------------------------------------------------------------------------
@@ -239,10 +239,6 @@ def driver_runs_code(config: TrainConfig) -> bool:
     """Whether the trainer's own process runs model-written code (and so needs the sandbox itself): its rollout
     worker runs there (rollout.use_ray=false), or the cold start's solver traces are verified there."""
     return not config.rollout.use_ray or (config.sft.enabled and config.sft.data == "solver")
-
-
-def uses_ray(config: TrainConfig) -> bool:
-    return config.rollout.use_ray or config.rl.learner_workers > 1
 
 
 def role_needs(config: TrainConfig, run_folder: Path, model_dir: Path, token: str) -> dict[str, NodeNeeds]:
@@ -289,31 +285,30 @@ def plan_nodes(
     nodes: Iterable[Mapping[str, Any]],
     requests: Mapping[str, Mapping[str, float] | None],
     needs: Mapping[str, NodeNeeds],
-    driver_node: str,
 ) -> tuple[dict[str, tuple[str, NodeNeeds]], list[str]]:
     """Which node checks what: {node id: (its address, its merged needs)} over the live nodes (`ray.nodes()`
-    entries), each kind of worker on every node that can host one (a kind that runs in the trainer's process: the
-    driver's node), and the kinds no node can host (said with the request and the remedy)."""
+    entries), each kind of worker that runs as Ray workers on every node that can host one (a kind that runs in
+    the trainer's process, request None, is checked there), and the kinds no node can host (said with the
+    request and the remedy)."""
     live = [n for n in nodes if n.get("Alive")]
     plan: dict[str, tuple[str, NodeNeeds]] = {}
     homeless = []
     for role in ROLES:
         request = requests[role]
         if request is None:
-            hosts = [n for n in live if n["NodeManagerAddress"] == driver_node][:1]
-        else:
-            hosts = [n for n in live if node_fits(n.get("Resources", {}), request)]
-            if not hosts:
-                shown = {k: v for k, v in request.items() if v > 0}
-                offered = [
-                    {k: v for k, v in n.get("Resources", {}).items() if not k.startswith("node:")}
-                    for n in live
-                ]
-                homeless.append(
-                    f"no node can host a {role} worker: none of the {len(live)} live node(s) has {shown} (they "
-                    f"offer {offered}); start the nodes with those resources (ray start --num-gpus, --resources) "
-                    "or ask for fewer"
-                )
+            continue
+        hosts = [n for n in live if node_fits(n.get("Resources", {}), request)]
+        if not hosts:
+            shown = {k: v for k, v in request.items() if v > 0}
+            offered = [
+                {k: v for k, v in n.get("Resources", {}).items() if not k.startswith("node:")}
+                for n in live
+            ]
+            homeless.append(
+                f"no node can host a {role} worker: none of the {len(live)} live node(s) has {shown} (they "
+                f"offer {offered}); start the nodes with those resources (ray start --num-gpus, --resources) "
+                "or ask for fewer"
+            )
         for host in hosts:
             key = host["NodeID"]
             mine = needs[role]
@@ -331,10 +326,15 @@ def node_preflight(
     marker.write_text(token + "\n")
     try:
         needs = role_needs(config, Path(run_folder), Path(model_dir), token)
-        if uses_ray(config):
-            reports, homeless = _probe_cluster(config, needs, timeout_s)
-        else:  # every worker in this process: this machine is the only node
-            reports, homeless = [check_node(needs["learner"].merged(needs["rollout"]))], []
+        requests = worker_requests(config)
+        here = [needs[role] for role in ROLES if requests[role] is None]  # what runs in the trainer's process
+        reports, homeless = [], []
+        if here:
+            merged = here[0].merged(here[-1])
+            reports.append(check_node(merged, "the trainer's process"))
+        if len(here) < len(ROLES):
+            on_ray, homeless = _probe_cluster(config, needs, timeout_s)
+            reports += on_ray
     finally:
         marker.unlink(missing_ok=True)
     if homeless or any(r.lacks for r in reports):
@@ -377,7 +377,7 @@ def _probe_cluster(
 
     hidden, started_here = start_ray(config)
     nodes, driver_node = ray.nodes(), ray.util.get_node_ip_address()
-    plan, homeless = plan_nodes(nodes, worker_requests(config), needs, driver_node)
+    plan, homeless = plan_nodes(nodes, worker_requests(config), needs)
     driver_gpus = sum(
         n.get("Resources", {}).get("GPU", 0.0)
         for n in nodes

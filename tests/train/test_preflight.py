@@ -144,7 +144,7 @@ def test_every_node_that_may_host_a_worker_checks_what_that_worker_needs(run):
         node("10.0.0.3", "b", CPU=8, GPU=8, learner_node=8, rollout_node=8),
         node("10.0.0.4", "dead", alive=False, CPU=8, GPU=8, learner_node=8),
     ]
-    plan, homeless = plan_nodes(nodes, worker_requests(config), by_role, driver_node="10.0.0.1")
+    plan, homeless = plan_nodes(nodes, worker_requests(config), by_role)
     assert homeless == []
     assert {key: (ip, n.roles) for key, (ip, n) in plan.items()} == {
         "a": ("10.0.0.2", ("rollout",)),
@@ -152,13 +152,13 @@ def test_every_node_that_may_host_a_worker_checks_what_that_worker_needs(run):
     }
     assert plan["b"][1].writes_run_folder and plan["b"][1].sandbox == "docker" and plan["b"][1].gpus == 1.0
     # no node has what a learner worker asks for: said, with the request, instead of Ray waiting forever
-    _, homeless = plan_nodes(nodes[:2], worker_requests(config), by_role, driver_node="10.0.0.1")
+    _, homeless = plan_nodes(nodes[:2], worker_requests(config), by_role)
     (said,) = homeless
     assert said.startswith("no node can host a learner worker") and "'learner_node': 1.0" in said
-    # a learner in the trainer's process, rollouts without Ray: the driver's node checks both
+    # a learner in the trainer's process, rollouts without Ray: no node of Ray's checks for them (the trainer's
+    # process does, below)
     local = load_config(recipe="tiny")
-    plan, _ = plan_nodes(nodes, worker_requests(local), role_needs(local, folder, model, "t"), "10.0.0.1")
-    assert {key: n.roles for key, (_, n) in plan.items()} == {"head": ("learner", "rollout")}
+    assert plan_nodes(nodes, worker_requests(local), role_needs(local, folder, model, "t")) == ({}, [])
 
 
 def test_the_report_names_every_node_and_what_it_lacks():
@@ -176,12 +176,13 @@ def test_the_report_names_every_node_and_what_it_lacks():
     assert text.splitlines()[-1] == "  no node can host a rollout worker: ..."
 
 
-def test_without_ray_this_machine_checks_everything_and_the_marker_goes(run, monkeypatch):
+def test_without_ray_the_trainers_process_checks_everything_and_the_marker_goes(run, monkeypatch):
     folder, model, _ = run
     (folder / MARKER).unlink()
     config = load_config(recipe="tiny", overrides=["rollout.sandbox=none"])
     (report,) = node_preflight(config, folder, model)
     assert report.roles == ("learner", "rollout") and report.lacks == [] and not (folder / MARKER).exists()
+    assert report.node == "the trainer's process"
     monkeypatch.setattr(
         "stare_agents.train.preflight.check_node",
         lambda n, node=None: NodeReport("x", "h", n.roles, ["lack"]),
