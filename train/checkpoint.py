@@ -76,12 +76,7 @@ def save_checkpoint(
                     state = {**state, "learner": small}
                 missing = missing_shards(tmp / SHARDS_DIR, ranks) if ranks is not None else []
                 if missing:
-                    raise RuntimeError(
-                        f"checkpoint {path}: after the {ranks} learner workers wrote their shards, {SHARDS_DIR}/ "
-                        f"lacks {', '.join(missing)} where this process looks: those workers wrote on storage it "
-                        "does not see (their node does not share the run folder). Nothing was kept (a resume needs "
-                        "every rank's shards); put --out on storage every node mounts at the same path"
-                    )
+                    raise RuntimeError(unshared_shards(f"checkpoint {path}", SHARDS_DIR, ranks, missing))
                 if tokenizer_dir is not None:  # the model's config and tokenizer: `stare-agents eval --model`
                     for source in Path(tokenizer_dir).iterdir():  # exports the weights from the shards
                         if source.is_file() and not source.name.endswith((".safetensors", ".bin", ".pt")):
@@ -117,6 +112,16 @@ def missing_shards(folder: Path, ranks: int) -> list[str]:
     have = {int(m.group(1)) for name in names if (m := SHARD_FILE.match(name))}
     missing = [] if ".metadata" in names else [".metadata (rank 0's)"]
     return missing + [f"__{rank}_0.distcp (rank {rank}'s)" for rank in range(ranks) if rank not in have]
+
+
+def unshared_shards(what: str, folder: str | Path, ranks: int, missing: list[str]) -> str:
+    """The error of shards written where this process does not see them (`missing_shards`)."""
+    return (
+        f"{what}: after the {ranks} learner workers wrote their shards, {folder} lacks {', '.join(missing)} where "
+        "this process looks: those workers wrote on storage it does not see (their node does not share the run "
+        "folder). Nothing was kept (every rank's shards are needed); put --out on storage every node mounts at "
+        "the same path"
+    )
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:

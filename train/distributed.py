@@ -42,6 +42,7 @@ from stare_agents.rollout.weight_sync import GroupAddress, WeightsPlan, is_loopb
 from stare_agents.rollout.worker_env import apply_driver_env, worker_runtime_env
 from stare_agents.train.checkpoint import save_checkpoint
 from stare_agents.train.learner import Collective, Learner, LearnerConfig, StepResult, TokenRecord
+from stare_agents.train.model_export import export_from_workers, rank_model, save_model_shards
 from stare_agents.train.policy import (
     HALF_DTYPES,
     MicroBatch,
@@ -287,11 +288,11 @@ class LearnerWorker:
         join_process_group(address, backend, self.rank, self.world_size)
         if backend == "nccl":
             torch.cuda.set_device(0)  # Ray gives each worker its own GPU as device 0
-        model = load_causal_lm(model_dir, device)
-        with torch.no_grad():
-            for tensor in model.state_dict().values():
-                dist.broadcast(tensor, src=0)
-        return model
+        return rank_model(model_dir, device, self.rank)  # only rank 0 reads the weights
+
+    def save_model_shards(self, folder: str) -> None:
+        """The policy's weights as this worker holds them, without the optimiser: what an export reads."""
+        save_model_shards(self.learner.policy if self.learner is not None else self.sft.policy, folder)
 
     # ---- SFT on the same workers (SFTGroup) ----
     def setup_sft(
@@ -469,6 +470,11 @@ class _WorkerGroup:
 
     def model_state_dict(self) -> dict[str, Tensor]:
         raise NotImplementedError
+
+    def export_model(self, tokenizer_dir: Path, out: Path) -> Path:
+        """The trained policy as the Hugging Face folder `out`, from the workers' own shards of it (no full copy in
+        the driver or through Ray: `model_export.export_from_workers`)."""
+        return export_from_workers(self.workers, tokenizer_dir, out)
 
     def hf_model(self, model_dir: Path) -> nn.Module:
         """The trained policy gathered from the workers into a model of `model_dir`'s architecture."""
