@@ -170,6 +170,19 @@ def test_a_paper_recipe_shows_its_config_before_the_benchmark_data_is_there(reci
 
 
 @pytest.mark.parametrize("recipe", PAPER_RECIPES)
+def test_a_paper_recipe_places_its_engines_and_its_learner_each_on_a_node(recipe):
+    """Both kinds placed: the engines start first, and placed wherever Ray finds room they may take GPUs on every
+    node, leaving none with the learner's 8 (issue 50)."""
+    c = load_config(recipe=recipe)
+    assert (c.rollout.placement, c.rl.learner_placement) == ("STRICT_PACK", "STRICT_PACK")
+    assert (
+        c.rollout.workers * c.rollout.num_gpus_per_worker
+        == c.rl.learner_workers * c.rl.learner_gpus_per_worker
+        == 8
+    )
+
+
+@pytest.mark.parametrize("recipe", PAPER_RECIPES)
 def test_one_word_switches_a_paper_recipe_between_fp16_and_bf16(recipe):
     official = load_config(recipe=recipe)
     assert (official.model.rollout_dtype, official.rl.learner.precision) == ("float16", "fp16")
