@@ -17,6 +17,10 @@
   stare_agents.train.preflight); with a learner node that does not share the driver's folder (its processes in a
   mount namespace with an empty tmpfs there) the run stops at the pre-flight, naming that node and the run folder.
 
+Every node, the driver and the query run in one network namespace whose only interface is loopback
+(`unshare -rn`; ray_cluster_support.loopback_only_network): what listens on every interface there (Ray's servers
+do on a multi-node cluster) listens on loopback only, not on the machine's network while the test runs.
+
 The cluster is stopped by process id: only the processes of this cluster (see ray_cluster_support.stop_cluster),
 never `ray stop`, which ends every Ray of the machine.
 """
@@ -34,7 +38,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ray_cluster_support import cluster_env, mount_namespace_prefix, remove, short_folder, start_node
+from ray_cluster_support import (
+    cluster_env,
+    loopback_only_network,
+    mount_namespace_prefix,
+    remove,
+    short_folder,
+    start_node,
+)
 from support import require
 
 from stare_agents.records import read_records
@@ -76,26 +87,32 @@ print(json.dumps({"actors": actors, "drivers": drivers}))
 
 
 def two_nodes(*, learner_node_hides_the_driver: bool = False):
-    """(folder, address) of a two-node cluster; stopped by process id afterwards. With
-    `learner_node_hides_the_driver` the learner node does not share the driver's folder (an empty tmpfs over it)."""
-    folder = short_folder()
-    node_env = {"PYTHONPATH": str(COIN_ENV)}  # the environment's module, importable on every node
-    (folder / "driver").mkdir()
-    hidden = (folder / "driver",) if learner_node_hides_the_driver else ()
-    try:
-        address = start_node(folder, "head", ip=HEAD_IP, resources={"rollout_node": 1}, env=node_env)
-        start_node(
-            folder,
-            "learner-node",
-            ip=LEARNER_IP,
-            head=address,
-            resources={"learner_node": 2},
-            env=node_env,
-            hidden=hidden,
-        )
-        yield folder, address
-    finally:
-        remove(folder)
+    """(folder, address, network) of a two-node cluster in a loopback-only network namespace (`network`: the prefix
+    that runs a command there); stopped by process id afterwards. With `learner_node_hides_the_driver` the
+    learner node does not share the driver's folder (an empty tmpfs over it)."""
+    with loopback_only_network() as network:
+        require(network is not None, "a loopback-only network namespace (unshare -rn, nsenter and ip)")
+        folder = short_folder()
+        node_env = {"PYTHONPATH": str(COIN_ENV)}  # the environment's module, importable on every node
+        (folder / "driver").mkdir()
+        hidden = (folder / "driver",) if learner_node_hides_the_driver else ()
+        try:
+            address = start_node(
+                folder, "head", ip=HEAD_IP, resources={"rollout_node": 1}, env=node_env, network=network
+            )
+            start_node(
+                folder,
+                "learner-node",
+                ip=LEARNER_IP,
+                head=address,
+                resources={"learner_node": 2},
+                env=node_env,
+                hidden=hidden,
+                network=network,
+            )
+            yield folder, address, network
+        finally:
+            remove(folder)
 
 
 @pytest.fixture
@@ -112,12 +129,12 @@ def cluster_without_shared_storage():
     yield from two_nodes(learner_node_hides_the_driver=True)
 
 
-def driver(folder: Path, address: str, *extra: str, log: Path) -> subprocess.Popen:
+def driver(folder: Path, address: str, network: list[str], *extra: str, log: Path) -> subprocess.Popen:
     cwd = folder / "driver"
     cwd.mkdir(exist_ok=True)
     env = {**cluster_env(folder), "RAY_ADDRESS": address, "PYTHONPATH": str(COIN_ENV)}
     env.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")
-    command = [sys.executable, "-m", "stare_agents.cli", "train", *RUN, *extra]
+    command = [*network, sys.executable, "-m", "stare_agents.cli", "train", *RUN, *extra]
     with log.open("w") as out:
         return subprocess.Popen(
             command, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
@@ -127,11 +144,11 @@ def driver(folder: Path, address: str, *extra: str, log: Path) -> subprocess.Pop
 @pytest.mark.ray
 @pytest.mark.slow
 def test_a_run_on_a_two_node_cluster_attaches_places_syncs_and_resumes(cluster):
-    folder, address = cluster
+    folder, address, network = cluster
     run = folder / "driver" / "rel" / "run"
     first_log, second_log = folder / "first.log", folder / "second.log"
 
-    first = driver(folder, address, log=first_log)
+    first = driver(folder, address, network, log=first_log)
     deadline = time.monotonic() + 420
     while latest_checkpoint(run) is None:  # the first step's checkpoint (the learner's shards are in it)
         assert first.poll() is None, (
@@ -143,7 +160,7 @@ def test_a_run_on_a_two_node_cluster_attaches_places_syncs_and_resumes(cluster):
     first.wait()
     killed_at = latest_checkpoint(run).name
 
-    second = driver(folder, address, "--resume", log=second_log)
+    second = driver(folder, address, network, "--resume", log=second_log)
     assert second.wait(timeout=420) == 0, second_log.read_text()[-4000:]
 
     # the run folder is the driver's, by absolute path; the nodes' working directories got nothing
@@ -170,9 +187,13 @@ def test_a_run_on_a_two_node_cluster_attaches_places_syncs_and_resumes(cluster):
         assert said is not None, log.read_text()[-4000:]
         assert said.groups() == (LEARNER_IP, HEAD_IP)
 
+    # everything ran in a network with loopback alone: whatever listened on "every interface" listened there
+    links = subprocess.run([*network, "ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
+    assert [line.split(":")[1].strip() for line in links.splitlines()] == ["lo"], links
+
     # the driver and the rollout worker on the head node, the learner workers on the other
     query = subprocess.run(
-        [sys.executable, "-c", PLACES, address],
+        [*network, sys.executable, "-c", PLACES, address],
         env=cluster_env(folder) | {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1"},
         capture_output=True,
         text=True,
@@ -194,10 +215,10 @@ def test_a_node_that_does_not_share_the_run_folder_stops_the_run_at_the_pre_flig
 ):
     """The learner node sees an empty folder where the driver's run folder is: the run stops before any model loads
     or any worker starts, with one report naming that node, what it lacks and the remedy, and the ready one."""
-    folder, address = cluster_without_shared_storage
+    folder, address, network = cluster_without_shared_storage
     log = folder / "driver.log"
     started = time.monotonic()
-    run = driver(folder, address, log=log)
+    run = driver(folder, address, network, log=log)
     assert run.wait(timeout=300) == 2, log.read_text()[-4000:]
     text = log.read_text()
     assert "pre-flight: 1 of 2 node(s) cannot run their part of this run" in text, text[-4000:]
