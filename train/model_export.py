@@ -25,7 +25,19 @@ from torch import nn
 
 from stare_agents.sharded_export import export_shards
 from stare_agents.train.checkpoint import missing_shards, unshared_shards
-from stare_agents.train.run_folder import save_hf_model
+
+
+def save_hf_model(model: Any, tokenizer_dir: Path, out: Path) -> Path:
+    """Save a model (and the tokenizer of `tokenizer_dir`) as a Hugging Face folder, atomically."""
+    from transformers import AutoTokenizer
+
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(tmp)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
 
 
 def empty_causal_lm(path: str | Path, device: str | torch.device) -> nn.Module:
