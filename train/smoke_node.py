@@ -146,14 +146,12 @@ def check_tensor_parallel(opts: argparse.Namespace, work: Path) -> dict[str, Any
     """One rollout worker on two GPUs with tensor_parallel_size 2 (vLLM's multiprocessing executor inside the
     Ray actor: its Ray executor fails in the actor's one placement bundle); new weights reach both shards: the
     engine's sampling log-probs match the same weights' on the CPU."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
     from stare_agents.rollout import RolloutWorkerGroup, WorkerSpec
+    from stare_agents.train.policy import load_causal_lm
 
     ray = _node_ray()
     model_dir = tiny_model(work)  # 2 attention heads: one a GPU
-    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+    model = load_causal_lm(model_dir)  # float32, on the CPU
     perturb(model, 3)  # weights the engine did not load: they must come through the push
     spec = WorkerSpec(
         model=str(model_dir),
