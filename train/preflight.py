@@ -301,8 +301,7 @@ def plan_nodes(
         if not hosts:
             shown = {k: v for k, v in request.items() if v > 0}
             offered = [
-                {k: v for k, v in n.get("Resources", {}).items() if not k.startswith("node:")}
-                for n in live
+                {k: v for k, v in n.get("Resources", {}).items() if not k.startswith("node:")} for n in live
             ]
             homeless.append(
                 f"no node can host a {role} worker: none of the {len(live)} live node(s) has {shown} (they "
