@@ -82,7 +82,9 @@ def train(
     from rich.console import Console
     from rich.table import Table
 
-    from stare_agents.train.config import check_run, load_config
+    from stare_agents.sandbox import SandboxError
+    from stare_agents.train.config import load_config
+    from stare_agents.train.trainer import preflight
     from stare_agents.train.trainer import train as run_training
 
     if recipe is None and config is None:
@@ -98,26 +100,22 @@ def train(
         if show_config:
             typer.echo(train_config.to_yaml(), nl=False)
             return
-        check_run(train_config, compare=compare)
-    except (ValueError, FileNotFoundError) as error:  # an unknown recipe's names the recipes; others their key
-        typer.secho(str(error), fg="red", err=True)
-        raise typer.Exit(2) from error
-    from stare_agents.sandbox import SandboxError, check_backend
-
-    try:  # no usable sandbox: say so before the run folder is written or any model loads
-        check_backend(train_config.rollout.sandbox, **train_config.rollout.sandbox_kwargs)
-    except SandboxError as error:
-        typer.secho(str(error), fg="red", err=True)
+        # check_run, and no usable sandbox where this process runs code: said before the run folder is written
+        preflight(train_config, compare=compare)
+    except (ValueError, FileNotFoundError, SandboxError) as error:  # an unknown recipe names the recipes; others
+        typer.secho(str(error), fg="red", err=True)  # their key
         raise typer.Exit(2) from error
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     for noisy in ("vllm", "ray", "httpx", "filelock"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     from stare_agents.train.memory_plan import MemoryPlanError
+    from stare_agents.train.preflight import PreflightError
     from stare_agents.train.rl_loop import NoLearningSignal
 
     try:
         summary = run_training(train_config, resume=resume, compare=compare, checked=True)  # checked above
-    except (FileExistsError, NoLearningSignal, MemoryPlanError) as error:  # said plainly, before a learner loads
+    except (FileExistsError, NoLearningSignal, MemoryPlanError, PreflightError) as error:  # said plainly,
+        # before a model loads; the run folder keeps what it had
         typer.secho(str(error), fg="red", err=True)
         raise typer.Exit(2) from error
     table = Table(

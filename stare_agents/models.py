@@ -97,28 +97,16 @@ EXPORT_DIR = "hf_export"
 def export_sharded_checkpoint(checkpoint: str | Path) -> Path:
     """The Hugging Face model of a sharded checkpoint (a data-parallel run's `checkpoints/step-N/`: its config and
     tokenizer files, and `learner_shards/`), written once to `<checkpoint>/hf_export/` and reused: only the
-    policy's weights are read from the shards (not the optimiser's), in one process, without a process group."""
+    policy's weights are read from the shards (not the optimiser's), in one process, without a process group, a few
+    tensors at a time."""
     checkpoint = Path(checkpoint)
     out = checkpoint / EXPORT_DIR
     if (out / "config.json").is_file() and any(out.glob("*.safetensors")):
         return out
-    import torch
-    import torch.distributed.checkpoint as dcp
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from stare_agents.sharded_export import export_shards
 
-    config = AutoConfig.from_pretrained(checkpoint)
-    model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
-    # the learner's shards hold the policy wrapper's state: the model's keys with a "model." prefix
-    template = {f"model.{key}": value for key, value in model.state_dict().items()}
-    dcp.load({"model": template}, checkpoint_id=str(checkpoint / SHARDS_DIR), no_dist=True)
-    model.load_state_dict({key.removeprefix("model."): value for key, value in template.items()})
-    tmp = checkpoint / f".{EXPORT_DIR}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    AutoTokenizer.from_pretrained(checkpoint).save_pretrained(tmp)
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(tmp, out)
-    return out
+    # a few tensors at a time (the whole model is never in memory): stare_agents.sharded_export
+    return export_shards(checkpoint / SHARDS_DIR, tokenizer_dir=checkpoint, out=out)
 
 
 def _stamp_matches(target: Path, recipe: dict) -> bool:

@@ -16,11 +16,13 @@ import contextlib
 import json
 import os
 import secrets
+import shlex
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 RAY = str(Path(sys.executable).with_name("ray"))
@@ -81,6 +83,46 @@ def start_head(folder: Path, *, num_cpus: int = 2, token: bool = True, timeout_s
     return address
 
 
+def mount_namespace_prefix() -> list[str] | None:
+    """The `unshare` prefix that runs a command in a mount namespace of its own here (root, or an unprivileged
+    user namespace mapping this user to root), or None where neither is allowed."""
+    if shutil.which("unshare") is None:
+        return None
+    prefix = (
+        ["unshare", "--mount"] if os.geteuid() == 0 else ["unshare", "--user", "--map-root-user", "--mount"]
+    )
+    probe = subprocess.run([*prefix, "true"], capture_output=True)
+    return prefix if probe.returncode == 0 else None
+
+
+@contextlib.contextmanager
+def loopback_only_network() -> Iterator[list[str] | None]:
+    """A network namespace whose one interface is loopback (brought up), held open by a sleeping process for the
+    block; yields the prefix that runs a command in it, or None where this machine allows no such namespace. What
+    listens in it, on any address, listens on loopback only (`unshare -rn`; as root `unshare -n`, the same
+    without a user namespace, so that the nodes' files keep their owners). Its processes share the machine's
+    process ids, files and mounts: only the network is private."""
+    if not all(shutil.which(tool) for tool in ("unshare", "nsenter", "ip")):
+        yield None
+        return
+    user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
+    holder = subprocess.Popen(
+        ["unshare", *user, "--net", "sh", "-c", "ip link set lo up && echo up && exec sleep 86400"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        if holder.stdout.readline().strip() != "up":
+            yield None
+            return
+        enter = ["nsenter", f"--target={holder.pid}", "--net"]
+        yield enter if not user else [*enter, "--user", "--preserve-credentials"]
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def start_node(
     folder: Path,
     name: str,
@@ -91,11 +133,17 @@ def start_node(
     resources: dict[str, float] | None = None,
     env: dict[str, str] | None = None,
     timeout_s: float = 180.0,
+    hidden: tuple[Path, ...] = (),
+    network: list[str] = (),
 ) -> str:
     """`ray start` for one node of a multi-node cluster on this machine: the head (`head` None) or a node joining
     the head at `head`, with node address `ip` (a loopback address other than 127.0.0.1, which Ray maps to the
     machine's network address once multi-node is on), temp folder `folder`/`name`/ray and working directory
-    `folder`/`name`, custom `resources`, `cluster_env` plus `env`. Returns the cluster's address."""
+    `folder`/`name`, custom `resources`, `cluster_env` plus `env`. Returns the cluster's address.
+
+    `hidden`: folders this node does not share with the others: its processes run in a mount namespace of their
+    own with an empty tmpfs over each (storage a node of a real cluster does not mount). `network`: the prefix that
+    runs the node in a network namespace (`loopback_only_network`)."""
     node = folder / name
     node.mkdir(parents=True, exist_ok=True)
     command = [
@@ -113,6 +161,13 @@ def start_node(
         command += ["--include-dashboard=false"]
     else:
         command += [f"--address={head}"]
+    if hidden:
+        prefix = mount_namespace_prefix()
+        if prefix is None:
+            raise RuntimeError("no private mount namespace here (needs root or unprivileged user namespaces)")
+        mounts = " && ".join(f"mount -t tmpfs tmpfs {shlex.quote(str(path))}" for path in hidden)
+        command = [*prefix, "sh", "-c", f"{mounts} && exec {shlex.join(command)}"]
+    command = [*network, *command]
     environment = {**cluster_env(folder), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1", **(env or {})}
     done = subprocess.run(
         command, env=environment, cwd=node, capture_output=True, text=True, timeout=timeout_s

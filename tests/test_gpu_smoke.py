@@ -6,6 +6,7 @@ its deadline is killed with what it started."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -123,12 +124,110 @@ print(gpu_smoke._end_descendants())
 
 def test_a_machine_with_only_torch_hears_every_reason_a_node_check_is_skipped(monkeypatch, tmp_path):
     """One GPU, no vLLM, no Ray, an installed package without the benchmarks folder: each reason is named."""
-    from stare_agents.train import gpu_smoke
+    from stare_agents.train import smoke_base
 
-    monkeypatch.setattr(gpu_smoke, "_cuda_count", lambda: 1)
-    monkeypatch.setattr(gpu_smoke, "_module", lambda name: name not in ("vllm", "ray"))
-    monkeypatch.setattr(gpu_smoke, "BENCH_ROLLOUT", tmp_path / "benchmarks" / "bench_rollout.py")
-    assert gpu_smoke.needs_node(None) == "needs 2+ CUDA GPUs, found 1; needs vllm and ray installed"
-    reason = gpu_smoke.needs_node_and_checkout(None)
+    monkeypatch.setattr(smoke_base, "cuda_count", lambda: 1)
+    monkeypatch.setattr(smoke_base, "has_module", lambda name: name not in ("vllm", "ray"))
+    monkeypatch.setattr(smoke_base, "BENCH_ROLLOUT", tmp_path / "benchmarks" / "bench_rollout.py")
+    assert smoke_base.needs_node(None) == "needs 2+ CUDA GPUs, found 1; needs vllm and ray installed"
+    reason = smoke_base.needs_node_and_checkout(None)
     assert reason.startswith("needs 2+ CUDA GPUs, found 1; needs vllm and ray installed; needs benchmarks/")
     assert "in the repository, not the installed package" in reason
+
+
+def _below(pid: int, needle: str, timeout_s: float) -> psutil.Process:
+    """The first process below `pid` whose command line has `needle`, waited for up to `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for process in psutil.Process(pid).children(recursive=True):
+            try:
+                if needle in " ".join(process.cmdline()):
+                    return process
+            except psutil.Error:
+                continue
+        time.sleep(0.1)
+    raise AssertionError(f"no process with {needle!r} below {pid} within {timeout_s} s")
+
+
+@pytest.mark.parametrize(
+    ("signum", "waits_for"),
+    [
+        (signal.SIGTERM, "stare_agents.cli train"),  # the check's training run, in a session of its own
+        (signal.SIGINT, "--child rl_steps_and_resume"),  # Ctrl-C as soon as the check runs
+    ],
+)
+def test_a_signal_to_the_script_ends_its_check_and_everything_below_it(tmp_path, signum, waits_for):
+    out = tmp_path / "report.json"
+    command = [*SMOKE, "--device", "cpu", "--only", "rl_steps_and_resume", "--out", str(out)]
+    script = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        below = _below(script.pid, waits_for, timeout_s=120)
+        family = [below, *below.children(recursive=True)]
+        sent = time.monotonic()
+        script.send_signal(signum)
+        stdout, stderr = script.communicate(timeout=30)
+    finally:
+        script.kill()
+    assert time.monotonic() - sent < 15, stderr
+    assert script.returncode == 128 + signum, stderr
+    report = json.loads(out.read_text())
+    assert json.loads(stdout) == report and report["ok"] is False
+    assert report["interrupted"] == signal.Signals(signum).name
+    (record,) = report["checks"]
+    assert (
+        record["status"] == "failed" and f"interrupted by {signal.Signals(signum).name}" in record["reason"]
+    )
+    time.sleep(0.2)
+    assert [p.pid for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] == []
+    assert [
+        p.pid for p in psutil.process_iter(["cmdline"]) if "gpu-smoke-" in " ".join(p.info["cmdline"] or ())
+    ] == []
+
+
+def test_an_unreachable_cluster_fails_each_check_in_seconds_naming_the_address(tmp_path):
+    started = time.monotonic()
+    code, report = smoke(
+        tmp_path,
+        "--tier",
+        "cluster",
+        "--ray-address",
+        "127.0.0.1:9",
+        "--shared-dir",
+        str(tmp_path),
+        timeout=120,
+    )
+    assert code == 1 and [c["status"] for c in report["checks"]] == ["failed", "failed"], report["checks"]
+    for check in report["checks"]:
+        assert "cannot reach the cluster at 127.0.0.1:9" in check["reason"] and check["seconds"] < 30, check
+    assert time.monotonic() - started < 90
+
+
+def test_the_cluster_tier_needs_a_folder_every_node_mounts(tmp_path):
+    done = subprocess.run(
+        [*SMOKE, "--tier", "cluster", "--ray-address", "127.0.0.1:9"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "needs --shared-dir DIR: a folder every node mounts" in done.stderr
+
+
+def test_a_node_without_a_gpu_or_the_shared_folder_is_named_with_what_it_lacks():
+    from stare_agents.train.smoke_cluster import node_problems
+
+    ok = {"cuda": 8, "shared": True, "shared_error": None, "project": "/opt/x"}
+    answers = {
+        "10.0.0.5": ok,
+        "10.0.0.6": {**ok, "cuda": 0},  # two CPU nodes passed the old check
+        "10.0.0.7": {**ok, "shared": False, "shared_error": "cannot read /shared/.gpu-smoke-x: No such file"},
+    }
+    problems = node_problems(answers, {"10.0.0.5": 8, "10.0.0.6": 0, "10.0.0.7": 8})
+    assert problems == [
+        "node 10.0.0.6 lacks a GPU (torch sees 0, Ray counts 0; start Ray there with its GPUs: `ray start ... "
+        "--num-gpus=N`)",
+        "node 10.0.0.7 lacks the shared folder (cannot read /shared/.gpu-smoke-x: No such file; mount it at the "
+        "same path on every node)",
+    ]
+    assert node_problems({"10.0.0.5": ok}, {"10.0.0.5": 0})[0].startswith(
+        "node 10.0.0.5 lacks a GPU (torch sees 8, Ray counts 0"
+    )

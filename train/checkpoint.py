@@ -31,6 +31,7 @@ import torch
 from stare_agents.models import SHARDS_DIR  # a sharded checkpoint's model and optimiser
 
 CHECKPOINT_NAME = re.compile(r"^step-(\d{8})(\.pt)?$")
+SHARD_FILE = re.compile(r"^__(\d+)_\d+\.distcp$")  # torch.distributed.checkpoint's file of one rank
 STATE_FILE = "trainer_state.ckpt"  # not a weight-file suffix: model loaders and fingerprints ignore it
 MODEL_STATE = ("learner", "model")  # where a trainer's state keeps the policy's weights
 
@@ -49,11 +50,14 @@ def save_checkpoint(
     model: Any = None,
     tokenizer_dir: str | Path | None = None,
     shards: Callable[[Path], Any] | None = None,
+    ranks: int | None = None,
 ) -> Path:
     """Write `state` to `path` atomically (see the module docstring); returns `path`.
 
     `shards`, for a data-parallel learner: called with the folder's `learner_shards/`, which its workers fill
-    with their shards (torch.distributed.checkpoint); what it returns is stored as `state["learner"]`.
+    with their shards (torch.distributed.checkpoint); what it returns is stored as `state["learner"]`. With `ranks`
+    (the learner's world size) the folder must then hold every rank's shard file and DCP's metadata, as this process
+    sees it (`missing_shards`), or nothing is kept and the error names what is missing.
     `path` ending in `.pt` is one file; otherwise a folder holding `trainer_state.ckpt` and, given `model`
     (a Hugging Face model), the model with the tokenizer of `tokenizer_dir`: then `state["learner"]["model"]`
     (when present, the same weights) is not stored twice."""
@@ -70,6 +74,9 @@ def save_checkpoint(
                 small = shards(tmp / SHARDS_DIR)  # returns (the rest of its state) is state["learner"]
                 if small is not None:
                     state = {**state, "learner": small}
+                missing = missing_shards(tmp / SHARDS_DIR, ranks) if ranks is not None else []
+                if missing:
+                    raise RuntimeError(unshared_shards(f"checkpoint {path}", SHARDS_DIR, ranks, missing))
                 if tokenizer_dir is not None:  # the model's config and tokenizer: `stare-agents eval --model`
                     for source in Path(tokenizer_dir).iterdir():  # exports the weights from the shards
                         if source.is_file() and not source.name.endswith((".safetensors", ".bin", ".pt")):
@@ -96,6 +103,25 @@ def save_checkpoint(
         _remove(tmp)
     _fsync_dir(path.parent)
     return path
+
+
+def missing_shards(folder: Path, ranks: int) -> list[str]:
+    """What a sharded checkpoint's folder lacks of what `ranks` workers write with torch.distributed.checkpoint:
+    its `.metadata` (the coordinator's, rank 0) and each rank's shard file (`__<rank>_<n>.distcp`)."""
+    names = {p.name for p in folder.iterdir()} if folder.is_dir() else set()
+    have = {int(m.group(1)) for name in names if (m := SHARD_FILE.match(name))}
+    missing = [] if ".metadata" in names else [".metadata (rank 0's)"]
+    return missing + [f"__{rank}_0.distcp (rank {rank}'s)" for rank in range(ranks) if rank not in have]
+
+
+def unshared_shards(what: str, folder: str | Path, ranks: int, missing: list[str]) -> str:
+    """The error of shards written where this process does not see them (`missing_shards`)."""
+    return (
+        f"{what}: after the {ranks} learner workers wrote their shards, {folder} lacks {', '.join(missing)} where "
+        "this process looks: those workers wrote on storage it does not see (their node does not share the run "
+        "folder). Nothing was kept (every rank's shards are needed); put --out on storage every node mounts at "
+        "the same path"
+    )
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:

@@ -23,6 +23,7 @@ loopback interface whatever the hostname resolves to, and the folder is removed 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import math
 import os
 import shutil
@@ -38,10 +39,11 @@ from torch import Tensor, nn
 
 from stare_agents.algo import AlgorithmConfig
 from stare_agents.models import SHARDS_DIR
-from stare_agents.rollout.local_ray import forwarded_env
-from stare_agents.rollout.weight_sync import GroupAddress, WeightsPlan, is_loopback
+from stare_agents.rollout.weight_sync import GroupAddress, WeightsPlan, is_loopback, listening_store
+from stare_agents.rollout.worker_env import apply_driver_env, worker_runtime_env
 from stare_agents.train.checkpoint import save_checkpoint
 from stare_agents.train.learner import Collective, Learner, LearnerConfig, StepResult, TokenRecord
+from stare_agents.train.model_export import export_from_workers, rank_model, save_model_shards
 from stare_agents.train.policy import (
     HALF_DTYPES,
     MicroBatch,
@@ -57,6 +59,7 @@ from stare_agents.trajectory import Batch, Trajectory
 
 BACKENDS = ("auto", "gloo", "nccl")
 RENDEZVOUS_PREFIX = "stare-rendezvous-"
+RENDEZVOUS_TIMEOUT = datetime.timedelta(minutes=10)  # the ranks' wait for each other at the rendezvous
 GRADIENT_BUCKET_ELEMENTS = 1 << 24  # gradients are summed in flat buckets of at most this many floats
 
 
@@ -205,16 +208,15 @@ def rendezvous_address(host: str) -> str:
     """Where the ranks of a process group meet, made by rank 0 on its node `host`. On a local Ray (node IP
     127.0.0.1, so every rank is on this machine) a store file in a fresh private folder (0700): nothing
     listens for it (torch's TCPStore binds to all interfaces whatever the host); so on any loopback address
-    (127.0.0.0/8: nodes of a rehearsal on one machine, see the README's cluster section). On a cluster, a free
-    TCP port on the node."""
-    if is_loopback(host):
-        import tempfile
+    (127.0.0.0/8: nodes of a rehearsal on one machine, see the README's cluster section). On a cluster, rank 0's
+    store listens on a port of its node's address only (`LearnerWorker.address`), the `tcp://` address."""
+    if not is_loopback(host):
+        raise ValueError(
+            f"rendezvous_address is for loopback hosts; {host!r} is not (see LearnerWorker.address)"
+        )
+    import tempfile
 
-        return "file://" + str(Path(tempfile.mkdtemp(prefix=RENDEZVOUS_PREFIX)) / "store")
-    with socket.socket() as probe:
-        probe.bind((host, 0))
-        port = probe.getsockname()[1]
-    return f"tcp://{host}:{port}"
+    return "file://" + str(Path(tempfile.mkdtemp(prefix=RENDEZVOUS_PREFIX)) / "store")
 
 
 def loopback_interface() -> str:
@@ -228,14 +230,24 @@ def loopback_interface() -> str:
     )
 
 
-def join_process_group(address: str, backend: str, rank: int, world_size: int) -> None:
+def join_process_group(address: str, backend: str, rank: int, world_size: int, *, store: Any = None) -> None:
     """`dist.init_process_group` for one rank. Where every rank is on this machine (a `file://` rendezvous),
     gloo's and NCCL's own sockets are bound to the loopback interface first: left alone, gloo binds to the
-    address the hostname resolves to (a LAN address on many cluster and cloud nodes), unauthenticated."""
+    address the hostname resolves to (a LAN address on many cluster and cloud nodes), unauthenticated. On a
+    cluster (`tcp://`) rank 0's store listens on its node's address only (`store`: the one `LearnerWorker.address`
+    opened; made here when not given) and the other ranks connect to it."""
     if address.startswith("file://"):
         interface = loopback_interface()
         os.environ["GLOO_SOCKET_IFNAME"] = interface  # read when the gloo group makes its device
         os.environ["NCCL_SOCKET_IFNAME"] = interface  # NCCL's bootstrap and, between processes, its sockets
+    if address.startswith("tcp://"):
+        host, _, port = address.removeprefix("tcp://").rpartition(":")
+        if store is None and rank == 0:  # an address given without its store: it listens from here
+            store = listening_store(host, world_size, RENDEZVOUS_TIMEOUT, port=int(port))
+        elif store is None:
+            store = dist.TCPStore(host, int(port), world_size, is_master=False, timeout=RENDEZVOUS_TIMEOUT)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size)
+        return
     dist.init_process_group(backend, init_method=address, rank=rank, world_size=world_size)
 
 
@@ -251,15 +263,22 @@ class LearnerWorker:
     """One data-parallel rank: a `Learner` whose `Collective` is the process group (a Ray actor's body)."""
 
     def __init__(self, rank: int, world_size: int, threads: int) -> None:
+        apply_driver_env()  # the driver's NCCL/gloo settings where this node has none, before the group forms
         torch.set_num_threads(threads)
         self.rank, self.world_size = rank, world_size
         self.learner: Learner | None = None
+        self._store: Any = None  # rank 0's rendezvous store on a cluster (`address`)
 
     def address(self) -> str:
-        """The process group's rendezvous, made on rank 0's node (see `rendezvous_address`)."""
+        """The process group's rendezvous, made on rank 0's node (see `rendezvous_address`): on a cluster the
+        store this rank keeps, listening on the node's address only."""
         import ray
 
-        return rendezvous_address(ray.util.get_node_ip_address())
+        host = ray.util.get_node_ip_address()
+        if is_loopback(host):
+            return rendezvous_address(host)
+        self._store = listening_store(host, self.world_size, RENDEZVOUS_TIMEOUT)
+        return f"tcp://{host}:{self._store.port}"
 
     def remove_rendezvous(self, address: str) -> None:
         """After every rank has left the group: the rendezvous folder goes (it is on this, rank 0's, node)."""
@@ -283,14 +302,14 @@ class LearnerWorker:
 
     def _join(self, address: str, backend: str, model_dir: str, device: str) -> nn.Module:
         """Join the process group and load the model, every replica from rank 0's weights."""
-        join_process_group(address, backend, self.rank, self.world_size)
+        join_process_group(address, backend, self.rank, self.world_size, store=self._store)
         if backend == "nccl":
             torch.cuda.set_device(0)  # Ray gives each worker its own GPU as device 0
-        model = load_causal_lm(model_dir, device)
-        with torch.no_grad():
-            for tensor in model.state_dict().values():
-                dist.broadcast(tensor, src=0)
-        return model
+        return rank_model(model_dir, device, self.rank)  # only rank 0 reads the weights
+
+    def save_model_shards(self, folder: str) -> None:
+        """The policy's weights as this worker holds them, without the optimiser: what an export reads."""
+        save_model_shards(self.learner.policy if self.learner is not None else self.sft.policy, folder)
 
     # ---- SFT on the same workers (SFTGroup) ----
     def setup_sft(
@@ -372,6 +391,7 @@ class LearnerWorker:
     def close(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+        self._store = None  # its listening socket closes with it
 
 
 def _worker_device() -> str:
@@ -396,9 +416,9 @@ def _start_workers(d: DistributedConfig) -> tuple[list[Any], Any]:
     actor = ray.remote(
         num_cpus=d.num_cpus_per_worker, num_gpus=d.num_gpus_per_worker, resources=d.resources or None
     )(LearnerWorker)
-    # the driver's NCCL/gloo settings: a worker on another node has its raylet's environment, not the driver's
-    env = forwarded_env()
-    runtime_env = {"runtime_env": {"env_vars": env}} if env else {}
+    # the driver's NCCL/gloo settings where the worker's node has none: it has its raylet's environment
+    env = worker_runtime_env()
+    runtime_env = {"runtime_env": env} if env else {}
     workers = [
         actor.options(scheduling_strategy=bundle(group, rank), **runtime_env).remote(
             rank, d.num_workers, d.threads_per_worker
@@ -468,6 +488,11 @@ class _WorkerGroup:
 
     def model_state_dict(self) -> dict[str, Tensor]:
         raise NotImplementedError
+
+    def export_model(self, tokenizer_dir: Path, out: Path) -> Path:
+        """The trained policy as the Hugging Face folder `out`, from the workers' own shards of it (no full copy in
+        the driver or through Ray: `model_export.export_from_workers`)."""
+        return export_from_workers(self.workers, tokenizer_dir, out)
 
     def hf_model(self, model_dir: Path) -> nn.Module:
         """The trained policy gathered from the workers into a model of `model_dir`'s architecture."""
@@ -607,7 +632,9 @@ class LearnerGroup(_WorkerGroup):
     def save_checkpoint(self, state: dict[str, Any], path: Path, *, tokenizer_dir: Path) -> None:
         """Each worker writes its own shards (nothing of them passes through the driver); the HF model is
         exported at the end of the run."""
-        save_checkpoint(state | {"sharded": True}, path, shards=self.save_shards, tokenizer_dir=tokenizer_dir)
+        shards, ranks = self.save_shards, len(self.workers)
+        state = state | {"sharded": True}
+        save_checkpoint(state, path, shards=shards, tokenizer_dir=tokenizer_dir, ranks=ranks)
 
     def resume(self, checkpoint: Path, state: dict[str, Any]) -> None:
         if state.get("sharded"):  # each worker reads its own shards
@@ -671,7 +698,9 @@ class SFTGroup(_WorkerGroup):
         def shards(folder: Path) -> dict:
             return ray.get([w.sft_save_shards.remote(str(folder)) for w in self.workers])[0]
 
-        save_checkpoint(state | {"sharded": True}, path, shards=shards, tokenizer_dir=tokenizer_dir)
+        ranks = len(self.workers)
+        state = state | {"sharded": True}
+        save_checkpoint(state, path, shards=shards, tokenizer_dir=tokenizer_dir, ranks=ranks)
 
     def resume(self, checkpoint: Path, state: dict[str, Any]) -> None:
         import ray

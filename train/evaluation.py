@@ -10,7 +10,7 @@ from typing import Any
 
 from stare_agents.envs.registration import split_kwargs
 from stare_agents.envs.tasks import Task, unique_tasks
-from stare_agents.eval import evaluate_on_workers, get_protocol, load_benchmark
+from stare_agents.eval import DATA_DIR_ENV, evaluate_on_workers, get_protocol, load_benchmark
 from stare_agents.rollout import RolloutTask, RolloutWorkerGroup
 from stare_agents.rollout.summary import summarize_episodes
 from stare_agents.rollout_log import write_heldout
@@ -157,8 +157,18 @@ class RunEvaluation:
                         f"rollout.sandbox is {c.rollout.sandbox!r}, which runs no code: use a sandbox, or a "
                         "single-turn protocol (cot)"
                     )
-            self._benchmarks = [
-                load_benchmark(e.benchmark, data_dir=c.eval.data_dir, limit=e.limit)
-                for e in c.eval.benchmarks
-            ]
+            self._benchmarks = [self._load(i) for i in range(len(c.eval.benchmarks))]
         return self._benchmarks
+
+    def _load(self, index: int) -> Any:
+        """eval.benchmarks[index] read (a name in the data folder, a file, a Hugging Face id), or a ValueError
+        naming the entry and the key that points at the data."""
+        c = self.config
+        entry = c.eval.benchmarks[index]
+        try:
+            return load_benchmark(entry.benchmark, data_dir=c.eval.data_dir, limit=entry.limit)
+        except (ValueError, FileNotFoundError, KeyError, RuntimeError) as error:
+            raise ValueError(
+                f"eval.benchmarks[{index}].benchmark = {entry.benchmark!r}: {error} (a training run's data "
+                f"folder: eval.data_dir=DIR, else ${DATA_DIR_ENV})"
+            ) from None

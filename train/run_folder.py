@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import shutil
 import time
 import uuid
 from collections.abc import Iterator
@@ -257,24 +256,3 @@ class Elapsed:
     """What a stage took, once its `with` block is left."""
 
     seconds: float = 0.0
-
-
-def save_hf_model(model: Any, tokenizer_dir: Path, out: Path) -> Path:
-    """Save a model (and the tokenizer of `tokenizer_dir`) as a Hugging Face folder, atomically."""
-    from transformers import AutoTokenizer
-
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(tmp)
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
-    return out
-
-
-def load_with_state(model_dir: Path, state_dict: dict[str, torch.Tensor]) -> Any:
-    from stare_agents.train.policy import load_causal_lm
-
-    model = load_causal_lm(model_dir)
-    model.load_state_dict(state_dict)
-    return model

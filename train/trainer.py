@@ -57,7 +57,9 @@ from stare_agents.train.distributed import DistributedConfig, LearnerGroup, SFTG
 from stare_agents.train.evaluation import RunEvaluation
 from stare_agents.train.learner import Learner, TrainingLearner
 from stare_agents.train.memory_plan import MemoryPlan, plan_run
+from stare_agents.train.model_export import save_trained_model
 from stare_agents.train.policy import load_causal_lm
+from stare_agents.train.preflight import driver_runs_code, node_preflight
 from stare_agents.train.rl_loop import RLLoop, SampledStep
 from stare_agents.train.run_folder import (
     FINAL_MODEL,
@@ -66,7 +68,6 @@ from stare_agents.train.run_folder import (
     RunLog,
     RunState,
     check_same_run,
-    save_hf_model,
 )
 from stare_agents.train.run_summary import accuracy_estimate, write_summary
 from stare_agents.train.sft import SFTTrainer, traces_fingerprint
@@ -138,6 +139,7 @@ class Trainer:
         ]
         if all(p in self.progress.get("accuracy", {}) for p in points):
             return self.write_summary(compare)  # a finished run: nothing to do but report
+        node_preflight(config, self.folder, base_dir)  # every worker's node: storage, model, data, CUDA, sandbox
         self.workers = self._start_workers(base_dir)
         self.engines_hold = "base"  # whose weights the engines sample with (a point's name)
         try:
@@ -285,18 +287,18 @@ class Trainer:
             else:
                 sft = SFTTrainer(model, sft_config, pad_token_id=pad)
             try:
-                trained = self._fit_sft(sft, traces, base_dir)
+                self._fit_sft(sft, traces, base_dir)
+                save_trained_model(sft, base_dir, out)  # a data-parallel group's from its workers' shards
             finally:
                 sft.close()
-            save_hf_model(trained, base_dir, out)
         self.progress["sft_done"] = True
         self.progress["sft_traces"] = len(traces)
         self.state.save()
         shutil.rmtree(self.folder / SFT_CHECKPOINT, ignore_errors=True)
 
-    def _fit_sft(self, sft: Any, traces: list[Trajectory], base_dir: Path) -> Any:
+    def _fit_sft(self, sft: Any, traces: list[Trajectory], base_dir: Path) -> None:
         """Fit `sft` (an SFTTrainer or SFTGroup) on the traces with a checkpoint every sft.checkpoint_every steps,
-        going on from the last one under `--resume`; returns the fine-tuned Hugging Face model."""
+        going on from the last one under `--resume`."""
         c = self.config
         log, path = self.run_log(), self.folder / SFT_CHECKPOINT
         fingerprint, done_steps = traces_fingerprint(traces), 0
@@ -323,7 +325,7 @@ class Trainer:
                 log.log({"kind": "sft", "step": int(record["epoch"]), "traces": len(traces), **record})
                 logger.info("SFT epoch %d: loss %.4f", record["epoch"], record["loss"])
             if not sft.fitting:
-                return sft.hf_model(base_dir)
+                return
             sft.save_checkpoint({"traces": fingerprint}, path, tokenizer_dir=base_dir)
 
     # ---- RL ----
@@ -399,7 +401,7 @@ class Trainer:
             )
             metrics_path = loop.run(start, self.run_log(folder, purge_from=start))
             with self.state.timer("save_model"):  # a model folder for `eval --model`
-                save_hf_model(learner.hf_model(start_dir), start_dir, folder / FINAL_MODEL)
+                save_trained_model(learner, start_dir, folder / FINAL_MODEL)
             self.progress[f"{key}_done"] = True
             self.progress.setdefault("weight_versions", {})[key] = self.workers.weight_version
             self.progress.setdefault("rl_logs", {})[key] = str(metrics_path)
@@ -435,9 +437,11 @@ class Trainer:
 
 def preflight(config: TrainConfig, *, compare: str | None = None) -> None:
     """The checks before any work, each run once: the environment, its kwargs, sft.data and --compare
-    (`check_run`), and a usable sandbox (`check_backend`)."""
+    (`check_run`), and a usable sandbox (`check_backend`) where this process runs code itself; the nodes' own
+    checks (the rollout nodes' sandbox among them) come once the run folder exists (`node_preflight`)."""
     check_run(config, compare=compare)
-    check_backend(config.rollout.sandbox, **config.rollout.sandbox_kwargs)
+    if driver_runs_code(config):
+        check_backend(config.rollout.sandbox, **config.rollout.sandbox_kwargs)
 
 
 def train(

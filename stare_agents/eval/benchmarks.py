@@ -41,6 +41,12 @@ def default_data_dir() -> Path:
     return Path(__file__).resolve().parents[2].parent / "shared" / "data" / "benchmarks"
 
 
+def data_dir_found(data_dir: str | Path | None = None) -> bool:
+    """Whether a data folder is given or found where `resolve_data_dir` looks (the given one may still be
+    missing: `resolve_data_dir` says so)."""
+    return data_dir is not None or bool(os.environ.get(DATA_DIR_ENV)) or default_data_dir().is_dir()
+
+
 def resolve_data_dir(data_dir: str | Path | None = None) -> Path:
     """The folder benchmark names resolve in: `data_dir`, else $STARE_DATA_DIR, else `default_data_dir()`."""
     if data_dir is not None:
@@ -295,6 +301,15 @@ PROTOCOLS: dict[str, Protocol] = {
         max_tokens_per_turn=4096,
         max_total_tokens=4096,
         description="MathCoT-v0: one turn of chain of thought, no tool",
+    ),
+    "cot-long": Protocol(
+        name="cot-long",
+        env_id="stare_agents/MathCoT-v0",
+        env_kwargs={"cot": "long"},
+        max_tokens_per_turn=16384,
+        max_total_tokens=16384,
+        description="MathCoT-v0 with the long-CoT prompt (think at length, then a boxed answer), one turn, no "
+        "tool, 16,384 response tokens: how a long-CoT model (R1-Distill, Qwen3 thinking) is scored",
     ),
     "simpletir": Protocol(
         name="simpletir",

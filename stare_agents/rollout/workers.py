@@ -119,6 +119,9 @@ class RolloutWorker:
     """One engine + one sandbox. Used directly (`use_ray=False`) or as a Ray actor."""
 
     def __init__(self, spec: WorkerSpec, index: int = 0) -> None:
+        from stare_agents.rollout.worker_env import apply_driver_env
+
+        apply_driver_env()  # the driver's NCCL/gloo settings where this node has none, before the engine starts
         for module in spec.imports:
             importlib.import_module(module)
         self.spec = spec
@@ -311,8 +314,9 @@ def receiving_processes(spec: WorkerSpec) -> int:
     tensor- and pipeline-parallel worker of a vLLM engine, the one process of the HF engine."""
     if spec.engine != "vllm":
         return 1
-    kwargs = spec.engine_kwargs
-    return int(kwargs.get("tensor_parallel_size", 1)) * int(kwargs.get("pipeline_parallel_size", 1))
+    from stare_agents.rollout.vllm_engine import engine_gpus
+
+    return engine_gpus(spec.engine_kwargs)
 
 
 def _timed_out(task: RolloutTask, weight_version: int) -> Trajectory:
@@ -408,10 +412,9 @@ class RolloutWorkerGroup:
         ray.get([actor.ping.remote() for actor in self._actors], timeout=start_timeout_s)
 
     def _start(self, index: int) -> Any:
-        from stare_agents.rollout.local_ray import forwarded_env
+        from stare_agents.rollout.worker_env import worker_runtime_env
 
         env_vars = {
-            **forwarded_env(),  # the driver's NCCL/gloo settings (the weight-sync group's sockets)
             "TOKENIZERS_PARALLELISM": "false",
             "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"),
         }
@@ -429,7 +432,8 @@ class RolloutWorkerGroup:
             num_gpus=self.spec.num_gpus,
             resources=self.spec.resources or None,
             max_concurrency=4,  # progress() and ping() answer while collect() runs
-            runtime_env={"env_vars": env_vars},
+            # and the driver's NCCL/gloo settings where the node has none (the weight-sync group's sockets)
+            runtime_env=worker_runtime_env(env_vars),
             scheduling_strategy=bundle(
                 getattr(self, "_placement", None), index
             ),  # a replacement: the same bundle

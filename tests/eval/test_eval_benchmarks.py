@@ -224,3 +224,18 @@ def test_protocol_env_kwargs_take_effect_in_the_environment() -> None:
     cot = gym.make(PROTOCOLS["cot"].env_id, **PROTOCOLS["cot"].make_env_kwargs())
     assert cot.unwrapped.max_turns == 1
     cot.close()
+
+
+def test_a_long_cot_model_is_scored_with_its_own_prompt_and_budget() -> None:
+    """cot-long: MathCoT-v0's long-CoT prompt (not the short one) and 16,384 response tokens (not 4,096)."""
+    short, long = PROTOCOLS["cot"], PROTOCOLS["cot-long"]
+    assert long.single_turn and (long.max_tokens_per_turn, long.max_total_tokens) == (16384, 16384)
+    assert (short.max_total_tokens, long.temperature, long.top_p) == (4096, 1.0, 1.0)
+    prompts = {}
+    for protocol in (short, long):
+        env = gym.make(protocol.env_id, **protocol.make_env_kwargs())
+        observation, _ = env.reset(options={"problem": "What is 2 + 2?", "answer": "4", "id": "x"})
+        prompts[protocol.name] = observation[-1]["content"]
+        env.close()
+    assert "at length" in prompts["cot-long"] and "at length" not in prompts["cot"]
+    assert "What is 2 + 2?" in prompts["cot-long"]

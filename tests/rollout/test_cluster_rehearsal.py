@@ -13,6 +13,13 @@
   its own node's address (127.0.0.2), as the driver's log says.
 - The driver is SIGKILLed once its first checkpoint exists and the run resumed from it (its learner shards
   written by the learner workers on the other node, into the driver's run folder by absolute path).
+- Before any model loads, each node checks from itself what its workers need (the pre-flight,
+  stare_agents.train.preflight); with a learner node that does not share the driver's folder (its processes in a
+  mount namespace with an empty tmpfs there) the run stops at the pre-flight, naming that node and the run folder.
+
+Every node, the driver and the query run in one network namespace whose only interface is loopback
+(`unshare -rn`; ray_cluster_support.loopback_only_network): what listens on every interface there (Ray's servers
+do on a multi-node cluster) listens on loopback only, not on the machine's network while the test runs.
 
 The cluster is stopped by process id: only the processes of this cluster (see ray_cluster_support.stop_cluster),
 never `ray stop`, which ends every Ray of the machine.
@@ -31,7 +38,15 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ray_cluster_support import cluster_env, remove, short_folder, start_node
+from ray_cluster_support import (
+    cluster_env,
+    loopback_only_network,
+    mount_namespace_prefix,
+    remove,
+    short_folder,
+    start_node,
+)
+from support import require
 
 from stare_agents.records import read_records
 from stare_agents.train.checkpoint import latest_checkpoint
@@ -71,27 +86,55 @@ print(json.dumps({"actors": actors, "drivers": drivers}))
 """
 
 
+def two_nodes(*, learner_node_hides_the_driver: bool = False):
+    """(folder, address, network) of a two-node cluster in a loopback-only network namespace (`network`: the prefix
+    that runs a command there); stopped by process id afterwards. With `learner_node_hides_the_driver` the
+    learner node does not share the driver's folder (an empty tmpfs over it)."""
+    with loopback_only_network() as network:
+        require(network is not None, "a loopback-only network namespace (unshare -rn, nsenter and ip)")
+        folder = short_folder()
+        node_env = {"PYTHONPATH": str(COIN_ENV)}  # the environment's module, importable on every node
+        (folder / "driver").mkdir()
+        hidden = (folder / "driver",) if learner_node_hides_the_driver else ()
+        try:
+            address = start_node(
+                folder, "head", ip=HEAD_IP, resources={"rollout_node": 1}, env=node_env, network=network
+            )
+            start_node(
+                folder,
+                "learner-node",
+                ip=LEARNER_IP,
+                head=address,
+                resources={"learner_node": 2},
+                env=node_env,
+                hidden=hidden,
+                network=network,
+            )
+            yield folder, address, network
+        finally:
+            remove(folder)
+
+
 @pytest.fixture
 def cluster():
-    """(folder, address) of a two-node cluster; stopped by process id afterwards."""
-    folder = short_folder()
-    node_env = {"PYTHONPATH": str(COIN_ENV)}  # the environment's module, importable on every node
-    try:
-        address = start_node(folder, "head", ip=HEAD_IP, resources={"rollout_node": 1}, env=node_env)
-        start_node(
-            folder, "learner-node", ip=LEARNER_IP, head=address, resources={"learner_node": 2}, env=node_env
-        )
-        yield folder, address
-    finally:
-        remove(folder)
+    yield from two_nodes()
 
 
-def driver(folder: Path, address: str, *extra: str, log: Path) -> subprocess.Popen:
+@pytest.fixture
+def cluster_without_shared_storage():
+    require(
+        mount_namespace_prefix() is not None,
+        "a private mount namespace (root, or unprivileged user namespaces)",
+    )
+    yield from two_nodes(learner_node_hides_the_driver=True)
+
+
+def driver(folder: Path, address: str, network: list[str], *extra: str, log: Path) -> subprocess.Popen:
     cwd = folder / "driver"
     cwd.mkdir(exist_ok=True)
     env = {**cluster_env(folder), "RAY_ADDRESS": address, "PYTHONPATH": str(COIN_ENV)}
     env.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")
-    command = [sys.executable, "-m", "stare_agents.cli", "train", *RUN, *extra]
+    command = [*network, sys.executable, "-m", "stare_agents.cli", "train", *RUN, *extra]
     with log.open("w") as out:
         return subprocess.Popen(
             command, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
@@ -101,11 +144,11 @@ def driver(folder: Path, address: str, *extra: str, log: Path) -> subprocess.Pop
 @pytest.mark.ray
 @pytest.mark.slow
 def test_a_run_on_a_two_node_cluster_attaches_places_syncs_and_resumes(cluster):
-    folder, address = cluster
+    folder, address, network = cluster
     run = folder / "driver" / "rel" / "run"
     first_log, second_log = folder / "first.log", folder / "second.log"
 
-    first = driver(folder, address, log=first_log)
+    first = driver(folder, address, network, log=first_log)
     deadline = time.monotonic() + 420
     while latest_checkpoint(run) is None:  # the first step's checkpoint (the learner's shards are in it)
         assert first.poll() is None, (
@@ -117,7 +160,7 @@ def test_a_run_on_a_two_node_cluster_attaches_places_syncs_and_resumes(cluster):
     first.wait()
     killed_at = latest_checkpoint(run).name
 
-    second = driver(folder, address, "--resume", log=second_log)
+    second = driver(folder, address, network, "--resume", log=second_log)
     assert second.wait(timeout=420) == 0, second_log.read_text()[-4000:]
 
     # the run folder is the driver's, by absolute path; the nodes' working directories got nothing
@@ -132,6 +175,9 @@ def test_a_run_on_a_two_node_cluster_attaches_places_syncs_and_resumes(cluster):
     shards = run / "checkpoints" / "step-00000003" / "learner_shards"
     assert sorted(p.name for p in shards.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
 
+    # each start checked every node from the node itself before any model loaded
+    for log in (first_log, second_log):
+        assert f"pre-flight: 2 node(s) ready ({HEAD_IP}: rollout, {LEARNER_IP}: learner)" in log.read_text()
     # the sync group opened by the learner on its node; the engine bound its own node's address
     for log in (first_log, second_log):
         said = re.search(
@@ -141,9 +187,13 @@ def test_a_run_on_a_two_node_cluster_attaches_places_syncs_and_resumes(cluster):
         assert said is not None, log.read_text()[-4000:]
         assert said.groups() == (LEARNER_IP, HEAD_IP)
 
+    # everything ran in a network with loopback alone: whatever listened on "every interface" listened there
+    links = subprocess.run([*network, "ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
+    assert [line.split(":")[1].strip() for line in links.splitlines()] == ["lo"], links
+
     # the driver and the rollout worker on the head node, the learner workers on the other
     query = subprocess.run(
-        [sys.executable, "-c", PLACES, address],
+        [*network, sys.executable, "-c", PLACES, address],
         env=cluster_env(folder) | {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1"},
         capture_output=True,
         text=True,
@@ -156,6 +206,31 @@ def test_a_run_on_a_two_node_cluster_attaches_places_syncs_and_resumes(cluster):
         actors.setdefault(name, set()).add(ip)
     assert actors["LearnerWorker"] == {LEARNER_IP} and actors["RolloutWorker"] == {HEAD_IP}
     assert set(places["drivers"]) == {HEAD_IP} and len(places["drivers"]) == 2
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_node_that_does_not_share_the_run_folder_stops_the_run_at_the_pre_flight(
+    cluster_without_shared_storage,
+):
+    """The learner node sees an empty folder where the driver's run folder is: the run stops before any model loads
+    or any worker starts, with one report naming that node, what it lacks and the remedy, and the ready one."""
+    folder, address, network = cluster_without_shared_storage
+    log = folder / "driver.log"
+    started = time.monotonic()
+    run = driver(folder, address, network, log=log)
+    assert run.wait(timeout=300) == 2, log.read_text()[-4000:]
+    text = log.read_text()
+    assert "pre-flight: 1 of 2 node(s) cannot run their part of this run" in text, text[-4000:]
+    assert re.search(
+        rf"node {re.escape(LEARNER_IP)} \(host \S+; learner workers\) lacks:\n    - run folder ", text
+    )
+    assert "storage every node mounts at the same path" in text
+    assert re.search(rf"node {re.escape(HEAD_IP)} \(host \S+; rollout workers\): ready", text)
+    assert "rollout worker 0:" not in text  # no engine started, no model loaded
+    run_folder = folder / "driver" / "rel" / "run"
+    assert sorted(p.name for p in run_folder.iterdir()) == ["config.yaml"], text[-2000:]  # nothing trained
+    assert time.monotonic() - started < 300
 
 
 def test_an_engine_binds_its_own_nodes_address_the_sender_its_own(monkeypatch) -> None:

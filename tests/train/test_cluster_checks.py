@@ -89,7 +89,7 @@ def test_micro_batch_normalisation_over_longest_first_packing_warns_with_its_eff
             overrides=["rl.loss.normalization=micro-batch", "rl.learner.micro_batch_packing=balanced"],
         )
         load_config(recipe="tiny")  # global normalisation
-        load_config(recipe="qwen2.5-7b-tir-stare-c2")  # micro-batch over balanced packing
+        load_config(recipe="qwen2.5-7b-tir-stare-c2")  # micro-batch over verl packing
     assert MICRO_BATCH_SKEW not in caplog.text
 
 

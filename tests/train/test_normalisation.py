@@ -217,14 +217,13 @@ def test_the_paper_recipes_train_as_the_official_code_and_the_others_keep_the_de
     for name in (
         "qwen2.5-7b-tir-stare-c2",
         "qwen2.5-7b-tir-grpo-ds",
-        "simpletir-qwen2.5-7b",
+        "qwen2.5-7b-zero-tir-grpo-ds",
         "short-cot-qwen2.5-math-7b",
     ):
         config = load_config(recipe=name)
         algorithm = config.algorithm()
         assert (algorithm.loss.normalization, algorithm.one_member_groups) == ("micro-batch", "keep"), name
-        packing = "verl" if "-cot-" in name else "balanced"  # the CoT recipes: the official script's own
-        assert config.rl.learner.micro_batch_packing == packing, name
+        assert config.rl.learner.micro_batch_packing == "verl", name  # the official script's own
         assert algorithm.stare is None or algorithm.stare.initial_on, name
     tiny = load_config(recipe="tiny")
     algorithm = tiny.algorithm()

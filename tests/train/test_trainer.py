@@ -432,7 +432,7 @@ def test_refill_rounds_draw_a_multiple_of_the_batch_and_a_short_step_says_so(tmp
     paper = (
         "qwen2.5-7b-tir-stare-c2",
         "qwen2.5-7b-tir-grpo-ds",
-        "simpletir-qwen2.5-7b",
+        "qwen2.5-7b-zero-tir-grpo-ds",
         "short-cot-qwen2.5-math-7b",
     )
     for recipe in paper:

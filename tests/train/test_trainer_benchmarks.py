@@ -172,6 +172,33 @@ def test_benchmark_names_resolve_in_eval_data_dir(tmp_path):
         load_config(recipe="tiny", overrides=[f"eval.data_dir={data}", "eval.benchmarks=[aime25]"])
 
 
+def test_without_a_data_folder_benchmark_names_are_looked_up_when_the_run_starts(tmp_path, monkeypatch):
+    """A config shown or checked before the data is fetched loads; the run refuses before any work, naming the
+    entry and the key that points at the data."""
+    import stare_agents.eval.benchmarks as benchmarks
+
+    monkeypatch.delenv("STARE_DATA_DIR", raising=False)
+    monkeypatch.setattr(benchmarks, "default_data_dir", lambda: tmp_path / "nowhere")
+    config = tiny(tmp_path / "run", "eval.benchmarks=[{benchmark: aime24, protocol: arith}]")
+    assert config.eval.benchmarks[0].benchmark == "aime24"
+    with pytest.raises(ValueError, match=r"eval.benchmarks\[0\].benchmark = 'aime24': .*eval.data_dir=DIR"):
+        Trainer(config).evaluation.benchmarks()
+    with pytest.raises(ValueError, match=r"eval.benchmarks\[0\].benchmark = 'frobnicate': unknown benchmark"):
+        tiny(tmp_path / "run", "eval.benchmarks=[frobnicate]")  # what is not a name is still checked at load
+
+
+def test_a_dataset_without_a_held_out_part_trains_when_only_benchmarks_evaluate(tmp_path):
+    """eval.num_tasks=0 (the paper recipes): the run's checks never ask the training set for a held-out split."""
+    from stare_agents.train.config import check_run
+
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"problem": f"{i} + {i}?", "answer": str(2 * i)}) + "\n" for i in range(4)))
+    env = ["env.id=stare_agents/MathCoT-v0", f"env.kwargs={{dataset: {data}}}"]
+    check_run(tiny(tmp_path / "a", *env, "eval.num_tasks=0"))
+    with pytest.raises(ValueError, match="no held-out part"):
+        check_run(tiny(tmp_path / "b", *env, "eval.num_tasks=2"))
+
+
 def test_dataset_environments_are_never_evaluated_on_their_training_problems(tmp_path):
     data = tmp_path / "train.jsonl"
     rows = [{"id": f"p{i}", "problem": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(40)]
@@ -208,7 +235,7 @@ def test_dataset_environments_are_never_evaluated_on_their_training_problems(tmp
     [
         "qwen2.5-7b-tir-stare-c2",
         "qwen2.5-7b-tir-grpo-ds",
-        "simpletir-qwen2.5-7b",
+        "qwen2.5-7b-zero-tir-grpo-ds",
         "short-cot-qwen2.5-math-7b",
         "long-cot-r1-distill-qwen-1.5b",
         "long-cot-qwen3-8b",

@@ -16,7 +16,7 @@ def test_every_recipe_loads_and_builds_its_algorithm():
         "smollm2-arith",
         "qwen2.5-7b-tir-stare-c2",
         "qwen2.5-7b-tir-grpo-ds",
-        "simpletir-qwen2.5-7b",
+        "qwen2.5-7b-zero-tir-grpo-ds",
     } <= set(names)
     assert {"short-cot-qwen2.5-math-7b", "long-cot-r1-distill-qwen-1.5b", "long-cot-qwen3-8b"} <= set(names)
     for name in names:
@@ -39,7 +39,7 @@ def test_the_paper_tool_use_recipes_hold_the_paper_settings():
     assert (c2.rollout.temperature, c2.rollout.max_total_tokens, c2.sft.enabled) == (1.0, 3072, True)
     twin = load_config(recipe="qwen2.5-7b-tir-grpo-ds")
     assert twin.algorithm().stare is None and twin.algorithm().name == "grpo-ds"
-    simple = load_config(recipe="simpletir-qwen2.5-7b")
+    simple = load_config(recipe="qwen2.5-7b-zero-tir-grpo-ds")
     assert simple.rl.drop_void_turns and simple.env.kwargs["stateless"] is True
     assert (
         simple.env.kwargs["observation_format"] == "code_execution_result"

