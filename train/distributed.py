@@ -23,11 +23,7 @@ loopback interface whatever the hostname resolves to, and the folder is removed 
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import math
-import os
-import shutil
-import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,13 +49,19 @@ from stare_agents.train.policy import (
     slice_batch,
     split_step,
 )
+from stare_agents.train.rendezvous import (  # noqa: F401 (re-exported: the workers' rendezvous)
+    RENDEZVOUS_PREFIX,
+    RENDEZVOUS_TIMEOUT,
+    join_process_group,
+    loopback_interface,
+    remove_rendezvous,
+    rendezvous_address,
+)
 from stare_agents.train.seqlen_balancing import verl_micro_batches, verl_worker_rows
 from stare_agents.train.sft import SFTConfig, SFTTrainer
 from stare_agents.trajectory import Batch, Trajectory
 
 BACKENDS = ("auto", "gloo", "nccl")
-RENDEZVOUS_PREFIX = "stare-rendezvous-"
-RENDEZVOUS_TIMEOUT = datetime.timedelta(minutes=10)  # the ranks' wait for each other at the rendezvous
 GRADIENT_BUCKET_ELEMENTS = 1 << 24  # gradients are summed in flat buckets of at most this many floats
 
 
@@ -202,61 +204,6 @@ def deal_micro_batches(
 def _masked_copy(mb: MicroBatch) -> MicroBatch:
     batch = Batch(**{**mb.batch.__dict__, "action_mask": torch.zeros_like(mb.batch.action_mask)})
     return MicroBatch(batch, mb.advantages, [], filler=True)
-
-
-def rendezvous_address(host: str) -> str:
-    """Where the ranks of a process group meet, made by rank 0 on its node `host`. On a local Ray (node IP
-    127.0.0.1, so every rank is on this machine) a store file in a fresh private folder (0700): nothing
-    listens for it (torch's TCPStore binds to all interfaces whatever the host); so on any loopback address
-    (127.0.0.0/8: nodes of a rehearsal on one machine, see the README's cluster section). On a cluster, rank 0's
-    store listens on a port of its node's address only (`LearnerWorker.address`), the `tcp://` address."""
-    if not is_loopback(host):
-        raise ValueError(
-            f"rendezvous_address is for loopback hosts; {host!r} is not (see LearnerWorker.address)"
-        )
-    import tempfile
-
-    return "file://" + str(Path(tempfile.mkdtemp(prefix=RENDEZVOUS_PREFIX)) / "store")
-
-
-def loopback_interface() -> str:
-    """The name of this machine's loopback interface ("lo" on Linux, "lo0" on macOS and the BSDs)."""
-    names = {name for _, name in socket.if_nameindex()}
-    for name in ("lo", "lo0"):
-        if name in names:
-            return name
-    raise RuntimeError(
-        f"no loopback interface among {sorted(names)}: cannot keep the learners' sockets local"
-    )
-
-
-def join_process_group(address: str, backend: str, rank: int, world_size: int, *, store: Any = None) -> None:
-    """`dist.init_process_group` for one rank. Where every rank is on this machine (a `file://` rendezvous),
-    gloo's and NCCL's own sockets are bound to the loopback interface first: left alone, gloo binds to the
-    address the hostname resolves to (a LAN address on many cluster and cloud nodes), unauthenticated. On a
-    cluster (`tcp://`) rank 0's store listens on its node's address only (`store`: the one `LearnerWorker.address`
-    opened; made here when not given) and the other ranks connect to it."""
-    if address.startswith("file://"):
-        interface = loopback_interface()
-        os.environ["GLOO_SOCKET_IFNAME"] = interface  # read when the gloo group makes its device
-        os.environ["NCCL_SOCKET_IFNAME"] = interface  # NCCL's bootstrap and, between processes, its sockets
-    if address.startswith("tcp://"):
-        host, _, port = address.removeprefix("tcp://").rpartition(":")
-        if store is None and rank == 0:  # an address given without its store: it listens from here
-            store = listening_store(host, world_size, RENDEZVOUS_TIMEOUT, port=int(port))
-        elif store is None:
-            store = dist.TCPStore(host, int(port), world_size, is_master=False, timeout=RENDEZVOUS_TIMEOUT)
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size)
-        return
-    dist.init_process_group(backend, init_method=address, rank=rank, world_size=world_size)
-
-
-def remove_rendezvous(address: str) -> None:
-    """Remove the folder of a `file://` rendezvous (`rendezvous_address`'s) once every rank has left."""
-    if address.startswith("file://"):
-        folder = Path(address.removeprefix("file://")).parent
-        if folder.name.startswith(RENDEZVOUS_PREFIX):
-            shutil.rmtree(folder, ignore_errors=True)
 
 
 class LearnerWorker:
