@@ -215,7 +215,7 @@ def replay_main(args: argparse.Namespace, argv: list[str]) -> None:
     from stare_agents.train.config import load_config
     from stare_agents.train.entropy_probe import AdamStep, EntropyProbe, PartWeights
     from stare_agents.train.learner import Learner
-    from stare_agents.train.rl_loop import entropy_of_all
+    from stare_agents.train.rl_loop import untrained
     from stare_agents.trajectory import collate
 
     run, model_dir, out_dir = Path(args.replay), Path(args.model), Path(args.out_dir)
@@ -293,13 +293,13 @@ def replay_main(args: argparse.Namespace, argv: list[str]) -> None:
             probe.part_grads = {}
             release_memory()
             before = torch.cat([p.detach().flatten().clone() for p in probe.params])
-        entropy_all = entropy_of_all(config, learner, saved.sampled, saved.kept, algorithm)
-        metrics = learner.step(batch, saved.advantages, others_entropy=entropy_all if reads_all else None)
+        others = untrained(saved.sampled, saved.kept) if reads_all else []  # scored by the learner for its gate
+        metrics = learner.step(batch, saved.advantages, others=collate(others, pad_token_id=0) if others else None)
         if probing:
             delta = torch.cat([p.detach().flatten() for p in probe.params]) - before
             del before
             on = bool(learner.gate_on)
-            reweighting = learner.reweighting
+            reweighting = learner.reweighting.method  # the STARE method (w, m) or None
             weights = (
                 PartWeights.stare(stare.variant, reweighting.w, reweighting.m)
                 if on and reweighting

@@ -36,7 +36,7 @@ def test_sft_model_goes_to_the_engines_only_for_a_held_out_evaluation(
     monkeypatch.setattr(
         trainer.evaluation,
         "evaluate",
-        lambda workers, n=None: evaluated.append(n) or {"per_task": {"t0": 1.0}, "tasks": 1},
+        lambda workers, n=None, point=None: evaluated.append(n) or {"per_task": {"t0": 1.0}, "tasks": 1},
     )
 
     def reinforce(start, algorithm, folder, key, version):  # the engines end on the arm's weights

@@ -147,7 +147,7 @@ def with_every_tokens_figures(folder: Path, step: int, out: Path) -> Path:
     saved = read_rollouts(folder, step=step)
     for s in saved:
         mask, rollout = s.trajectory.action_mask, s.trajectory.rollout_logprobs
-        if s.learner_logprobs is None:
+        if s.learner_logprobs is None or s.status == "dropped":  # a known mismatch (the learner may score them)
             s.learner_logprobs = [lp - 0.2 if bit else 0.0 for lp, bit in zip(rollout, mask, strict=True)]
             s.learner_entropy = [0.5 if bit else 0.0 for bit in mask]
         s.learner_phi = [(-0.01 if k % 3 == 0 else 0.02) if bit else 0.0 for k, bit in enumerate(mask)]
