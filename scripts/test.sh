@@ -18,4 +18,5 @@ if [ "${STARE_PROVISION_BROWSER:-1}" != 0 ] && [ "$(id -u)" = 0 ] && command -v 
   bash scripts/provision_browser.sh
 fi
 "$PY" -m ruff check .
-exec "$PY" -m pytest "$@"
+# --durations=25: the 25 slowest by wall time, and (tests/cost_ratchet.py) the 25 costliest by CPU
+exec "$PY" -m pytest --durations=25 "$@"

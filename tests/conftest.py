@@ -1,7 +1,70 @@
-"""Fixtures shared across the test folders."""
+"""Settings and fixtures for the whole suite: compute threads, the test-cost ratchet (tests/cost_ratchet.py), the
+models, runs and the wheel that tests across the folders share.
+
+Threads: one OpenMP/MKL/BLAS thread per process unless the caller says otherwise. The suite's models are tiny
+(a second thread buys nothing on their matrices) and many tests run several processes at once -- a trainer
+beside its engine workers, two learner ranks, environment and grader processes -- which, with one thread per
+core each, would ask for 4-6 threads on CI's two cores. Set here, before anything imports torch, so the
+processes the tests start (CLI runs, Ray workers, engines) inherit it; the rollout workers still set their
+engine's own count (OMP_NUM_THREADS = the actor's CPUs). A test that is one big computation alone may take the
+cores back with `all_cores()` (tests/support.py).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import NamedTuple
 
 import pytest
-from wheel_support import InstalledWheel, build_and_install
+
+for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    os.environ.setdefault(_name, "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # its thread pool would be one more per process
+
+from cost_ratchet import CostRatchet  # noqa: E402
+from wheel_support import InstalledWheel, build_and_install  # noqa: E402
+
+
+def pytest_configure(config) -> None:
+    config.pluginmanager.register(CostRatchet(), "cost_ratchet")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny random model (stare_agents.models), prepared once for the session."""
+    from stare_agents.models import prepare_model
+
+    return prepare_model("tiny", out=tmp_path_factory.mktemp("models") / "tiny")
+
+
+@pytest.fixture(scope="session")
+def toolcaller_model(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny "tool caller" (tests/rollout_support.py), fine-tuned once for the rollout and evaluation tests."""
+    from rollout_support import train_toolcaller
+
+    return train_toolcaller(tiny_model, tmp_path_factory.mktemp("models") / "toolcaller")
+
+
+class TinyRun(NamedTuple):
+    folder: Path
+    summary: dict
+
+
+@pytest.fixture(scope="session")
+def tiny_two_step_run(tmp_path_factory: pytest.TempPathFactory) -> TinyRun:
+    """A finished run of the tiny recipe as it is (SFT, two RL steps, a checkpoint after each, the held-out
+    evaluations) on the local sandbox, for the tests that only read a run folder (tests/train, tests/viewer).
+    Write nothing into it but what `stare-agents show` adds (rollouts.html)."""
+    from stare_agents.train.config import load_config
+    from stare_agents.train.trainer import train
+
+    folder = tmp_path_factory.mktemp("tiny-two-step") / "run"
+    overrides = [f"out_dir={folder}", "rollout.sandbox=local", "rl.steps=2"]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("STARE_ALLOW_LOCAL_SANDBOX", "1")  # the acknowledgement the local sandbox asks for
+        summary = train(load_config(recipe="tiny", overrides=overrides))
+    return TinyRun(folder, summary)
 
 
 @pytest.fixture(scope="session")

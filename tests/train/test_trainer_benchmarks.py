@@ -94,10 +94,8 @@ def test_a_tiny_run_evaluates_its_benchmarks_every_n_steps_and_at_the_end(tmp_pa
     assert [e.step for e in events.Scalars("benchmark/mini/avg@2")] == [1, 2]
 
 
-def test_every_checkpoint_is_a_model_folder_eval_accepts_and_resume_reads(tmp_path):
-    config = tiny(tmp_path / "run", "rl.steps=2", "checkpoint.every=1", "checkpoint.keep_last=2")
-    train(config)
-    folder = tmp_path / "run"
+def test_every_checkpoint_is_a_model_folder_eval_accepts_and_resume_reads(tmp_path, tiny_two_step_run):
+    folder = tiny_two_step_run.folder  # the tiny recipe's checkpoint.every=1, keep_last=2; two RL steps
     assert [step for step, _ in list_checkpoints(folder)] == [1, 2]
     first, last = (path for _, path in list_checkpoints(folder))
     assert last == latest_checkpoint(folder) and last.name == "step-00000002" and last.is_dir()

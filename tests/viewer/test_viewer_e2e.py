@@ -14,19 +14,13 @@ from stare_agents.cli import app
 from stare_agents.records import read_records
 from stare_agents.rollout_log import read_rollouts, saved_steps
 from stare_agents.train.config import load_config
-from stare_agents.train.trainer import train
 
 
 @pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory) -> Path:
-    from support import docker_sandbox
-
-    with docker_sandbox(1):
-        pass  # skips (or fails under CI=true) without Docker and the sandbox image
-    folder = tmp_path_factory.mktemp("e2e") / "run"
-    # target entropy 10: the gate is on every step, so STARE reweights tokens the page must show
-    train(load_config(recipe="tiny", overrides=[f"out_dir={folder}", "rl.steps=2", "eval.num_tasks=2"]))
-    return folder
+def tiny_run(tiny_two_step_run) -> Path:
+    """The suite's two-step tiny run (tests/conftest.py). Target entropy 10: the gate is on every step, so
+    STARE reweights tokens the page must show."""
+    return tiny_two_step_run.folder
 
 
 def test_a_training_run_saves_every_trajectory_with_the_learners_outputs(tiny_run: Path):
