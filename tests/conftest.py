@@ -23,11 +23,36 @@ for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # its thread pool would be one more per process
 
 from cost_ratchet import CostRatchet  # noqa: E402
+from support import SharedRay  # noqa: E402
 from wheel_support import InstalledWheel, build_and_install  # noqa: E402
+
+SHARED_RAY = SharedRay()
 
 
 def pytest_configure(config) -> None:
     config.pluginmanager.register(CostRatchet(), "cost_ratchet")
+
+
+RAY_MODULES: set[Path] = set()  # the test modules with a test that uses `local_ray`
+
+
+@pytest.fixture(scope="module")
+def local_ray(request: pytest.FixtureRequest):
+    """A private local Ray (stare_agents.rollout.local_ray, 4 logical CPUs), one for all the consecutive modules
+    that ask for it (tests/support.py: SharedRay); stopped before the first test of a module that does not, so
+    no other test finds a Ray it did not ask for. Close the actors you start."""
+    return SHARED_RAY.start()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    RAY_MODULES.update(item.path for item in items if "local_ray" in getattr(item, "fixturenames", ()))
+
+
+@pytest.hookimpl(trylast=True)  # after the module's own fixtures (actors, groups) are torn down
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Stop the shared Ray when the next test's module does not use it."""
+    if SHARED_RAY.running and (nextitem is None or nextitem.path not in RAY_MODULES):
+        SHARED_RAY.stop()
 
 
 @pytest.fixture(scope="session")

@@ -4,8 +4,8 @@ that may shrink, never grow (`tests/test_cost_ratchet.py` pins its length).
 What a test costs: the CPU time (user + system) of the pytest process and of every process it started, directly
 or not, alive or ended, over the test's setup, call and teardown -- less the setup and teardown of the fixtures
 that several tests share (class, module, package or session scope: an engine, a Ray cluster, a prepared model).
-Each of those is measured on its own, under the name `fixture <name> (<scope> of <where>)`, and held to the same
-limit, so a test does not pay for an engine only because it happened to run first.
+Each instance of those is measured on its own, as `fixture <name> (<scope> <module or session>)`, and held to the
+same limit, so a test does not pay for an engine only because it happened to run first.
 
 Why CPU time and not wall time: CI and the engineers' machines are shared with long training runs, and on two
 cores a test's wall time grows with the load around it (measured: 3-9x under a load average of 15), while the
@@ -135,7 +135,7 @@ class CostRatchet:
             return (yield)
         finally:
             nested = self._nested.pop()
-            spent = self._add(fixture_name(fixturedef), start, less=nested)
+            spent = self._add(fixture_name(fixturedef, request), start, less=nested)
             outer = self._nested[-1] if self._nested else self._shared
             outer.cpu_s += spent.cpu_s
             outer.wall_s += spent.wall_s
@@ -147,7 +147,7 @@ class CostRatchet:
     ) -> None:
         start = self._teardown_started.pop(id(fixturedef), None)
         if start is not None:
-            spent = self._add(fixture_name(fixturedef), start)
+            spent = self._add(fixture_name(fixturedef, request), start)
             self._shared.cpu_s += spent.cpu_s
             self._shared.wall_s += spent.wall_s
 
@@ -183,9 +183,11 @@ class CostRatchet:
         count = config.option.durations
         if count is not None:
             ranked = sorted(self.costs.items(), key=lambda pair: -pair[1].cpu_s)
-            terminalreporter.write_sep(
-                "=", f"costliest {count or len(ranked)} by CPU (process tree; tests/cost_ratchet.py)"
+            total = sum(cost.cpu_s for cost in self.costs.values())
+            title = (
+                f"costliest {count or len(ranked)} by CPU (process tree; all {len(ranked)}: {total:.0f} s)"
             )
+            terminalreporter.write_sep("=", title)
             for name, cost in ranked[: count or None]:
                 write(f"{cost.cpu_s:8.2f}s cpu {cost.wall_s:8.2f}s wall  {name}")
         if self.below():
@@ -206,5 +208,7 @@ class CostRatchet:
             )
 
 
-def fixture_name(fixturedef: pytest.FixtureDef) -> str:
-    return f"fixture {fixturedef.argname} ({fixturedef.scope} of {fixturedef.baseid or '<root>'})"
+def fixture_name(fixturedef: pytest.FixtureDef, request: pytest.FixtureRequest) -> str:
+    """The name a shared fixture's cost is reported under: one per instance (a module-scoped fixture of a
+    conftest is set up once in each module that asks for it)."""
+    return f"fixture {fixturedef.argname} ({fixturedef.scope} {request.node.nodeid or 'session'})"

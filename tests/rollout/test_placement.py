@@ -4,27 +4,20 @@ cluster cannot satisfy is a clear error, not a hang."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 
 import pytest
-from support import require
 
 from stare_agents.rollout import RolloutWorkerGroup, WorkerSpec
 from stare_agents.rollout.placement import reserve
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
-    require(importlib.util.find_spec("ray") is not None, "Ray", "a dependency of stare-agents")
-    import ray
-
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    ray.cloudpickle.register_pickle_by_value(
-        sys.modules[__name__]
-    )  # _groups_of's function runs in the actors
-    yield ray
-    ray.shutdown()
+def ray_cluster(local_ray):
+    """The folder's shared local Ray (4 CPUs, one node: tests/conftest.py); _groups_of's function runs in its
+    actors."""
+    local_ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    return local_ray
 
 
 def _groups_of(ray, actors) -> list[str | None]:

@@ -4,7 +4,6 @@ plans, the bucketed broadcast, the engines' loaders, version checks, a replaced 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import sys
 import threading
 from pathlib import Path
@@ -234,14 +233,10 @@ def test_a_bfloat16_engine_samples_from_the_weights_it_was_sent(tiny_model: Path
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
-    require(importlib.util.find_spec("ray") is not None, "Ray", "a dependency of stare-agents")
-    import ray
-
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the helpers below run in the actors
-    yield ray
-    ray.shutdown()
+def ray_cluster(local_ray):
+    """The folder's shared local Ray (4 CPUs: tests/conftest.py); the helpers below run in its actors."""
+    local_ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    return local_ray
 
 
 def test_fsdp_learner_workers_sync_two_rollout_workers_and_a_replaced_one_catches_up(ray_cluster, tiny_model):

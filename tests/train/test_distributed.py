@@ -6,12 +6,9 @@ floats differ in the last bits; a real difference (a lost micro-batch, a wrong n
 parameters by ~1e-3.
 """
 
-import importlib.util
-
 import pytest
 import torch
 from learner_support import assert_same_metrics, make_learner, max_param_diff, rollouts, step_inputs
-from support import require
 
 from stare_agents.algo import AlgorithmConfig, StareConfig
 from stare_agents.train.distributed import DistributedConfig, LearnerGroup, deal_micro_batches
@@ -20,13 +17,9 @@ from stare_agents.train.policy import OptimizerConfig, split_step
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
-    require(importlib.util.find_spec("ray") is not None, "Ray", "a dependency of stare-agents")
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
+def ray_cluster(local_ray):
+    """The folder's shared local Ray (tests/conftest.py)."""
+    return local_ray
 
 
 def _config():

@@ -125,33 +125,22 @@ def test_a_local_learner_group_listens_on_loopback_only_when_the_hostname_resolv
     assert report["mode"] == "0o700" and not report["left"], report
 
 
-CLOSE = r"""
-import glob, json, sys, tempfile
-from stare_agents.algo import AlgorithmConfig
-from stare_agents.rollout.local_ray import init_local_ray
-from stare_agents.train.distributed import DistributedConfig, LearnerGroup
-from stare_agents.train.learner import LearnerConfig
-
-init_local_ray(num_cpus=2, log_to_driver=False)
-before = set(glob.glob(tempfile.gettempdir() + "/stare-rendezvous-*"))
-group = LearnerGroup(sys.argv[1], AlgorithmConfig.preset("grpo"), LearnerConfig(), DistributedConfig(num_workers=2))
-made = set(glob.glob(tempfile.gettempdir() + "/stare-rendezvous-*")) - before
-group.close()
-print(json.dumps({"made": sorted(made), "left": sorted(p for p in made if glob.glob(p))}))
-"""
-
-
 @pytest.mark.ray
-def test_a_local_learner_groups_rendezvous_folder_is_gone_after_close(tiny_model_dir):
-    """The real group on a local Ray: rank 0 made the folder, and `close` removes it once every rank left."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(
-        [sys.executable, "-c", CLOSE, str(tiny_model_dir)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
+def test_a_local_learner_groups_rendezvous_folder_is_gone_after_close(local_ray, tiny_model_dir):
+    """The real group on a local Ray (the folder's shared one, tests/conftest.py): rank 0 made the folder, and
+    `close` removes it once every rank left."""
+    import glob
+    import tempfile
+
+    from stare_agents.algo import AlgorithmConfig
+    from stare_agents.train.distributed import DistributedConfig, LearnerGroup
+    from stare_agents.train.learner import LearnerConfig
+
+    pattern = tempfile.gettempdir() + "/stare-rendezvous-*"
+    before = set(glob.glob(pattern))
+    group = LearnerGroup(
+        str(tiny_model_dir), AlgorithmConfig.preset("grpo"), LearnerConfig(), DistributedConfig(num_workers=2)
     )
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout.splitlines()[-1])
-    assert len(report["made"]) == 1 and report["left"] == [], report
+    made = set(glob.glob(pattern)) - before
+    group.close()
+    assert len(made) == 1 and [path for path in made if glob.glob(path)] == [], made

@@ -27,7 +27,15 @@ from stare_agents.train.trainer import train
 TIMING = ("time/", "learner/step_s", "learner/pre_update_s", "learner/tokens_per_s", "rollout/tokens_per_s")
 
 
-COIN = ["env.id=tests/Coin-v0", "env.kwargs={}", "env.imports=[coin_env]", "sft.enabled=false"]
+# the coin environment has no tool, so no sandbox is started for it (measured: the same metrics, ~1.4 s of CPU
+# and a pool's start less a run)
+COIN = [
+    "env.id=tests/Coin-v0",
+    "env.kwargs={}",
+    "env.imports=[coin_env]",
+    "sft.enabled=false",
+    "rollout.sandbox=none",
+]
 
 
 @pytest.fixture(autouse=True)
@@ -264,16 +272,12 @@ def test_weights_over_the_collective_train_the_same_run_as_through_the_driver(tm
     assert runs["collective"] == runs["driver"]
 
 
-def test_a_data_parallel_learner_runs_sft_and_rl_on_its_workers(tmp_path):
+def test_a_data_parallel_learner_runs_sft_and_rl_on_its_workers(tmp_path, local_ray):
     """rl.learner_workers=2: SFT and RL both on two gloo learner workers (Ray actors), weights to the engine
-    over the sync group (weight_sync auto picks the collective for a learner group)."""
-    import ray
-
+    over the sync group (weight_sync auto picks the collective for a learner group). The run finds the folder's
+    shared Ray started (tests/conftest.py) and uses it, as a run does any Ray this process has."""
     folder = tmp_path / "dp"
-    try:
-        summary = train(tiny(folder, "rl.steps=2", "rl.learner_workers=2", "eval.num_tasks=2"))
-    finally:
-        ray.shutdown()
+    summary = train(tiny(folder, "rl.steps=2", "rl.learner_workers=2", "eval.num_tasks=2"))
     assert set(summary["accuracy"]) == {"base", "sft", "rl"}
     assert read_records(folder / "metrics.jsonl", "sft-step")  # SFT ran (on the group) and logged its steps
     records = read_records(folder / "metrics.jsonl", "rl")
@@ -318,44 +322,41 @@ def test_a_pipelined_run_needs_truncated_importance_sampling():
         load_config(recipe="tiny", overrides=["rl.pipeline=one-step"])
 
 
-def test_a_data_parallel_run_resumes_from_its_sharded_checkpoints(tmp_path, monkeypatch):
+def test_a_data_parallel_run_resumes_from_its_sharded_checkpoints(tmp_path, monkeypatch, local_ray):
     """rl.learner_workers=2: checkpoints hold each worker's shards (learner_shards/) and the small rest of
-    the state; a run that dies after its step-2 checkpoint and is resumed equals an uninterrupted run."""
+    the state; a run that dies after its step-2 checkpoint and is resumed equals an uninterrupted run (all three on
+    the folder's shared Ray, tests/conftest.py)."""
     import coin_env  # noqa: F401
-    import ray
 
     from stare_agents.train.rl_loop import RLLoop
 
     args = [*COIN, "rl.learner_workers=2", "eval.num_tasks=2", "rl.steps=3"]
-    try:
-        reference = tmp_path / "reference"
-        train(tiny(reference, *args))
-        stopped = tmp_path / "stopped"
-        original = RLLoop.step
+    reference = tmp_path / "reference"
+    train(tiny(reference, *args))
+    stopped = tmp_path / "stopped"
+    original = RLLoop.step
 
-        def dies_at_step_2(self, step, *rest):
-            if step == 2:
-                raise KeyboardInterrupt("killed after the step-2 checkpoint")
-            return original(self, step, *rest)
+    def dies_at_step_2(self, step, *rest):
+        if step == 2:
+            raise KeyboardInterrupt("killed after the step-2 checkpoint")
+        return original(self, step, *rest)
 
-        monkeypatch.setattr(RLLoop, "step", dies_at_step_2)
-        with pytest.raises(KeyboardInterrupt):
-            train(tiny(stopped, *args))
-        monkeypatch.setattr(RLLoop, "step", original)
-        checkpoint = latest_checkpoint(stopped)
-        state = load_checkpoint(checkpoint)
-        assert state["next_step"] == 2 and state["sharded"] and "model" not in state["learner"]
-        assert (checkpoint / "learner_shards").is_dir()
-        exported = prepare_model(str(checkpoint))  # what `stare-agents eval --model` does with the folder
-        assert exported == checkpoint / "hf_export" and prepare_model(str(checkpoint)) == exported  # once
-        learner_weights = {
-            k.removeprefix("model."): v for k, v in _dcp_model_state(checkpoint / "learner_shards").items()
-        }
-        exported_weights = load_causal_lm(exported).state_dict()
-        assert all(torch.equal(exported_weights[k], learner_weights[k]) for k in learner_weights)
-        train(tiny(stopped, *args), resume=True)
-    finally:
-        ray.shutdown()
+    monkeypatch.setattr(RLLoop, "step", dies_at_step_2)
+    with pytest.raises(KeyboardInterrupt):
+        train(tiny(stopped, *args))
+    monkeypatch.setattr(RLLoop, "step", original)
+    checkpoint = latest_checkpoint(stopped)
+    state = load_checkpoint(checkpoint)
+    assert state["next_step"] == 2 and state["sharded"] and "model" not in state["learner"]
+    assert (checkpoint / "learner_shards").is_dir()
+    exported = prepare_model(str(checkpoint))  # what `stare-agents eval --model` does with the folder
+    assert exported == checkpoint / "hf_export" and prepare_model(str(checkpoint)) == exported  # once
+    learner_weights = {
+        k.removeprefix("model."): v for k, v in _dcp_model_state(checkpoint / "learner_shards").items()
+    }
+    exported_weights = load_causal_lm(exported).state_dict()
+    assert all(torch.equal(exported_weights[k], learner_weights[k]) for k in learner_weights)
+    train(tiny(stopped, *args), resume=True)
     first = [comparable(r) for r in read_records(reference / "metrics.jsonl", "rl")]
     second = [comparable(r) for r in read_records(stopped / "metrics.jsonl", "rl")]
     assert [r["step"] for r in second] == [0, 1, 2] and second == first
