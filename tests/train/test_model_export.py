@@ -5,14 +5,12 @@ on gloo; the export against the weights gathered the old way, exactly."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 import torch
 from learner_support import step_inputs
-from support import require
 
 from stare_agents.models import prepare_model
 from stare_agents.sharded_export import export_shards, shard_tensors
@@ -95,13 +93,9 @@ def test_shards_without_a_policy_are_refused(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
-    require(importlib.util.find_spec("ray") is not None, "Ray", "a dependency of stare-agents")
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
+def ray_cluster(local_ray):
+    """The suite's shared local Ray (tests/conftest.py)."""
+    return local_ray
 
 
 @pytest.mark.ray
