@@ -19,6 +19,7 @@ prepare() {
     grep -qxF "/.whl/" "$(git -C "$here" rev-parse --git-common-dir)/info/exclude" 2>/dev/null \
         || echo "/.whl/" >>"$(git -C "$here" rev-parse --git-common-dir)/info/exclude"
     rm -rf "$wheels" && mkdir -p "$wheels"
+    rm -rf "$here/build"  # setuptools keeps old files there (a renamed recipe would ride along)
     "$py" -m pip wheel --no-deps --quiet -w "$wheels" "$here" || exit 1
     # what the package imports on the device tier's paths that the GPU image lacks (gymnasium, math-verify and
     # their own needs); versions as this project's venv has them

@@ -4,6 +4,7 @@ folder outside the checkout with only that folder (and the venv's dependencies) 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -33,11 +34,33 @@ class InstalledWheel:
         )
 
 
+def source_tree(folder: Path) -> Path:
+    """The checkout's files as a clean clone has them (tracked, or untracked and not ignored), copied into `folder`:
+    a wheel built in the checkout itself would also carry whatever setuptools left in its build/ folder (a recipe
+    renamed since the last build, say). Outside a git checkout (an unpacked sdist): the checkout itself."""
+    if not (REPO / ".git").exists():
+        return REPO
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        check=True,
+    ).stdout.decode()
+    for name in filter(None, listed.split("\0")):
+        source = REPO / name
+        if source.is_file():  # a file deleted but not yet staged is listed too
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, folder / name)
+    return folder
+
+
 def build_and_install(folder: Path) -> InstalledWheel:
-    """`pip wheel --no-deps` of the checkout, then `pip install --no-deps --target` of that wheel."""
+    """`pip wheel --no-deps` of the checkout's files (`source_tree`), then `pip install --no-deps --target` of that
+    wheel."""
     wheels, target = folder / "wheels", folder / "site"
+    source = source_tree(folder / "source")
     built = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(wheels), str(REPO)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(wheels), str(source)],
         capture_output=True,
         text=True,
         timeout=900,

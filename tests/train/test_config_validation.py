@@ -293,6 +293,7 @@ def test_gpu_engine_settings_reach_the_vllm_engines_arguments():
         overrides=[
             "rollout.gpu_memory_utilization=0.8",
             "rollout.tensor_parallel_size=2",
+            "rollout.num_gpus_per_worker=2",  # an engine sharded over 2 GPUs needs a worker holding 2
             "rollout.max_num_seqs=64",
             "rollout.engine_kwargs.enable_chunked_prefill=false",
         ]
@@ -387,7 +388,10 @@ def test_the_learners_derived_fields_are_not_settings(tmp_path):
             load_config(recipe="tiny", overrides=[f"rl.learner.{key}={value}"])
     config = load_config(recipe="tiny", overrides=["rollout.temperature=0.6"])
     assert config.rl.learner.temperature == 0.6 and config.rl.learner.fp32_head is False
-    assert load_config(recipe="tiny", overrides=["logging.entropy_all=false"]).rl.learner.score_untrained is False
+    assert (
+        load_config(recipe="tiny", overrides=["logging.entropy_all=false"]).rl.learner.score_untrained
+        is False
+    )
     text = config.to_yaml()
     learner = yaml.safe_load(text)["rl"]["learner"]
     assert not {"temperature", "fp32_head", "device", "score_untrained"} & set(learner)
@@ -416,7 +420,9 @@ def _written(path: Path, text: str) -> Path:
     ],
 )
 def test_the_learners_word_sets_are_literals_that_list_what_is_allowed(key, value, allowed):
-    with pytest.raises(ValueError, match=rf"^{re.escape(key)}='{value}': allowed: {re.escape(allowed)}(; did you|$)"):
+    with pytest.raises(
+        ValueError, match=rf"^{re.escape(key)}='{value}': allowed: {re.escape(allowed)}(; did you|$)"
+    ):
         load_config(recipe="tiny", overrides=[f"{key}={value}"])
 
 
@@ -542,9 +548,10 @@ def test_every_rollout_setting_reaches_the_workers_or_the_trainer():
         config = load_config(recipe="tiny", overrides=["rollout.engine=vllm", *overrides])
         return config.worker_spec("m"), config.rollout_config(), config.rollout_config(evaluation=True)
 
-    default = built()
+    needs = {"tensor_parallel_size": ("rollout.num_gpus_per_worker=2",)}  # a sharded engine needs its GPUs
     for name, value in ROLLOUT_VALUES.items():
-        assert built(f"rollout.{name}={value}") != default, name
+        given = needs.get(name, ())
+        assert built(*given, f"rollout.{name}={value}") != built(*given), name
     with_processes = ("rollout.use_ray=true", "rollout.env_processes=1")
     assert built(*with_processes, "rollout.env_cpus=[0]") != built(*with_processes)
     with pytest.raises(ValueError, match="top_p"):
