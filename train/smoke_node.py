@@ -37,10 +37,26 @@ def _node_ray() -> Any:
     return ray
 
 
+def gpu_engine_spec(model_dir: Path, *, gpus: int) -> Any:
+    """A float32 vLLM engine of the tiny model on `gpus` GPUs (tensor parallel over them), no sandbox."""
+    from stare_agents.rollout import WorkerSpec  # here: the device tier's machines may lack Ray and vLLM
+
+    kwargs = {"tensor_parallel_size": gpus} if gpus > 1 else {}
+    return WorkerSpec(
+        model=str(model_dir),
+        engine="vllm",
+        dtype="float32",
+        max_model_len=256,
+        sandbox="none",
+        num_gpus=gpus,
+        engine_kwargs={**kwargs, "gpu_memory_utilization": 0.3},
+    )
+
+
 def _vllm_pair(work: Path) -> tuple[Any, Any, Any]:
     """A learner on one GPU (a Ray actor) and a vLLM rollout worker on another, NCCL between them."""
     from stare_agents.algo import AlgorithmConfig
-    from stare_agents.rollout import RolloutWorkerGroup, WorkerSpec
+    from stare_agents.rollout import RolloutWorkerGroup
     from stare_agents.train.distributed import DistributedConfig, LearnerGroup
     from stare_agents.train.learner import LearnerConfig
 
@@ -52,16 +68,7 @@ def _vllm_pair(work: Path) -> tuple[Any, Any, Any]:
         LearnerConfig(),
         DistributedConfig(num_workers=1, num_gpus_per_worker=1),
     )
-    spec = WorkerSpec(
-        model=str(model_dir),
-        engine="vllm",
-        dtype="float32",
-        max_model_len=256,
-        sandbox="none",
-        num_gpus=1,
-        engine_kwargs={"gpu_memory_utilization": 0.3},
-    )
-    return ray, learner, RolloutWorkerGroup(spec, use_ray=True)
+    return ray, learner, RolloutWorkerGroup(gpu_engine_spec(model_dir, gpus=1), use_ray=True)
 
 
 def _remote_gap(ray: Any, learner: Any, group: Any) -> float:
@@ -146,23 +153,14 @@ def check_tensor_parallel(opts: argparse.Namespace, work: Path) -> dict[str, Any
     """One rollout worker on two GPUs with tensor_parallel_size 2 (vLLM's multiprocessing executor inside the
     Ray actor: its Ray executor fails in the actor's one placement bundle); new weights reach both shards: the
     engine's sampling log-probs match the same weights' on the CPU."""
-    from stare_agents.rollout import RolloutWorkerGroup, WorkerSpec
+    from stare_agents.rollout import RolloutWorkerGroup
     from stare_agents.train.policy import load_causal_lm
 
     ray = _node_ray()
     model_dir = tiny_model(work)  # 2 attention heads: one a GPU
     model = load_causal_lm(model_dir)  # float32, on the CPU
     perturb(model, 3)  # weights the engine did not load: they must come through the push
-    spec = WorkerSpec(
-        model=str(model_dir),
-        engine="vllm",
-        dtype="float32",
-        max_model_len=256,
-        sandbox="none",
-        num_gpus=2,
-        engine_kwargs={"tensor_parallel_size": 2, "gpu_memory_utilization": 0.3},
-    )
-    group = RolloutWorkerGroup(spec, use_ray=True)
+    group = RolloutWorkerGroup(gpu_engine_spec(model_dir, gpus=2), use_ray=True)
     try:
         started = time.perf_counter()
         group.update_weights(model.state_dict(), version=1)
