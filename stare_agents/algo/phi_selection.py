@@ -21,6 +21,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from stare_agents.algo.random_tokens import SeededDraws
 from stare_agents.algo.stare import Stare, StareConfig, broadcast_advantages, stare_selection
 
 
@@ -71,9 +72,11 @@ class PhiNegative(Stare):
         return phi_negative_selection(_needs_phi("phi-negative", phi), advantages, action_mask)
 
 
-class PhiNegativeRandom(PhiNegative):
+class PhiNegativeRandom(SeededDraws, PhiNegative):
     """The control: as many tokens of T+ as have Phi < 0 there (and of T-), drawn uniformly at random from T+ (T-),
     from a generator seeded with `seed` and saved with the gate's state."""
+
+    drawn_by = "phi-negative-random"
 
     def __init__(self, config: StareConfig | None = None, *, seed: int = 0) -> None:
         super().__init__(config, seed=seed)
@@ -94,15 +97,3 @@ class PhiNegativeRandom(PhiNegative):
             )
             drawn.append(pick)
         return drawn[0], drawn[1]
-
-    def state_dict(self) -> dict:
-        return {**super().state_dict(), "generator": self.generator.get_state()}
-
-    def load_state_dict(self, state: dict) -> None:
-        super().load_state_dict(state)
-        if "generator" not in state:
-            raise ValueError(
-                "the checkpoint's reweighting state has no random generator: it was not written by "
-                "phi-negative-random (resume with the method the checkpoint was trained with)"
-            )
-        self.generator.set_state(state["generator"])
