@@ -178,6 +178,7 @@ def main() -> None:
                     "stray_requests": stray,
                 },
                 indent=1,
+                allow_nan=False,  # strict JSON: a figure that is not a number is an error here
             )
         )
     if stray:
