@@ -18,5 +18,6 @@ if [ "${STARE_PROVISION_BROWSER:-1}" != 0 ] && [ "$(id -u)" = 0 ] && command -v 
   bash scripts/provision_browser.sh
 fi
 "$PY" -m ruff check .
-# --durations=25: the 25 slowest by wall time, and (tests/cost_ratchet.py) the 25 costliest by CPU
-exec "$PY" -m pytest --durations=25 "$@"
+# --durations=25: the 25 slowest by wall time, and (tests/cost_ratchet.py) the 25 costliest by CPU.
+# Two workers, a test file each at a time (tests/conftest.py); `-n 0` after the command runs it in one process.
+exec "$PY" -m pytest --durations=25 -n "${STARE_TEST_WORKERS:-2}" --dist loadfile "$@"

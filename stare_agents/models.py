@@ -135,7 +135,8 @@ def _check_replaceable(target: Path) -> None:
 
 def _atomic_build(target: Path, recipe: dict, build) -> Path:
     """Build into a temporary sibling, then rename: a killed build never leaves a half-written model. The
-    target is replaced only when it is new, empty or a model this module made."""
+    target is replaced only when it is new, empty or a model this module made, and not when a process that built
+    the same recipe at the same time got there first."""
     target = target.expanduser().absolute()
     _check_replaceable(target)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -144,6 +145,8 @@ def _atomic_build(target: Path, recipe: dict, build) -> Path:
         details = build(tmp) or {}
         (tmp / STAMP).write_text(dumps({"recipe": recipe, **details}, indent=2))
         _check_replaceable(target)  # again: something may have appeared while building
+        if _stamp_matches(target, recipe):  # another process built the same model meanwhile: keep its copy,
+            return target  # which it (or a test of it) may be reading now
         if target.exists():
             if any(target.iterdir()):
                 shutil.rmtree(target)  # a model of ours (stamped)

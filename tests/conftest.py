@@ -7,11 +7,19 @@ beside its engine workers, two learner ranks, environment and grader processes -
 core each, would ask for 4-6 threads on CI's two cores. Set here, before anything imports torch, so the
 processes the tests start (CLI runs, Ray workers, engines) inherit it; the rollout workers still set their
 engine's own count (OMP_NUM_THREADS = the actor's CPUs).
+
+Workers: scripts/test.sh runs the suite in two pytest-xdist workers, a test file at a time each (`--dist
+loadfile`: a module's shared engine or Ray stays in one process). Each worker gets a temporary folder of its own
+(TMPDIR, inherited by what it starts), so what one worker's tests make there -- sandbox scratch folders, rendezvous
+files, private Ray folders, `ray start`'s address file -- is never counted, swept or attached to by the other's.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import NamedTuple
 
@@ -20,6 +28,12 @@ import pytest
 for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
     os.environ.setdefault(_name, "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # its thread pool would be one more per process
+
+if os.environ.get("PYTEST_XDIST_WORKER"):  # short: Ray's socket paths under it must stay within 107 bytes
+    _worker_tmp = tempfile.mkdtemp(prefix=f"{os.environ['PYTEST_XDIST_WORKER']}-")
+    os.environ["TMPDIR"] = _worker_tmp
+    tempfile.tempdir = None  # gettempdir() reads TMPDIR again
+    atexit.register(shutil.rmtree, _worker_tmp, ignore_errors=True)
 
 from cost_ratchet import CostRatchet  # noqa: E402
 from support import SharedRay  # noqa: E402

@@ -24,6 +24,11 @@ of the ended children it reaped); ended children of the pytest process through o
 during a test moves its whole CPU time into its parent's children time, where it was counted before the test as a
 live process, so the difference over the test holds only what was used during it. Processes that leave the tree
 (orphans adopted by init) are lost, which can only make a test look cheaper.
+
+Under pytest-xdist (scripts/test.sh runs two workers) each worker measures its own tests and fixtures and hands
+its figures to the controller when it finishes (`workeroutput`); the controller holds them to the limits and prints
+the report. A shared fixture is set up once per worker, so its figures are reported per worker
+(`fixture tiny_model (session session) on gw1`).
 """
 
 from __future__ import annotations
@@ -188,8 +193,20 @@ class CostRatchet:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        workeroutput = getattr(session.config, "workeroutput", None)
+        if workeroutput is not None:  # an xdist worker: the controller judges (pytest_testnodedown)
+            workeroutput["cost_ratchet"] = {name: [c.cpu_s, c.wall_s] for name, c in self.costs.items()}
+            return
         if self.over() and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node, error) -> None:
+        """xdist's controller: take a finished worker's figures (a fixture's under its worker's name)."""
+        worker = node.gateway.id
+        for name, (cpu_s, wall_s) in getattr(node, "workeroutput", {}).get("cost_ratchet", {}).items():
+            key = f"{name} on {worker}" if name.startswith("fixture ") else name
+            self.costs[key] = Cost(cpu_s, wall_s)
 
     def pytest_terminal_summary(self, terminalreporter, exitstatus: int, config: pytest.Config) -> None:
         write = terminalreporter.write_line

@@ -45,7 +45,11 @@ def plugin_on_path(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -
 
 
 def run_inner(
-    pytester: pytest.Pytester, tests: str, allowed: dict[str, float] | None = None, slack: float = 1.0
+    pytester: pytest.Pytester,
+    tests: str,
+    allowed: dict[str, float] | None = None,
+    slack: float = 1.0,
+    args: tuple[str, ...] = (),
 ):
     pytester.makepyfile(burn=BURN, test_inner=tests)
     pytester.makeconftest(
@@ -59,7 +63,7 @@ def pytest_configure(config):
     )
 """
     )
-    return pytester.runpytest_subprocess("-p", "no:cacheprovider", "--durations=5", timeout=120)
+    return pytester.runpytest_subprocess("-p", "no:cacheprovider", "--durations=5", *args, timeout=120)
 
 
 def section(result: pytest.RunResult, title: str) -> list[str]:
@@ -86,6 +90,25 @@ def test_grandchild(): in_grandchild(0.8)
     result.stdout.fnmatch_lines(["*over the test-cost limit (0.4 s of CPU*", "*4 passed*"])
     over = [line.split(":")[2] for line in section(result, "over the test-cost limit")[:-1]]
     assert sorted(over) == ["test_child", "test_grandchild", "test_here"]
+
+
+def test_under_xdist_the_controller_judges_what_every_worker_measured(pytester: pytest.Pytester):
+    """scripts/test.sh runs two xdist workers: a worker's costs reach the controller, which fails the session
+    and names the tests of both workers (a worker alone would print its report nowhere)."""
+    pytester.makepyfile(
+        test_other="from burn import burn\n\ndef test_there(): burn(0.8)\ndef test_fine(): burn(0.05)\n"
+    )
+    result = run_inner(
+        pytester,
+        "from burn import burn, in_child\n\ndef test_here(): burn(0.8)\ndef test_child(): in_child(0.8)\n",
+        args=("-n", "2", "--dist", "loadfile"),
+    )
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["*2 workers*", "*over the test-cost limit (0.4 s of CPU*", "*4 passed*"])
+    over = sorted(line.split(":")[2] for line in section(result, "over the test-cost limit")[:-1])
+    assert over == ["test_child", "test_here", "test_there"]
+    ranked = section(result, "costliest 5 by CPU")
+    assert len(ranked) == 4 and any("test_fine" in line for line in ranked), ranked
 
 
 def test_a_live_child_that_keeps_burning_across_tests_is_charged_to_each_test_for_its_share(

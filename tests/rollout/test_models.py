@@ -32,6 +32,27 @@ def test_tiny_is_deterministic_idempotent_and_loads(tmp_path, tiny_model):
     assert (config.model_type, config.head_dim, config.vocab_size) == ("llama", 64, len(tokenizer))
 
 
+def test_a_build_that_finds_the_same_model_finished_meanwhile_keeps_that_copy(tmp_path, monkeypatch):
+    """Two processes preparing one model at once (two test workers, two runs started together on a fresh
+    cache): the one that finishes second keeps the first one's folder, which the first may be reading, instead
+    of deleting it to put its own in place."""
+    from stare_agents import models
+
+    target = tmp_path / "tiny"
+    real = models.build_tiny_model
+
+    def racing(out):
+        monkeypatch.setattr(models, "build_tiny_model", real)
+        prepare_model("tiny", out=target)  # the other process, finishing first
+        (target / "opened-by-the-other").write_text("")
+        return real(out)
+
+    monkeypatch.setattr(models, "build_tiny_model", racing)
+    assert prepare_model("tiny", out=target) == target
+    assert (target / "opened-by-the-other").exists()  # not replaced under its reader
+    assert [p.name for p in tmp_path.iterdir()] == ["tiny"]  # and the second build left nothing behind
+
+
 def test_unknown_names_and_folders_are_clear_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"no config\.json"):
         prepare_model(str(tmp_path))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -93,7 +94,7 @@ def test_local_code_is_not_root_and_sees_a_scrubbed_environment(confined):
     assert uid != "0" and gid != "0" and groups == "[]"
     assert "STARE_TEST_SECRET" not in names and "hunter2" not in result.stdout
     assert "hunter2" not in parent
-    assert cwd.startswith("/tmp/stare-sandbox-")
+    assert cwd.startswith(os.path.join(tempfile.gettempdir(), "stare-sandbox-"))
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -128,7 +129,8 @@ def test_run_rejects_non_string_code(sandbox):
 
 
 def test_a_killed_host_leaves_no_interpreter_or_folder_behind():
-    before = set(glob.glob("/tmp/stare-sandbox-*"))
+    scratch = os.path.join(tempfile.gettempdir(), "stare-sandbox-*")  # the host's TMPDIR, as the sandbox's
+    before = set(glob.glob(scratch))
     host = subprocess.Popen(
         [
             sys.executable,
@@ -141,14 +143,14 @@ def test_a_killed_host_leaves_no_interpreter_or_folder_behind():
         text=True,
     )
     supervisors = [int(pid) for pid in host.stdout.readline().split()]
-    assert len(supervisors) == 2 and len(set(glob.glob("/tmp/stare-sandbox-*")) - before) == 2
+    assert len(supervisors) == 2 and len(set(glob.glob(scratch)) - before) == 2
     os.kill(host.pid, signal.SIGKILL)
     host.wait()
     deadline = time.monotonic() + 10
     while any(os.path.exists(f"/proc/{pid}") for pid in supervisors) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(os.path.exists(f"/proc/{pid}") for pid in supervisors)  # they end when stdin closes
-    assert set(glob.glob("/tmp/stare-sandbox-*")) - before == set()  # and remove their folders
+    assert set(glob.glob(scratch)) - before == set()  # and remove their folders
 
 
 def test_deep_copy_shares_the_sandbox(sandbox):
