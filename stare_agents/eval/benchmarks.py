@@ -326,8 +326,19 @@ PROTOCOLS: dict[str, Protocol] = {
 }
 
 
-# The default job's task family: `stare-agents envs export stare_agents/ArithmeticTIR-v0 --out FILE` writes
-# its held-out tasks as a benchmark file; this protocol runs them with the environment the model trained in.
+# The default job's task family: `stare-agents envs export stare_agents/ArithmeticTIR-v1 --out FILE` writes
+# its held-out tasks as a benchmark file (the ones the trainer evaluates on); "arith-v1" runs them with the
+# environment and token budgets the default job (train/recipes/smollm2-arith.yaml) trains and evaluates with.
+# "arith" is the same for ArithmeticTIR-v0, the environment of the runs before it.
+PROTOCOLS["arith-v1"] = Protocol(
+    name="arith-v1",
+    env_id="stare_agents/ArithmeticTIR-v1",
+    env_kwargs={"stateless": True},
+    max_tokens_per_turn=128,
+    max_total_tokens=320,
+    description="ArithmeticTIR-v1 (the default job's environment, prompt and token budgets): stateless Python, "
+    "exact integer grading",
+)
 PROTOCOLS["arith"] = Protocol(
     name="arith",
     env_id="stare_agents/ArithmeticTIR-v0",

@@ -192,6 +192,22 @@ def test_protocol_settings() -> None:
         get_protocol("tool")
 
 
+def test_the_arith_v1_protocol_is_the_default_jobs_evaluation() -> None:
+    """`--protocol arith-v1` on exported held-out tasks scores a model as the default job's own held-out
+    evaluation does: its environment, environment settings and token budgets, read from the recipe (so the two
+    cannot drift apart)."""
+    from stare_agents.train.config import load_config
+
+    config = load_config(recipe="smollm2-arith")
+    protocol = get_protocol("arith-v1")
+    assert protocol.env_id == config.env.id
+    assert dict(protocol.env_kwargs) == dict(config.env.kwargs)
+    assert (protocol.max_tokens_per_turn, protocol.max_total_tokens) == (
+        config.rollout.max_tokens_per_turn,
+        config.rollout.max_total_tokens,
+    )
+
+
 def test_paper_preset() -> None:
     paper = get_preset("paper")
     assert PRESETS["paper"] is paper
