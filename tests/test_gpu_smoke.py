@@ -6,9 +6,11 @@ its deadline is killed with what it started."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -19,6 +21,9 @@ import torch
 SMOKE = [sys.executable, "-m", "stare_agents.train.gpu_smoke"]  # = stare-agents gpu-smoke
 STATUSES = {"passed", "failed", "skipped", "timeout"}
 CHECK_KEYS = {"name", "tier", "what", "deadline_s", "status"}
+# the smoke's work folders (train/gpu_smoke.py: mkdtemp "gpu-smoke-") in this test process's temporary folder: a
+# process naming one is this test's (another pytest worker's smoke runs in its own TMPDIR)
+OURS = os.path.join(tempfile.gettempdir(), "gpu-smoke-")
 
 
 def smoke(tmp_path: Path, *args: str, timeout: float = 600, wheel=None) -> tuple[int, dict]:
@@ -88,7 +93,7 @@ def test_a_check_past_its_deadline_is_killed_with_its_processes(tmp_path):
     left = [
         p.pid
         for p in psutil.process_iter(["cmdline"])
-        if p.pid not in before and "gpu-smoke-" in " ".join(p.info["cmdline"] or ())
+        if p.pid not in before and OURS in " ".join(p.info["cmdline"] or ())
     ]
     assert left == []
 
@@ -180,7 +185,7 @@ def test_a_signal_to_the_script_ends_its_check_and_everything_below_it(tmp_path,
     time.sleep(0.2)
     assert [p.pid for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] == []
     assert [
-        p.pid for p in psutil.process_iter(["cmdline"]) if "gpu-smoke-" in " ".join(p.info["cmdline"] or ())
+        p.pid for p in psutil.process_iter(["cmdline"]) if OURS in " ".join(p.info["cmdline"] or ())
     ] == []
 
 
