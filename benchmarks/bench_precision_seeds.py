@@ -13,7 +13,9 @@ with its paired 95% interval (over held-out tasks: an interval within one run, n
 the first and last step (and its max), the trajectories each step trained on and the steps whose refill budget ran
 out, the rollout/learner mismatch, the held-out tool error rate after RL, the job's wall time and the load; per
 precision the number of runs, the mean, min and max of RL - SFT and its spread (max - min), and the bar: every run
-RL - SFT >= +0.25 with the interval's lower end >= +0.15, a spread <= 0.15 and each job <= 15 minutes. Two runs of the
+RL - SFT >= +0.25 with the interval's lower end >= +0.15, a spread <= 0.15 and each job <= 15 minutes. Where a
+point's folder holds its held-out episodes (heldout/sft.jsonl.gz, heldout/rl.jsonl.gz), it also prints the task
+kinds RL gained and lost (accuracy moved by >= KIND_MOVE): a net gain can be a larger gain minus a forgetting. Two runs of the
 same settings and seed (a replicate, or `fast` and `fp32` on a CPU where fast is fp32) are listed as pairs: runs of
 one seed differ on CPU too.
 
@@ -26,6 +28,7 @@ without avx512_bf16 or AMX runs about 100x slower (stare_agents.hardware).
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import statistics
@@ -55,6 +58,7 @@ PRECISIONS: dict[str, list[str]] = {
 BAR_GAIN, BAR_LOW = 0.25, 0.15  # every run: RL - SFT >= +0.25, the paired interval's lower end >= +0.15
 BAR_SPREAD, BAR_WALL_S = 0.15, 900.0  # over the runs: max - min of RL - SFT; each job's wall time
 LOAD_FILE = "bench_load.json"
+KIND_MOVE = 0.2  # a task kind counts as gained or lost when its held-out accuracy moved by at least this
 
 
 def point_folder(out: Path, precision: str, seed: int, replicate: int = 0) -> Path:
@@ -172,7 +176,45 @@ def read_point(folder: Path) -> dict[str, Any] | None:
         }
     if after_rl and "tool_error_rate" in after_rl[-1]:
         point["tool_error_rate_after_rl"] = after_rl[-1]["tool_error_rate"]
+    kinds = kind_accuracy(folder)
+    if kinds is not None:
+        point["kinds"] = kinds
     return point
+
+
+def task_kind(task_id: str) -> str:
+    """The kind of an ArithmeticTIR task from its id (`arith-<kind>-L<level>-<hash>`); the whole id otherwise."""
+    parts = task_id.split("-")
+    return parts[1] if len(parts) == 4 and parts[0] == "arith" and parts[2].startswith("L") else task_id
+
+
+def kind_accuracy(folder: Path) -> dict[str, list[float]] | None:
+    """Per task kind, [SFT accuracy, RL accuracy] over the held-out episodes the run kept (heldout/sft.jsonl.gz,
+    heldout/rl.jsonl.gz); None when either file is missing. A line that does not parse is an error naming it."""
+    paths = [folder / "heldout" / f"{stage}.jsonl.gz" for stage in ("sft", "rl")]
+    if not all(path.exists() for path in paths):
+        return None
+    accuracy: list[dict[str, float]] = []
+    for path in paths:
+        correct: dict[str, list[bool]] = {}
+        with gzip.open(path, "rt", encoding="utf-8") as handle:
+            for number, line in enumerate(handle, 1):
+                try:
+                    trajectory = json.loads(line)["trajectory"]
+                    kind, ok = task_kind(str(trajectory["task_id"])), bool(trajectory["correct"])
+                except (ValueError, KeyError, TypeError) as error:
+                    raise SystemExit(f"{path}:{number}: not a held-out episode ({error!r})") from None
+                correct.setdefault(kind, []).append(ok)
+        accuracy.append({kind: sum(oks) / len(oks) for kind, oks in correct.items()})
+    sft, rl = accuracy
+    return {kind: [sft.get(kind, 0.0), rl.get(kind, 0.0)] for kind in sorted(sft.keys() | rl.keys())}
+
+
+def kinds_moved(kinds: dict[str, list[float]]) -> tuple[list[str], list[str]]:
+    """(gained, lost): the kinds whose accuracy rose or fell by >= KIND_MOVE, as "kind 0.00 -> 0.93"."""
+    gained = [f"{k} {a:.2f} -> {b:.2f}" for k, (a, b) in kinds.items() if b - a >= KIND_MOVE - 1e-9]
+    lost = [f"{k} {a:.2f} -> {b:.2f}" for k, (a, b) in kinds.items() if a - b >= KIND_MOVE - 1e-9]
+    return gained, lost
 
 
 def aggregate(points: dict[Any, dict[str, Any]]) -> dict[str, Any]:
@@ -301,6 +343,14 @@ def main() -> None:
         f"CPU: {hardware.cpu_model()}; bf16 units: {sorted(hardware.BF16_CPU_FLAGS & hardware.cpu_flags()) or 'none'}"
     )
     print(table(results))
+    for precision, points in results.items():
+        for label, point in sorted(points.items(), key=lambda kv: (seed_of(kv[0]), kv[0])):
+            if "kinds" in point:
+                gained, lost = kinds_moved(point["kinds"])
+                print(
+                    f"{precision}-s{label} by task kind (SFT -> RL): gained {', '.join(gained) or 'none'}; "
+                    f"lost {', '.join(lost) or 'none'}"
+                )
     pairs = same_setting_pairs(results)
     for pair in pairs:
         print(

@@ -61,6 +61,46 @@ def test_a_point_read_by_hand_and_the_bar_at_its_edges(tmp_path: Path, caplog: p
     assert b.read_point(tmp_path / "missing") is None
 
 
+def write_heldout(folder: Path, stage: str, outcomes: dict[str, list[bool]], extra: str = "") -> None:
+    """heldout/<stage>.jsonl.gz as the trainer keeps it: one episode a line, the task id naming its kind."""
+    import gzip
+
+    (folder / "heldout").mkdir(exist_ok=True)
+    lines = [
+        json.dumps({"step": 0, "trajectory": {"task_id": f"arith-{kind}-L{1 + i % 3}-{i:010x}", "correct": ok}})
+        for kind, oks in outcomes.items()
+        for i, ok in enumerate(oks)
+    ]
+    with gzip.open(folder / "heldout" / f"{stage}.jsonl.gz", "wt") as handle:
+        handle.write("\n".join(lines) + "\n" + extra)
+
+
+def test_the_task_kinds_a_run_gained_and_lost_are_reported(tmp_path: Path):
+    """A net gain can hide a forgetting: the report names the kinds whose held-out accuracy moved by >= 0.2."""
+    b = bench()
+    folder = tmp_path / "fast-s0"
+    write_point(folder, 0.10, 0.02)
+    assert "kinds" not in b.read_point(folder)  # a run that kept no held-out episodes: no kinds, no error
+    write_heldout(folder, "sft", {"gcd": [False] * 5, "modinv": [True] * 5, "isqrt": [True, True, False, False, False]})
+    write_heldout(folder, "rl", {"gcd": [True] * 4 + [False], "modinv": [True, True, False, False, False],
+                                 "isqrt": [True, True, True, False, False], "new_kind": [True]})
+    point = b.read_point(folder)
+    assert point["kinds"] == {"gcd": [0.0, 0.8], "isqrt": [0.4, 0.6], "modinv": [1.0, 0.4], "new_kind": [0.0, 1.0]}
+    gained, lost = b.kinds_moved(point["kinds"])
+    assert gained == ["gcd 0.00 -> 0.80", "isqrt 0.40 -> 0.60", "new_kind 0.00 -> 1.00"]  # 0.2 is on the edge
+    assert lost == ["modinv 1.00 -> 0.40"]
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", str(tmp_path), "--report", "--seeds", "0", "--precisions", "fast"],
+        capture_output=True, text=True, check=True,
+    )
+    assert "fast-s0 by task kind (SFT -> RL): gained gcd 0.00 -> 0.80, isqrt" in result.stdout
+    assert "lost modinv 1.00 -> 0.40" in result.stdout
+    assert b.task_kind("some-other-id") == "some-other-id"
+    write_heldout(folder, "rl", {"gcd": [True]}, extra='{"step": 0, "trajectory": {"task_id": 3}}\n')
+    with pytest.raises(SystemExit, match=r"rl.jsonl.gz:2: not a held-out episode"):
+        b.read_point(folder)
+
+
 def test_report_prints_the_table_and_strict_json(tmp_path: Path):
     write_point(tmp_path / "fp32-s0", 0.30, 0.22)
     out = tmp_path / "figures.json"
