@@ -66,7 +66,7 @@ def prepare_model(name: str, out: str | Path | None = None, *, force: bool = Fal
         if not force and _stamp_matches(target, recipe):
             return target
         build = build_tiny_model if name == "tiny" else build_smollm2
-        return _atomic_build(target, recipe, build)
+        return _atomic_build(target, recipe, build, keep_finished=not force)
     path = Path(name).expanduser()
     if path.is_dir():
         if not (path / "config.json").exists():
@@ -133,10 +133,10 @@ def _check_replaceable(target: Path) -> None:
         )
 
 
-def _atomic_build(target: Path, recipe: dict, build) -> Path:
+def _atomic_build(target: Path, recipe: dict, build, *, keep_finished: bool = True) -> Path:
     """Build into a temporary sibling, then rename: a killed build never leaves a half-written model. The
-    target is replaced only when it is new, empty or a model this module made, and not when a process that built
-    the same recipe at the same time got there first."""
+    target is replaced only when it is new, empty or a model this module made, and (`keep_finished`, unless forced)
+    not when a process that built the same recipe at the same time got there first."""
     target = target.expanduser().absolute()
     _check_replaceable(target)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -145,7 +145,7 @@ def _atomic_build(target: Path, recipe: dict, build) -> Path:
         details = build(tmp) or {}
         (tmp / STAMP).write_text(dumps({"recipe": recipe, **details}, indent=2))
         _check_replaceable(target)  # again: something may have appeared while building
-        if _stamp_matches(target, recipe):  # another process built the same model meanwhile: keep its copy,
+        if keep_finished and _stamp_matches(target, recipe):  # built meanwhile by another process: keep its copy,
             return target  # which it (or a test of it) may be reading now
         if target.exists():
             if any(target.iterdir()):

@@ -50,6 +50,9 @@ def test_a_member_binds_its_own_address_on_the_route_to_the_sender(monkeypatch) 
     monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
     import stare_agents.rollout.weight_sync as weight_sync
 
+    # an in-process rollout worker of an earlier test in this process (with Ray up) sets its node's address here
+    monkeypatch.delenv(weight_sync.NODE_ADDRESS_ENV, raising=False)
+
     monkeypatch.setattr(weight_sync, "address_towards", lambda host: "10.9.8.7")
     monkeypatch.setattr(
         weight_sync.dist.ProcessGroupGloo, "create_device", staticmethod(lambda **kw: made.append(kw))

@@ -93,13 +93,18 @@ while True:
 def test_a_save_killed_with_sigkill_never_corrupts_the_last_checkpoint(tmp_path):
     path = tmp_path / "checkpoints" / "step-00000001.pt"
     torn = 0
-    for attempt in range(3):
+    for _ in range(3):
         proc = subprocess.Popen([sys.executable, "-c", SAVER, str(path)])
         try:
             deadline = time.monotonic() + 120
             while not path.exists() and time.monotonic() < deadline:
                 time.sleep(0.02)
-            time.sleep(0.15 + 0.1 * attempt)  # somewhere inside a later save
+            # then inside a later save: as soon as its temporary file is there (not after a fixed sleep, which a
+            # loaded machine stretches past or short of the write)
+            while time.monotonic() < deadline and not any(
+                p.name.startswith(".step-00000001.pt.tmp-") for p in path.parent.iterdir()
+            ):
+                time.sleep(0.002)
         finally:
             proc.send_signal(signal.SIGKILL)
             proc.wait()
