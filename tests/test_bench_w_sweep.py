@@ -84,13 +84,18 @@ def run(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_a_sweep_runs_each_point_once_and_reports_the_slope_of_its_metrics(tmp_path: Path):
+def test_a_sweep_runs_each_point_once_reports_the_slope_of_its_metrics_and_keeps_checkpoints_as_asked(
+    tmp_path: Path,
+):
+    """Two points trained once (with `--keep-checkpoints`), their figures checked by hand; `--report` deletes
+    nothing, and a point without its final model keeps its checkpoints whatever it says of itself; the next run
+    without the flag trains nothing, deletes the done points' checkpoints and gives the same figures."""
     out = tmp_path / "sweep"
     common = ["--recipe", "tiny", "--model", "tiny", "--w", "1.0,3", "--seeds", "0", "--steps", "2",
               "--out", str(out), "--set", "rollout.sandbox=local", "--json", str(tmp_path / "f.json")]  # fmt: skip
-    first = run(*common)
+    first = run(*common, "--keep-checkpoints")
     assert first.returncode == 0, first.stderr + first.stdout
-    assert first.stdout.count("running:") == 2
+    assert first.stdout.count("running:") == 2 and "deleted" not in first.stdout
     got = json.loads((tmp_path / "f.json").read_text())
     for w in ("1", "3"):
         folder = out / f"p0.1-w{w}-s0"
@@ -104,13 +109,24 @@ def test_a_sweep_runs_each_point_once_and_reports_the_slope_of_its_metrics(tmp_p
         assert point["done"] and point["slope"] == pytest.approx(entropy[1] - entropy[0])
         change = entropy_by_hand(folder / "final_model", folder) - entropy_by_hand(prepare_model("tiny"), folder)
         assert point["fixed_batch_change"] == pytest.approx(change, abs=1e-5)
-        # done: the checkpoints (resume only) are gone, what the report reads is there
+        assert (folder / "checkpoints").is_dir() and (folder / "final_model").is_dir()  # kept, as asked
+    assert run(*common, "--report").returncode == 0
+    assert all((out / f"p0.1-w{w}-s0" / "checkpoints").is_dir() for w in ("1", "3"))  # a report deletes nothing
+    broken = out / "p0.1-w2-s0"  # says it is done but has no final model: its checkpoints are all it has
+    (broken / "checkpoints" / "step-00000001").mkdir(parents=True)
+    (broken / "progress.json").write_text(json.dumps({"rl_done": True}))
+    # run again without the flag: nothing is trained twice, the same figures come back, the done points'
+    # checkpoints (resume only) go and what the report reads stays
+    again = run(*common[:5], "1.0,3,2", *common[6:])
+    assert again.returncode == 0, again.stderr + again.stdout
+    assert "running:" not in again.stdout and again.stdout.count("its checkpoints deleted") == 2
+    for w in ("1", "3"):
+        folder = out / f"p0.1-w{w}-s0"
+        assert f"{folder}: done, its checkpoints deleted" in again.stdout
         assert not (folder / "checkpoints").exists() and (folder / "final_model").is_dir()
-    assert first.stdout.count("its checkpoints deleted") == 2
-    # run again: nothing is trained twice, the same figures come back
-    again = run(*common)
-    assert again.returncode == 0 and "running:" not in again.stdout
-    assert json.loads((tmp_path / "f.json").read_text()) == got
+    assert (broken / "checkpoints" / "step-00000001").is_dir()
+    points = json.loads((tmp_path / "f.json").read_text())["points"]
+    assert {k: points[k] for k in got["points"]} == got["points"]
     # one common batch (W 1's step 0) scored by both points: W 1's figure is its fixed-batch one, W 3's its own
     shared = out / "p0.1-w1-s0"
     both = run(*common, "--report", "--common-batch", str(shared))
@@ -174,24 +190,3 @@ def test_report_reads_only_what_is_there(tmp_path: Path):
     assert "P 0.1 W 2: entropy drift per step +0.0100, fixed-batch change -" in got.stdout  # no final model
     assert "P 0.1 W 3: entropy drift per step -, fixed-batch change - (mean of the seeds done; s0 - / -)" in got.stdout
     assert got.stdout.index("W 2:") < got.stdout.index("W 3:")  # reported in increasing W, whatever the order run
-
-
-def test_checkpoints_are_kept_when_asked_and_never_deleted_by_a_report_or_before_a_point_is_done(tmp_path: Path):
-    """`--keep-checkpoints` keeps a done point's checkpoints/, `--report` deletes nothing, and a point without its
-    final model keeps them whatever it says of itself; the next run without the flag deletes them."""
-    out = tmp_path / "sweep"
-    kept = out / "p0.1-w1-s0"
-    common = ["--recipe", "tiny", "--model", "tiny", "--w", "1.0", "--seeds", "0", "--steps", "1",
-              "--out", str(out), "--set", "rollout.sandbox=local"]  # fmt: skip
-    first = run(*common, "--keep-checkpoints")
-    assert first.returncode == 0, first.stderr + first.stdout
-    assert (kept / "checkpoints").is_dir() and "deleted" not in first.stdout
-    assert run(*common, "--report").returncode == 0 and (kept / "checkpoints").is_dir()
-    broken = out / "p0.1-w2-s0"  # says it is done but has no final model: its checkpoints are all it has
-    (broken / "checkpoints" / "step-00000001").mkdir(parents=True)
-    (broken / "progress.json").write_text(json.dumps({"rl_done": True}))
-    again = run(*common[:5], "1.0,2", *common[6:])
-    assert again.returncode == 0, again.stderr + again.stdout
-    assert "running:" not in again.stdout and f"{kept}: done, its checkpoints deleted" in again.stdout
-    assert not (kept / "checkpoints").exists() and (kept / "final_model").is_dir()
-    assert (broken / "checkpoints" / "step-00000001").is_dir()

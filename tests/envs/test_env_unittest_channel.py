@@ -289,5 +289,8 @@ def test_forged_reports_earn_nothing(sandbox, attack: str, request: pytest.Fixtu
 
 
 def test_a_stopped_driver_is_a_timeout_worth_nothing(sandbox) -> None:
-    reward, info, _ = episode(sandbox, STOP_THE_DRIVER, tool_timeout_s=3.0, per_test_timeout_s=1.0)
+    # a stopped driver spends no CPU: the wall-clock cap (4 x the CPU limit unless given) is what ends it
+    reward, info, _ = episode(
+        sandbox, STOP_THE_DRIVER, tool_timeout_s=3.0, tool_wall_timeout_s=4.0, per_test_timeout_s=1.0
+    )
     assert reward == 0.0 and info["grade_reason"] in ("timeout", "harness_violation"), info["score_details"]
