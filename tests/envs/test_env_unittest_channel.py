@@ -277,8 +277,13 @@ def test_forged_reports_earn_nothing(sandbox, attack: str, request: pytest.Fixtu
     runtime = request.node.callspec.params["sandbox"]
     if runtime == "runsc":  # gVisor lets the forgery onto the channel: the seal is what refuses it
         assert len(report_lines(recording)) >= (2 if attack == "forge_and_exit" else 1)
-        if attack == "forge_and_kill":
-            assert "seal does not match" in info["score_details"]["violation"]
+        violation = info["score_details"]["violation"]
+        if attack == "forge_and_kill" and violation is None:
+            # the race went to the driver (seen under load): it reported, every test failing (the submission
+            # returns None), before the forger's line or kill; that honest report is what was graded
+            assert info["score_details"]["tests_passed"] == 0, info["score_details"]
+        elif attack == "forge_and_kill":
+            assert "seal does not match" in violation, info["score_details"]
     code, _ = recording.calls[0]
     key = re.search(r'"key": "([0-9a-f]{64})"', code).group(1)
     for line in report_lines(recording):  # whatever reached the host, none of it is sealed with the key
