@@ -272,24 +272,6 @@ def test_weights_over_the_collective_train_the_same_run_as_through_the_driver(tm
     assert runs["collective"] == runs["driver"]
 
 
-def test_a_data_parallel_learner_runs_sft_and_rl_on_its_workers(tmp_path, local_ray):
-    """rl.learner_workers=2: SFT and RL both on two gloo learner workers (Ray actors), weights to the engine
-    over the sync group (weight_sync auto picks the collective for a learner group). The run finds the folder's
-    shared Ray started (tests/conftest.py) and uses it, as a run does any Ray this process has."""
-    folder = tmp_path / "dp"
-    summary = train(tiny(folder, "rl.steps=2", "rl.learner_workers=2", "eval.num_tasks=2"))
-    assert set(summary["accuracy"]) == {"base", "sft", "rl"}
-    assert read_records(folder / "metrics.jsonl", "sft-step")  # SFT ran (on the group) and logged its steps
-    records = read_records(folder / "metrics.jsonl", "rl")
-    assert [r["rollout/weight_version"] for r in records] == [
-        2,
-        3,
-    ]  # 1: the SFT model; 2: the learner at RL start
-    assert all(math.isfinite(r["learner/loss"]) for r in records)
-    assert (folder / "sft_model" / "model.safetensors").exists()
-    assert (folder / "final_model" / "model.safetensors").exists()
-
-
 PIPELINE = [*COIN, "rl.pipeline=one-step", "rl.learner.importance.cap=2.0"]
 
 
@@ -322,17 +304,28 @@ def test_a_pipelined_run_needs_truncated_importance_sampling():
         load_config(recipe="tiny", overrides=["rl.pipeline=one-step"])
 
 
-def test_a_data_parallel_run_resumes_from_its_sharded_checkpoints(tmp_path, monkeypatch, local_ray):
-    """rl.learner_workers=2: checkpoints hold each worker's shards (learner_shards/) and the small rest of
-    the state; a run that dies after its step-2 checkpoint and is resumed equals an uninterrupted run (all three on
-    the folder's shared Ray, tests/conftest.py)."""
-    import coin_env  # noqa: F401
-
+def test_a_data_parallel_learner_runs_sft_and_rl_on_its_workers_and_resumes_from_its_sharded_checkpoints(
+    tmp_path, monkeypatch, local_ray
+):
+    """rl.learner_workers=2: SFT and RL both on two gloo learner workers (Ray actors), weights to the engine
+    over the sync group (weight_sync auto picks the collective for a learner group); checkpoints hold each
+    worker's shards (learner_shards/) and the small rest of the state; a run that dies after its step-2 checkpoint
+    and is resumed equals an uninterrupted run. The runs find the folder's shared Ray started (tests/conftest.py)
+    and use it, as a run does any Ray this process has."""
     from stare_agents.train.rl_loop import RLLoop
 
-    args = [*COIN, "rl.learner_workers=2", "eval.num_tasks=2", "rl.steps=3"]
+    args = ["rl.learner_workers=2", "eval.num_tasks=2", "rl.steps=3"]
     reference = tmp_path / "reference"
-    train(tiny(reference, *args))
+    summary = train(tiny(reference, *args))
+    assert set(summary["accuracy"]) == {"base", "sft", "rl"}
+    assert read_records(reference / "metrics.jsonl", "sft-step")  # SFT ran (on the group) and logged its steps
+    records = read_records(reference / "metrics.jsonl", "rl")
+    # 1: the SFT model; 2: the learner at RL start
+    assert [r["rollout/weight_version"] for r in records] == [2, 3, 4]
+    assert all(math.isfinite(r["learner/loss"]) for r in records)
+    assert (reference / "sft_model" / "model.safetensors").exists()
+    assert (reference / "final_model" / "model.safetensors").exists()
+
     stopped = tmp_path / "stopped"
     original = RLLoop.step
 
