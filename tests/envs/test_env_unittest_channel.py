@@ -282,15 +282,30 @@ def test_forged_reports_earn_nothing(sandbox, attack: str, request: pytest.Fixtu
             # the race went to the driver (seen under load): it reported, every test failing (the submission
             # returns None), before the forger's line or kill; that honest report is what was graded
             assert info["score_details"]["tests_passed"] == 0, info["score_details"]
+            assert any(body_of(line)["outcomes"] == "FFFFF" for line in sealed(recording)), info[
+                "score_details"
+            ]
         elif attack == "forge_and_kill":
             assert "seal does not match" in violation, info["score_details"]
+    for line in sealed(recording):  # whatever reached the host sealed with the key reports no pass
+        assert body_of(line)["outcomes"] != "PPPPP"
+
+
+def body_of(line: str) -> dict:
+    return json.loads(line[len(REPORT_TAG) :].partition(" ")[2])
+
+
+def sealed(recording: Recording) -> list[str]:
+    """The report lines that reached the host sealed with the episode's key (the driver's own)."""
     code, _ = recording.calls[0]
-    key = re.search(r'"key": "([0-9a-f]{64})"', code).group(1)
-    for line in report_lines(recording):  # whatever reached the host, none of it is sealed with the key
+    key = bytes.fromhex(re.search(r'"key": "([0-9a-f]{64})"', code).group(1))
+    kept = []
+    for line in report_lines(recording):
         assert line.startswith(REPORT_TAG)
         mac, _, body = line[len(REPORT_TAG) :].partition(" ")
-        genuine = hmac.new(bytes.fromhex(key), body.encode(), hashlib.sha256).hexdigest()
-        assert not hmac.compare_digest(mac, genuine) or json.loads(body)["outcomes"] != "PPPPP"
+        if hmac.compare_digest(mac, hmac.new(key, body.encode(), hashlib.sha256).hexdigest()):
+            kept.append(line)
+    return kept
 
 
 def test_a_stopped_driver_is_a_timeout_worth_nothing(sandbox) -> None:
