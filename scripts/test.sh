@@ -19,6 +19,5 @@ if [ "${STARE_PROVISION_BROWSER:-1}" != 0 ] && [ "$(id -u)" = 0 ] && command -v 
 fi
 "$PY" -m ruff check .
 # --durations=25: the 25 slowest by wall time, and (tests/cost_ratchet.py) the 25 costliest by CPU.
-# Two workers, a test file each at a time, the longest files first (tests/file_order.py); `-n 0` after the command
-# runs it in one process.
-exec "$PY" -m pytest --durations=25 -n "${STARE_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@"
+# Two workers, a test file each at a time (tests/conftest.py); `-n 0` after the command runs it in one process.
+exec "$PY" -m pytest --durations=25 -n "${STARE_TEST_WORKERS:-2}" --dist loadfile "$@"

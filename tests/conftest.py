@@ -9,7 +9,7 @@ processes the tests start (CLI runs, Ray workers, engines) inherit it; the rollo
 engine's own count (OMP_NUM_THREADS = the actor's CPUs).
 
 Workers: scripts/test.sh runs the suite in two pytest-xdist workers, a test file at a time each (`--dist
-loadfile`: a module's shared engine or Ray stays in one process), the longest files first (tests/file_order.py). Each worker gets a temporary folder of its own
+loadfile`: a module's shared engine or Ray stays in one process). Each worker gets a temporary folder of its own
 (TMPDIR, inherited by what it starts), so what one worker's tests make there -- sandbox scratch folders, rendezvous
 files, private Ray folders, `ray start`'s address file -- is never counted, swept or attached to by the other's.
 """
@@ -36,7 +36,6 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # short: Ray's socket paths under it 
     atexit.register(shutil.rmtree, _worker_tmp, ignore_errors=True)
 
 from cost_ratchet import CostRatchet  # noqa: E402
-from file_order import load_file_seconds, longest_first  # noqa: E402
 from support import SharedRay  # noqa: E402
 from wheel_support import InstalledWheel, build_and_install  # noqa: E402
 
@@ -60,7 +59,6 @@ def local_ray(request: pytest.FixtureRequest):
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     RAY_MODULES.update(item.path for item in items if "local_ray" in getattr(item, "fixturenames", ()))
-    items[:] = longest_first(items, load_file_seconds())  # the work queue's order (tests/file_order.py)
 
 
 @pytest.hookimpl(trylast=True)  # after the module's own fixtures (actors, groups) are torn down

@@ -38,7 +38,6 @@ import time
 from dataclasses import dataclass
 
 import pytest
-from file_order import OUT_VARIABLE, write_file_seconds
 
 LIMIT_S = 60.0
 SLACK = 1.5  # the session fails beyond SLACK x a test's limit (see Headroom above)
@@ -199,9 +198,6 @@ class CostRatchet:
         if workeroutput is not None:  # an xdist worker: the controller judges (pytest_testnodedown)
             workeroutput["cost_ratchet"] = {name: [c.cpu_s, c.wall_s] for name, c in self.costs.items()}
             return
-        out = os.environ.get(OUT_VARIABLE)
-        if out:  # the figures tests/file_order.py hands the files out by
-            write_file_seconds(((name, cost.wall_s) for name, cost in self.costs.items()), out)
         if self.over() and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
