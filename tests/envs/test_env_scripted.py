@@ -242,12 +242,14 @@ def test_envs_without_a_sandbox_share_one_process_wide_pool() -> None:
     from stare_agents.envs import shared_sandbox
     from stare_agents.sandbox import PooledSandbox
 
+    def is_started_pool(o: object) -> bool:
+        try:
+            return isinstance(o, PooledSandbox) and getattr(o, "_pool", None) is not None
+        except ReferenceError:  # a weak proxy (another test's) whose referent is gone
+            return False
+
     def started_pools() -> set[int]:
-        return {
-            id(o)
-            for o in gc.get_objects()
-            if isinstance(o, PooledSandbox) and getattr(o, "_pool", None) is not None
-        }
+        return {id(o) for o in gc.get_objects() if is_started_pool(o)}
 
     before = started_pools()
     envs = [gym.make("stare_agents/ArithmeticTIR-v0") for _ in range(3)]
