@@ -285,6 +285,10 @@ def test_forged_reports_earn_nothing(sandbox, attack: str, request: pytest.Fixtu
             assert any(body_of(line)["outcomes"] == "FFFFF" for line in sealed(recording)), info[
                 "score_details"
             ]
+        elif attack == "forge_and_kill" and "expected one report line" in violation:
+            # the race went both ways (seen in CI under load): the driver's honest report and the forged line
+            # both reached the channel; two reports are refused whatever their seals say
+            assert len(report_lines(recording)) >= 2, info["score_details"]
         elif attack == "forge_and_kill":
             assert "seal does not match" in violation, info["score_details"]
     for line in sealed(recording):  # whatever reached the host sealed with the key reports no pass
