@@ -26,10 +26,13 @@ checkpointing on or lowers the budget when it does not ("fit"); a step that cann
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import gc
 import resource
 import statistics
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -171,11 +174,59 @@ def padding_share(batches, budget: int, packing: str) -> tuple[float, int, int]:
     return 1 - real / padded, count, largest
 
 
-def peak_memory(device: str) -> int:
-    """Bytes: the device's peak allocation since the last reset (CUDA), else the process's peak RSS."""
-    if device.startswith("cuda"):
-        return int(torch.cuda.max_memory_allocated())
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+class PeakMemory:
+    """The device's peak memory while a block runs, and what it held when the block began (`baseline`): CUDA's
+    allocator statistics, or on the CPU the process's resident set sampled every 5 ms (ru_maxrss cannot be reset
+    between rows, and it counts the interpreter, the libraries and the loaded batches, which the memory plan does
+    not). `learner` = peak - baseline: what building and stepping the learner added."""
+
+    def __init__(self, device: str) -> None:
+        self.cuda = device.startswith("cuda")
+        self.baseline = self.peak = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @staticmethod
+    def rss() -> int:
+        with open("/proc/self/statm") as handle:
+            return int(handle.read().split()[1]) * resource.getpagesize()
+
+    def __enter__(self) -> PeakMemory:
+        gc.collect()
+        if self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+            self.baseline = int(torch.cuda.memory_allocated())
+        else:
+            _trim_heap()  # hand freed heap back, so the rows before do not lend this one their memory
+            self.baseline = self.peak = self.rss()
+            self._thread = threading.Thread(target=self._sample, daemon=True)
+            self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.005):
+            self.peak = max(self.peak, self.rss())
+
+    def __exit__(self, *exc: object) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+            self.peak = int(torch.cuda.max_memory_allocated())
+        else:
+            self._stop.set()
+            assert self._thread is not None
+            self._thread.join()
+            self.peak = max(self.peak, self.rss())
+
+    @property
+    def learner(self) -> int:
+        return max(0, self.peak - self.baseline)
+
+
+def _trim_heap() -> None:
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def reset_peak(device: str) -> None:
@@ -184,6 +235,8 @@ def reset_peak(device: str) -> None:
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
+    else:
+        _trim_heap()
 
 
 def device_peak_tflops(args: argparse.Namespace) -> tuple[float | None, str]:
@@ -267,16 +320,18 @@ def throughput_rows(args, config, batches, precision: str, packs: list[str], pla
     groups = [packs] if args.interleave else [[pack] for pack in packs]
     rows = []
     for group in groups:
-        reset_peak(args.device)
-        learners = {
-            pack: learner_for(build(args, config), algorithm, args, precision, pack, checkpointing)
-            for pack in group
-        }
-        params = sum(p.numel() for p in next(iter(learners.values())).model.parameters())
-        measured = measure(learners, batches, args.rounds, args.device)
-        for pack in group:
+        with PeakMemory(args.device) as memory:
+            learners = {
+                pack: learner_for(build(args, config), algorithm, args, precision, pack, checkpointing)
+                for pack in group
+            }
+            params = sum(p.numel() for p in next(iter(learners.values())).model.parameters())
+            measured = measure(learners, batches, args.rounds, args.device)
+        for pack in group:  # interleaved: the memory is of both learners together
             row = summary_row(measured[pack], learners[pack], precision, plan, params, peak_tflops)
-            row["peak_memory_bytes"] = peak_memory(args.device)  # interleaved: of both learners together
+            row["peak_memory_bytes"] = memory.peak
+            row["memory_before_bytes"] = memory.baseline
+            row["learner_memory_bytes"] = memory.learner
             rows.append(row)
         del learners
         reset_peak(args.device)
@@ -445,6 +500,7 @@ def main(argv: list[str] | None = None) -> int:
                 longest_row=largest,
                 mode=args.memory_plan,
                 where="bench",
+                device="cuda" if cuda else "cpu",
             )
         except MemoryPlanError as refused:
             print(f"{precision}: refused by the memory plan: {refused}", flush=True)
@@ -457,7 +513,8 @@ def main(argv: list[str] | None = None) -> int:
             mfu = f", MFU {100 * row['mfu']:.1f}%" if "mfu" in row else ""
             print(
                 f"{precision} {row['rows']:>6}: {row['median_round_s']:.3f} s for {row['steps_per_round']} step(s), "
-                f"{row['tokens_per_s']:,.0f} tok/s{mfu}, peak {gib(row['peak_memory_bytes'])} (plan "
+                f"{row['tokens_per_s']:,.0f} tok/s{mfu}, peak {gib(row['peak_memory_bytes'])}: the learner "
+                f"{gib(row['learner_memory_bytes'])} over {gib(row['memory_before_bytes'])} before it (plan "
                 f"{gib(row['plan_estimate_bytes'])}), pre-update pass {100 * row['pre_update_share']:.0f}% of the "
                 f"step, {row['micro_batches']:g} micro-batches",
                 flush=True,

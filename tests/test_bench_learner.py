@@ -29,6 +29,8 @@ def test_a_small_shape_reports_every_figure_on_the_cpu(tmp_path, capsys):
     for row in rows.values():
         assert row["tokens_per_s"] > 0 and 0 < row["pre_update_share"] < 1 and row["peak_memory_bytes"] > 0
         assert row["plan_estimate_bytes"] > 0 and row["micro_batches"] == report["micro_batches"]
+        assert 0 < row["learner_memory_bytes"] < row["peak_memory_bytes"]
+        assert row["memory_before_bytes"] + row["learner_memory_bytes"] == row["peak_memory_bytes"]
     assert report["ratio"]["stare_over_grpo_ds"] > 0 and report["packed_over_padded"]["fp32"] > 0
     for words in ("padding", "tok/s", "packed / padded tokens/s", "STARE (gate on) / GRPO-ds", "memory plan"):
         assert words in printed
@@ -61,3 +63,18 @@ def test_an_unknown_shape_names_the_allowed_ones():
     bench = load_script(SCRIPT)
     with pytest.raises(SystemExit, match=r"--shape 'qwen9': allowed: qwen2\.5-0\.5b"):
         bench.shape_config("qwen9")
+
+
+def test_the_cpu_peak_is_of_the_block_and_freed_memory_is_not_counted_again():
+    """On the CPU the peak is the resident set sampled while the block runs, over what the process held when it
+    began: a 256 MiB tensor made and freed inside shows; after it, the next block starts from the lower level."""
+    import torch
+
+    bench = load_script(SCRIPT)
+    with bench.PeakMemory("cpu") as first:
+        block = torch.ones(64 * 2**20)  # 256 MiB, touched
+        del block
+    assert first.learner >= 200 * 2**20, first.learner
+    with bench.PeakMemory("cpu") as second:
+        pass
+    assert second.baseline < first.peak - 200 * 2**20 and second.learner < 64 * 2**20

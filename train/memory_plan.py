@@ -15,7 +15,9 @@ micro-batch, L layers):
   on CPU with saved-tensor hooks for packed rows; tests/train/test_memory_plan.py measures them again); with
   gradient checkpointing T L 4 h (each layer's fp32 input) plus two layers' worth (the one recomputed, its grads);
 - the chunked LM head's logits, 3 x head_chunk_rows x vocab x 4;
-and the device keeps max(5%, 1 GiB) back for the CUDA context and the allocator's fragmentation.
+and the device keeps max(5%, 1 GiB) back for the CUDA context and the allocator's fragmentation. On the CPU the
+resident set rises 24-41% of (activations + head) above that (the heap's fragmentation, backward's temporaries;
+measured with benchmarks/bench_learner.py): the CPU's estimate adds 45% of them (`CPU_TRANSIENT_SHARE`).
 
 `plan_memory` keeps the configured micro-batch budget and checkpointing when they fit ("fit" and "check"); when
 they do not, "fit" first turns gradient checkpointing on (the same updates, more compute), then lowers the budget
@@ -43,6 +45,11 @@ ACTIVATION_BYTES = {"fp32": (36, 16, 8, 4), "half": (32, 8, 4, 4)}
 CHECKPOINT_BYTES = 4  # per token, layer and hidden unit: a checkpointed layer keeps its fp32 input
 HEAD_COPIES = 3  # logits, probabilities and their gradient of one chunk of the LM head, fp32
 RESERVE_SHARE, RESERVE_MIN = 0.05, GIB
+# on the CPU, the resident set rises above the saved tensors by this share of activations + LM head: the heap's
+# fragmentation and backward's temporaries, which CUDA's caching allocator reuses. Measured with
+# benchmarks/bench_learner.py (SmolLM2-135M, the default job's rows, 4096-token micro-batches): packed rows
+# +24% (bf16) and +28% (fp32), padded +41% and +36% (benchmarks/logs/learner-memory-cpu.json)
+CPU_TRANSIENT_SHARE = 0.45
 BUDGET_STEP = 256  # a lowered micro-batch budget is a multiple of this
 
 
@@ -109,10 +116,12 @@ class Estimate:
     half_copies: int
     activations: int
     head: int
+    host_transients: int = 0  # the CPU only: CPU_TRANSIENT_SHARE of activations + head
 
     @property
     def peak(self) -> int:
-        return self.states + max(self.optimizer_step, self.half_copies + self.activations + self.head)
+        step = self.half_copies + self.activations + self.head + self.host_transients
+        return self.states + max(self.optimizer_step, step)
 
 
 def estimate(
@@ -123,21 +132,24 @@ def estimate(
     gradient_checkpointing: bool,
     shards: int = 1,
     head_chunk_rows: int = 1024,
+    device: str = "cuda",
 ) -> Estimate:
     """The peak of a learner step on `tokens` tokens (the largest micro-batch); `precision` already resolved
-    (fp32, bf16, fp16 or bf16-emulated, which computes in fp32)."""
+    (fp32, bf16, fp16 or bf16-emulated, which computes in fp32); `device` "cpu" adds the host's transients."""
     half = precision in ("bf16", "fp16")
     per_layer = shape.activation_bytes("half" if half else "fp32")
     if gradient_checkpointing:
         activations = tokens * (shape.layers * CHECKPOINT_BYTES * shape.hidden + 2 * per_layer)
     else:
         activations = tokens * shape.layers * per_layer
+    head = HEAD_COPIES * head_chunk_rows * shape.vocab * 4
     return Estimate(
         states=math.ceil(STATE_BYTES * shape.params / shards),
         optimizer_step=math.ceil(OPTIMIZER_TEMP_BYTES * shape.params / shards),
         half_copies=HALF_COPY_BYTES * shape.params if half else 0,
         activations=activations,
-        head=HEAD_COPIES * head_chunk_rows * shape.vocab * 4,
+        head=head,
+        host_transients=math.ceil(CPU_TRANSIENT_SHARE * (activations + head)) if device == "cpu" else 0,
     )
 
 
@@ -172,7 +184,9 @@ class MemoryPlan:
             f"{self.micro_batch_tokens} (largest micro-batch {self.tokens} tokens), gradient checkpointing "
             f"{'on' if self.gradient_checkpointing else 'off'}: peak {gib(e.peak)} of {gib(usable_bytes(self.device_bytes))} "
             f"usable (states {gib(e.states)}, activations {gib(e.activations)}, half weights {gib(e.half_copies)}, "
-            f"LM head {gib(e.head)}, AdamW step {gib(e.optimizer_step)})"
+            f"LM head {gib(e.head)}, AdamW step {gib(e.optimizer_step)}"
+            + (f", CPU heap and temporaries {gib(e.host_transients)}" if e.host_transients else "")
+            + ")"
             + (f"; changed: {'; '.join(self.changes)}" if self.changes else "")
         )
 
@@ -203,6 +217,7 @@ class MemoryPlan:
             "activation_bytes": e.activations,
             "half_copy_bytes": e.half_copies,
             "head_bytes": e.head,
+            "host_transient_bytes": e.host_transients,
             "optimizer_step_bytes": e.optimizer_step,
             "changes": list(self.changes),
         }
@@ -228,6 +243,7 @@ def plan_memory(
     head_chunk_rows: int = 1024,
     mode: str = "fit",
     where: str = "rl.learner",
+    device: str = "cuda",
 ) -> MemoryPlan:
     """The plan for one learner worker (see the module docstring). `longest_row`: the longest row a micro-batch
     can hold (a row over the budget is a micro-batch of its own); `where`: the config section named in messages."""
@@ -243,6 +259,7 @@ def plan_memory(
             gradient_checkpointing=checkpointing,
             shards=shards,
             head_chunk_rows=head_chunk_rows,
+            device=device,
         )
         return MemoryPlan(
             shape, device_bytes, precision, budget, checkpointing, tokens, shards, found, changes
@@ -375,6 +392,7 @@ def plan_run(
             head_chunk_rows=rl.learner.head_chunk_rows,
             mode=rl.learner.memory_plan,
             where="sft" if stage == "sft" else "rl.learner",
+            device="cpu" if device == "cpu" else "cuda",
         )
         for stage, (budget, checkpointing, precision) in stages.items()
     }

@@ -5,6 +5,9 @@ lowers the budget ("fit"), or refuses naming both ("check"); the activation mode
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -126,6 +129,33 @@ def test_the_estimate_is_within_ten_percent_of_the_h200_peaks(qwen1_5b):
     for (name, checkpointing, tokens), peak_gib in measured.items():
         found = estimate(shapes[name], precision="bf16", tokens=tokens, gradient_checkpointing=checkpointing)
         assert found.peak / GIB == pytest.approx(peak_gib, rel=0.1), name
+
+
+def test_the_cpu_estimate_covers_the_learners_measured_resident_set():
+    """benchmarks/bench_learner.py on the default job's rows (SmolLM2-135M, two saved steps, 4096-token
+    micro-batches; benchmarks/logs/learner-memory-cpu.json): the learner's own resident set, packed and padded rows. The CPU's estimate is at
+    or above each and within 20% of the largest; the GPU's (no host transients) is below them all."""
+    from transformers import LlamaConfig
+
+    from stare_agents.train.memory_plan import CPU_TRANSIENT_SHARE
+
+    smollm2_config = LlamaConfig(  # SmolLM2-135M's config.json
+        hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+        num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True,
+    )  # fmt: skip
+
+    smollm2 = ModelShape.of_config(smollm2_config)
+    runs = json.loads((Path(__file__).parents[2] / "benchmarks/logs/learner-memory-cpu.json").read_text())
+    measured: dict[str, list[float]] = {"bf16": [], "fp32": []}  # GiB: packed, padded
+    for row in runs["throughput"]:
+        measured[row["precision"]].append(row["learner_memory_bytes"] / GIB)
+    assert [len(peaks) for peaks in measured.values()] == [2, 2]
+    for precision, peaks in measured.items():
+        cpu = estimate(smollm2, precision=precision, tokens=4096, gradient_checkpointing=False, device="cpu")
+        gpu = estimate(smollm2, precision=precision, tokens=4096, gradient_checkpointing=False)
+        assert cpu.host_transients == pytest.approx(CPU_TRANSIENT_SHARE * (gpu.activations + gpu.head), abs=1)
+        assert gpu.peak / GIB < min(peaks), precision
+        assert max(peaks) <= cpu.peak / GIB <= 1.2 * max(peaks), (precision, cpu.peak / GIB)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
