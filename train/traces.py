@@ -70,6 +70,46 @@ def solver_traces(
         return [t for t in pool.map(trace, seeds) if t is not None]
 
 
+def seeds_per_kind(
+    env_id: str,
+    start: int,
+    per_kind: int,
+    *,
+    env_kwargs: dict[str, Any] | None = None,
+    sandbox: Any = None,
+    max_seeds: int = 20_000,
+) -> list[int]:
+    """Seeds from `start` on whose tasks cover every task kind the environment draws `per_kind` times (the kind is
+    the task's `data["kind"]`), in seed order: a cold start that shows each kind, where `num_examples` seeds drawn
+    at random may leave a kind out. The kinds are those met in the first `max_seeds` seeds; a kind met fewer than
+    `per_kind` times there, or tasks without a kind, are a ValueError naming them."""
+    if isinstance(per_kind, bool) or not isinstance(per_kind, int) or per_kind < 1:
+        raise ValueError(f"per_kind must be an integer >= 1, got {per_kind!r}")
+    env = make_env(RolloutTask(env_id, env_kwargs=dict(env_kwargs or {})), sandbox)
+    chosen: dict[str, list[int]] = {}
+    try:
+        for seed in range(start, start + max_seeds):
+            env.reset(seed=seed)
+            data = getattr(env.unwrapped.task, "data", None) or {}
+            kind = data.get("kind") if isinstance(data, dict) else None
+            if kind is None:
+                raise ValueError(
+                    f"{env_id}: its tasks name no kind (task.data['kind']), so sft.per_kind cannot balance them; "
+                    "use sft.num_examples"
+                )
+            seeds = chosen.setdefault(str(kind), [])
+            if len(seeds) < per_kind:
+                seeds.append(seed)
+            if seed - start >= 50 * len(chosen) and all(len(v) >= per_kind for v in chosen.values()):
+                break  # every kind met so far is full, and no new kind for a while
+    finally:
+        env.close()
+    short = {kind: len(seeds) for kind, seeds in chosen.items() if len(seeds) < per_kind}
+    if short:
+        raise ValueError(f"{env_id}: fewer than {per_kind} tasks of kinds {short} in {max_seeds} seeds")
+    return sorted(seed for seeds in chosen.values() for seed in seeds)
+
+
 def _solver_trace(
     env_id: str,
     seed: int,

@@ -71,7 +71,7 @@ from stare_agents.train.run_folder import (
 )
 from stare_agents.train.run_summary import accuracy_estimate, write_summary
 from stare_agents.train.sft import SFTTrainer, traces_fingerprint
-from stare_agents.train.traces import conversation_traces, solver_traces
+from stare_agents.train.traces import conversation_traces, seeds_per_kind, solver_traces
 from stare_agents.trajectory import Trajectory
 
 logger = logging.getLogger("stare_agents.train")
@@ -252,10 +252,19 @@ class Trainer:
             eos_ids = eos_token_ids(tokenizer, model.generation_config)
             if c.sft.data == "solver":
 
-                seeds = [c.env.train_seed + 10_000_000 + i for i in range(c.sft.num_examples)]  # apart from RL's
+                start = c.env.train_seed + 10_000_000  # apart from RL's seeds
+                seeds = [start + i for i in range(c.sft.num_examples)]
                 # the solver's code must run to be verified: "none" still uses Docker here, never the host
                 backend, sandbox_kwargs = c.rollout.code_sandbox()  # the rollout workers' kwargs
                 with make_sandbox(backend, pool_size=4, **sandbox_kwargs) as sandbox:
+                    if c.sft.per_kind:
+                        seeds = seeds_per_kind(
+                            c.env.id,
+                            start,
+                            c.sft.per_kind,
+                            env_kwargs=split_kwargs(c.env.id, c.env.make_kwargs(), "train"),
+                            sandbox=sandbox,
+                        )
                     traces = solver_traces(
                         c.env.id,
                         seeds,

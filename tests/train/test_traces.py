@@ -181,3 +181,68 @@ def test_the_trainer_formats_sft_tool_messages_as_its_environment_does(tmp_path)
 
     assert observation_format() == "output_block"
     assert observation_format("env.kwargs.observation_format=tool_response") == "tool_response"
+
+
+def test_seeds_per_kind_cover_every_kind_of_arithmetic_v1_equally_in_seed_order():
+    from collections import Counter
+
+    from stare_agents.envs.arithmetic import V1_KINDS
+    from stare_agents.rollout import RolloutTask, make_env
+    from stare_agents.train.traces import seeds_per_kind
+
+    kwargs = {"stateless": True, "split": "train"}
+    seeds = seeds_per_kind("stare_agents/ArithmeticTIR-v1", 10_000_000, 2, env_kwargs=kwargs)
+    assert seeds == sorted(seeds) and len(set(seeds)) == len(seeds) and seeds[0] == 10_000_000
+    env = make_env(RolloutTask("stare_agents/ArithmeticTIR-v1", env_kwargs=kwargs))
+    kinds = Counter()
+    for seed in seeds:
+        env.reset(seed=seed)
+        kinds[env.unwrapped.task.data["kind"]] += 1
+    env.close()
+    assert kinds == Counter({kind: 2 for kind in V1_KINDS})
+    assert seeds_per_kind("stare_agents/ArithmeticTIR-v1", 10_000_000, 2, env_kwargs=kwargs) == seeds
+
+
+def test_seeds_per_kind_refuses_tasks_without_a_kind_and_a_bad_count(tmp_path):
+    from stare_agents.train.traces import seeds_per_kind
+
+    data = tmp_path / "tasks.jsonl"
+    data.write_text(json.dumps({"problem": "1 + 1", "answer": "2"}) + "\n")
+    with pytest.raises(ValueError, match="name no kind"):
+        seeds_per_kind("stare_agents/MathTIR-v0", 0, 1, env_kwargs={"dataset": str(data)})
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(ValueError, match="per_kind must be an integer >= 1"):
+            seeds_per_kind("stare_agents/ArithmeticTIR-v1", 0, bad)
+
+
+def test_the_trainer_draws_its_solver_traces_per_kind_when_asked(tmp_path, monkeypatch):
+    """sft.per_kind: the trainer hands solver_traces the per-kind seeds (here 3 of each of two kinds), not
+    num_examples seeds in a row; sft.per_kind with a conversation file, or below 0, is refused at load."""
+    from stare_agents.train import trainer as trainer_module
+    from stare_agents.train.config import load_config
+
+    class Drawn(Exception):
+        pass
+
+    def capture(env_id, seeds, *args, **kwargs):
+        raise Drawn(list(seeds))
+
+    monkeypatch.setenv("STARE_ALLOW_LOCAL_SANDBOX", "1")
+    monkeypatch.setattr(trainer_module, "solver_traces", capture)
+    overrides = ["rollout.sandbox=local", "env.kwargs.kinds=[multiply,modpow]"]
+    config = load_config(recipe="tiny", overrides=[*overrides, f"out_dir={tmp_path / 'a'}", "sft.per_kind=3"])
+    base = prepare_model("tiny", out=tmp_path / "tiny")
+    with pytest.raises(Drawn) as drawn:
+        trainer_module.Trainer(config).supervised_fine_tuning(base, tmp_path / "sft")
+    seeds = drawn.value.args[0]
+    assert len(seeds) == 6 and seeds == sorted(seeds) and seeds[0] == config.env.train_seed + 10_000_000
+    with pytest.raises(Drawn) as drawn:  # off: num_examples seeds in a row
+        off = load_config(recipe="tiny", overrides=[*overrides, f"out_dir={tmp_path / 'b'}"])
+        trainer_module.Trainer(off).supervised_fine_tuning(base, tmp_path / "sft2")
+    assert drawn.value.args[0] == [
+        config.env.train_seed + 10_000_000 + i for i in range(config.sft.num_examples)
+    ]
+    with pytest.raises(ValueError, match=r"sft\.per_kind draws solver traces"):
+        load_config(recipe="tiny", overrides=["sft.data=traces.jsonl", "sft.per_kind=1"])
+    with pytest.raises(ValueError, match=r"sft\.per_kind must be an integer >= 0"):
+        load_config(recipe="tiny", overrides=["sft.per_kind=-1"])

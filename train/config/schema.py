@@ -347,6 +347,9 @@ class SFTSection:
     enabled: bool = True
     data: str = "solver"  # "solver": verified traces from the environment's solution_code(); or a JSONL file
     num_examples: int = 128
+    # data "solver" only: this many traces of every task kind the environment draws (task.data["kind"]) in place
+    # of num_examples seeds at random, which may leave a kind out of the cold start; 0: off
+    per_kind: int = 0
     epochs: int = 1
     batch_size: int = 8
     lr: float = 5e-5
@@ -358,9 +361,15 @@ class SFTSection:
     checkpoint_every: int = 50
 
     # the fields the trainer reads itself (what to train on, whether, and its checkpoints); sft_config has the rest
-    TRAINER_FIELDS = ("enabled", "data", "num_examples", "checkpoint_every")
+    TRAINER_FIELDS = ("enabled", "data", "num_examples", "per_kind", "checkpoint_every")
 
     def __post_init__(self) -> None:
+        if isinstance(self.per_kind, bool) or not isinstance(self.per_kind, int) or self.per_kind < 0:
+            raise ValueError(f"sft.per_kind must be an integer >= 0 (0: off), got {self.per_kind!r}")
+        if self.per_kind and self.data != "solver":
+            raise ValueError(
+                f"sft.per_kind draws solver traces by task kind; sft.data is {self.data!r} (use sft.num_examples)"
+            )
         if self.checkpoint_every < 0:
             raise ValueError(
                 f"sft.checkpoint_every must be >= 0 (0: no checkpoints), got {self.checkpoint_every}"
