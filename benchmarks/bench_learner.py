@@ -192,14 +192,11 @@ class PeakMemory:
             return int(handle.read().split()[1]) * resource.getpagesize()
 
     def __enter__(self) -> PeakMemory:
-        gc.collect()
+        # on the CPU the freed heap is handed back, so the rows before do not lend this block their memory
+        reset_peak("cuda" if self.cuda else "cpu")
         if self.cuda:
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats()
             self.baseline = int(torch.cuda.memory_allocated())
         else:
-            _trim_heap()  # hand freed heap back, so the rows before do not lend this one their memory
             self.baseline = self.peak = self.rss()
             self._thread = threading.Thread(target=self._sample, daemon=True)
             self._thread.start()

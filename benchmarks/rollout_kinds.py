@@ -16,13 +16,13 @@ Damaged step files are read up to their damage and reported, as everywhere rollo
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from stare_agents.jsonl import dumps
 from stare_agents.rollout_log import read_rollouts, saved_steps
 
 _LEVEL = re.compile(r"L\d+")
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
             "runs": runs,
         }
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=1) + "\n")
+        args.json.write_text(dumps(report, indent=1) + "\n")
     return 0
 
 

@@ -81,8 +81,9 @@ def seeds_per_kind(
 ) -> list[int]:
     """Seeds from `start` on whose tasks cover every task kind the environment draws `per_kind` times (the kind is
     the task's `data["kind"]`), in seed order: a cold start that shows each kind, where `num_examples` seeds drawn
-    at random may leave a kind out. The kinds are those met in the first `max_seeds` seeds; a kind met fewer than
-    `per_kind` times there, or tasks without a kind, are a ValueError naming them."""
+    at random may leave a kind out. The search stops once every kind met is full and 50 seeds per kind met have
+    gone by without a new one, or after `max_seeds` seeds; a kind still short then, or tasks without a kind, are a
+    ValueError naming them."""
     if isinstance(per_kind, bool) or not isinstance(per_kind, int) or per_kind < 1:
         raise ValueError(f"per_kind must be an integer >= 1, got {per_kind!r}")
     env = make_env(RolloutTask(env_id, env_kwargs=dict(env_kwargs or {})), sandbox)
