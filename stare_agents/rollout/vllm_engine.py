@@ -129,6 +129,14 @@ SYNC_EXTENSION = "stare_agents.rollout.weight_sync.VLLMSyncExtension"  # vLLM wo
 WEIGHTS_FILE = "model.safetensors"  # a driver-path sync's weights, in /dev/shm until the engine loaded them
 
 
+def resolve_multiprocess(multiprocess: bool | None) -> bool:
+    """Whether the engine core runs in a process of its own: as asked, else vLLM's default on GPUs and in this
+    process on CPUs (unless VLLM_ENABLE_V1_MULTIPROCESSING says)."""
+    if multiprocess is not None:
+        return multiprocess
+    return os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1" if has_gpu() else "0") != "0"
+
+
 class VLLMEngine:
     """A vLLM engine for token-in-token-out generation (see the module docstring).
 
@@ -168,8 +176,7 @@ class VLLMEngine:
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
         gpu = has_gpu()
-        if multiprocess is None:  # vLLM's default on GPUs; in this process on CPUs (unless the env says)
-            multiprocess = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1" if gpu else "0") != "0"
+        multiprocess = resolve_multiprocess(multiprocess)
         self.multiprocess = multiprocess
         if not gpu:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(kv_cache_gib))))

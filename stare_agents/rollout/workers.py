@@ -115,6 +115,39 @@ def ray_node_address() -> str | None:
     return ray.util.get_node_ip_address()
 
 
+def _engine_and_sandbox(spec: WorkerSpec, engine_kwargs: dict[str, Any]) -> tuple[Any, Any]:
+    """The worker's engine and its started sandbox, the sandbox started on a thread while the engine loads: the
+    sandbox's interpreters (Docker's containers, gVisor's sandboxes, local processes) mostly wait on their own
+    processes and the Docker daemon, the engine on imports and weights. Whichever fails, the other is closed and
+    the error raised. An engine that starts processes of its own (`multiprocess`: vLLM forks its core) starts
+    first, alone: a fork copies only the forking thread, and a lock the starting thread holds would stay held in
+    the child."""
+    from stare_agents.rollout.env_pool import start_sandbox
+    from stare_agents.rollout.vllm_engine import resolve_multiprocess
+
+    if spec.engine == "vllm" and resolve_multiprocess(spec.multiprocess):
+        engine = make_engine(spec.engine, spec.model, **engine_kwargs)
+        try:
+            return engine, start_sandbox(spec.sandbox, spec.sandbox_pool_size, spec.sandbox_kwargs)
+        except BaseException:
+            engine.close()
+            raise
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sandbox-start") as starter:
+        starting = starter.submit(start_sandbox, spec.sandbox, spec.sandbox_pool_size, spec.sandbox_kwargs)
+        try:
+            engine = make_engine(spec.engine, spec.model, **engine_kwargs)
+        except BaseException:
+            with contextlib.suppress(BaseException):
+                starting.result().close()
+            raise
+        try:
+            sandbox = starting.result()
+        except BaseException:
+            engine.close()
+            raise
+    return engine, sandbox
+
+
 class RolloutWorker:
     """One engine + one sandbox. Used directly (`use_ray=False`) or as a Ray actor."""
 
@@ -147,26 +180,28 @@ class RolloutWorker:
             raise ValueError(
                 f"fp32_head needs the vllm engine (the {spec.engine} engine computes its head in its dtype)"
             )
-        self.engine = make_engine(spec.engine, spec.model, **kwargs)
         self.env_pool = None
         self.sandbox = None
         self.env_factory: Callable[[RolloutTask, Any], Any] = make_env
         if spec.env_processes > 0:  # each environment process starts its own share of the interpreters
             from stare_agents.rollout.env_pool import EnvProcessPool
 
-            self.env_pool = EnvProcessPool(
-                spec.env_processes,
-                sandbox=spec.sandbox,
-                sandbox_pool_size=spec.sandbox_pool_size,
-                sandbox_kwargs=spec.sandbox_kwargs,
-                imports=spec.imports,
-                cpus=spec.env_cpus,
-            )
+            self.engine = make_engine(spec.engine, spec.model, **kwargs)
+            try:
+                self.env_pool = EnvProcessPool(
+                    spec.env_processes,
+                    sandbox=spec.sandbox,
+                    sandbox_pool_size=spec.sandbox_pool_size,
+                    sandbox_kwargs=spec.sandbox_kwargs,
+                    imports=spec.imports,
+                    cpus=spec.env_cpus,
+                )
+            except BaseException:
+                self.engine.close()
+                raise
             self.env_factory = self.env_pool.make
         else:
-            from stare_agents.rollout.env_pool import start_sandbox
-
-            self.sandbox = start_sandbox(spec.sandbox, spec.sandbox_pool_size, spec.sandbox_kwargs)
+            self.engine, self.sandbox = _engine_and_sandbox(spec, kwargs)
         self._done = 0
         self._lock = threading.Lock()
 
