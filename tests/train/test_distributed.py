@@ -27,16 +27,25 @@ def _config():
 
 
 @pytest.mark.parametrize(("scope", "fsdp"), [("micro-batch", False), ("batch", True)])
-def test_two_gloo_workers_take_the_same_update_as_one_learner(ray_cluster, tiny_model_dir, scope, fsdp):
+def test_two_gloo_workers_take_the_same_update_as_one_learner(
+    ray_cluster, tiny_model_dir, tmp_path, scope, fsdp
+):
     """Plain data parallel (gradients summed by the learner) and FSDP2 on CPU (sharded parameters,
-    gradients reduce-scattered); scope "batch" also gathers the surprisal of both workers."""
+    gradients reduce-scattered); scope "batch" also gathers the surprisal of both workers. Sharded checkpoints:
+    each worker writes its own shards (torch.distributed.checkpoint, nothing through the driver), and a new group
+    that loads them takes the same next step as the group that wrote them."""
     _, batch, advantages = step_inputs(14, groups=3)
     algorithm = AlgorithmConfig(stare=StareConfig(scope=scope, target_entropy=100.0, variant="C2"))
-    group = LearnerGroup(tiny_model_dir, algorithm, _config(), DistributedConfig(num_workers=2, fsdp=fsdp))
+    distributed = DistributedConfig(num_workers=2, fsdp=fsdp)
+    group = LearnerGroup(tiny_model_dir, algorithm, _config(), distributed)
     try:
         single = Learner.from_pretrained(tiny_model_dir, algorithm, _config())
         for step in range(3):  # later steps start from the synchronised replicas
-            if step == 2:  # and a checkpoint round trip on the workers changes nothing
+            if step == 2:  # the shards after two steps, for the resumed group below
+                small = group.save_shards(tmp_path / "shards")
+                assert small["step_count"] == 2 and "model" not in small and "optimizer" not in small
+                assert any((tmp_path / "shards").iterdir())
+                # and a checkpoint round trip through the driver changes nothing
                 group.load_state_dict(group.state_dict())
             record = step == 1  # per-token records for saved rollouts
             expected = single.step(batch, advantages, record_tokens=record)
@@ -48,11 +57,21 @@ def test_two_gloo_workers_take_the_same_update_as_one_learner(ray_cluster, tiny_
             assert bool(got.token_records) is record
             assert_same_token_records(expected.token_records, got.token_records)
         replica = make_learner(algorithm)
-        replica.model.load_state_dict(group.model_state_dict())
+        weights = group.model_state_dict()
+        replica.model.load_state_dict(weights)
         assert max_param_diff(single.model, replica.model) < 2e-6
         assert group.state_dict()["step_count"] == 3
     finally:
         group.close()
+    resumed = LearnerGroup(tiny_model_dir, algorithm, _config(), distributed)
+    try:
+        resumed.load_shards(tmp_path / "shards", small)
+        again = resumed.step(batch, advantages)  # AdamW's moments came back too: the same update
+        assert_same_metrics(got, again, rel=1e-6)
+        state = resumed.model_state_dict()
+        assert max(float((weights[k] - state[k]).abs().max()) for k in weights) < 1e-7
+    finally:
+        resumed.close()
 
 
 def assert_same_token_records(expected: dict, got: dict) -> None:
@@ -77,52 +96,33 @@ def assert_same_token_records(expected: dict, got: dict) -> None:
 
 
 @pytest.mark.parametrize("fsdp", [False, True])
-def test_sft_on_two_gloo_workers_takes_the_same_steps_as_one_trainer(ray_cluster, tiny_model_dir, fsdp):
+def test_sft_on_two_gloo_workers_takes_the_same_steps_as_one_trainer_and_resumes_from_its_shards(
+    ray_cluster, tiny_model_dir, tmp_path, fsdp
+):
     """SFT for a model that does not fit one device: each step's micro-batches dealt to the workers (FSDP: an
-    all-masked filler evens them out), gradients summed; the same epochs, losses and weights as one trainer."""
+    all-masked filler evens them out), gradients summed. The group's fit is stopped mid-epoch (max_steps), its
+    sharded checkpoint read into a new group (as after a crash), and the two groups together take the steps, epoch
+    figures and weights of one trainer's uninterrupted fit."""
+    from stare_agents.train.checkpoint import load_checkpoint
     from stare_agents.train.distributed import SFTGroup
     from stare_agents.train.sft import SFTConfig, SFTTrainer
 
-    trajectories = rollouts(3, groups=3, group_size=5)  # 15 traces, 2 steps of 8 (the last one short)
+    trajectories = rollouts(
+        3, groups=3, group_size=5
+    )  # 15 traces, 2 steps of 8 an epoch (the last one short)
     config = SFTConfig(
         optimizer=OptimizerConfig(lr=1e-3, eps=1e-5), epochs=2, batch_size=8, micro_batch_tokens=60
     )
     single = SFTTrainer.from_pretrained(tiny_model_dir, config)
     expected_steps: list[dict] = []
     expected = single.fit(trajectories, on_step=expected_steps.append)
-    group = SFTGroup(tiny_model_dir, config, DistributedConfig(num_workers=2, fsdp=fsdp))
-    try:
-        got_steps: list[dict] = []
-        got = group.fit(trajectories, on_step=got_steps.append)
-        assert len(got_steps) == len(expected_steps) == 4
-        for a, b in zip([*expected, *expected_steps], [*got, *got_steps], strict=True):
-            for key in ("loss", "entropy", "action_tokens", "tokens", "grad_norm"):
-                assert b[key] == pytest.approx(a[key], rel=1e-5), key
-        replica = make_learner()
-        replica.model.load_state_dict(group.model_state_dict())
-        assert max_param_diff(single.model, replica.model) < 2e-6
-    finally:
-        group.close()
-
-
-@pytest.mark.parametrize("fsdp", [False, True])
-def test_data_parallel_sft_resumes_from_its_sharded_checkpoint(ray_cluster, tiny_model_dir, tmp_path, fsdp):
-    """A group's fit stopped mid-epoch (max_steps), its sharded checkpoint read into a new group (as after a
-    crash), goes on to the weights and epoch figures of one trainer's uninterrupted fit."""
-    from stare_agents.train.checkpoint import load_checkpoint
-    from stare_agents.train.distributed import SFTGroup
-    from stare_agents.train.sft import SFTConfig, SFTTrainer
-
-    trajectories = rollouts(3, groups=3, group_size=5)  # 15 traces: 2 steps an epoch
-    config = SFTConfig(
-        optimizer=OptimizerConfig(lr=1e-3, eps=1e-5), epochs=2, batch_size=8, micro_batch_tokens=60
-    )
-    single = SFTTrainer.from_pretrained(tiny_model_dir, config)
-    expected = single.fit(trajectories)
     path = tmp_path / "sft_checkpoint"
+    got_steps: list[dict] = []
     first = SFTGroup(tiny_model_dir, config, DistributedConfig(num_workers=2, fsdp=fsdp))
     try:
-        history = first.fit(trajectories, max_steps=3)  # epoch 1 and the first step of epoch 2
+        history = first.fit(
+            trajectories, max_steps=3, on_step=got_steps.append
+        )  # epoch 1, epoch 2's first step
         assert [h["epoch"] for h in history] == [1.0] and first.fitting
         first.save_checkpoint({"traces": "x"}, path, tokenizer_dir=tiny_model_dir)
     finally:
@@ -131,10 +131,12 @@ def test_data_parallel_sft_resumes_from_its_sharded_checkpoint(ray_cluster, tiny
     try:
         second.resume(path, load_checkpoint(path))
         assert second.fitting
-        rest = second.fit(trajectories)
+        rest = second.fit(trajectories, on_step=got_steps.append)
         assert [h["epoch"] for h in rest] == [2.0] and not second.fitting
-        for key in ("loss", "entropy", "action_tokens", "tokens", "grad_norm"):
-            assert rest[0][key] == pytest.approx(expected[1][key], rel=1e-5), key
+        assert len(got_steps) == len(expected_steps) == 4
+        for a, b in zip([*expected, *expected_steps], [*history, *rest, *got_steps], strict=True):
+            for key in ("loss", "entropy", "action_tokens", "tokens", "grad_norm"):
+                assert b[key] == pytest.approx(a[key], rel=1e-5), key
         replica = make_learner()
         replica.model.load_state_dict(second.model_state_dict())
         assert max_param_diff(single.model, replica.model) < 2e-6
@@ -212,31 +214,3 @@ def _mixed_precision(worker) -> tuple[str, str, str]:
     policy = layer._get_fsdp_state()._mp_policy
     shard = next(layer.parameters()).to_local()
     return str(policy.param_dtype), str(policy.reduce_dtype), str(shard.dtype)
-
-
-@pytest.mark.parametrize("fsdp", [False, True])
-def test_sharded_checkpoints_resume_the_same_update(ray_cluster, tiny_model_dir, tmp_path, fsdp):
-    """Each worker writes its own shards (torch.distributed.checkpoint, nothing through the driver); a new
-    group that loads them takes the same next step as the group that wrote them."""
-    _, batch, advantages = step_inputs(14, groups=3)
-    algorithm = AlgorithmConfig(stare=StareConfig(scope="batch", target_entropy=100.0, variant="C2"))
-    distributed = DistributedConfig(num_workers=2, fsdp=fsdp)
-    first = LearnerGroup(tiny_model_dir, algorithm, _config(), distributed)
-    try:
-        first.step(batch, advantages)
-        small = first.save_shards(tmp_path / "shards")
-        assert small["step_count"] == 1 and "model" not in small and "optimizer" not in small
-        assert any((tmp_path / "shards").iterdir())
-        expected = first.step(batch, advantages)
-        weights = first.model_state_dict()
-    finally:
-        first.close()
-    second = LearnerGroup(tiny_model_dir, algorithm, _config(), distributed)
-    try:
-        second.load_shards(tmp_path / "shards", small)
-        got = second.step(batch, advantages)  # AdamW's moments came back too: the same update
-        assert_same_metrics(expected, got, rel=1e-6)
-        resumed = second.model_state_dict()
-        assert max(float((weights[k] - resumed[k]).abs().max()) for k in weights) < 1e-7
-    finally:
-        second.close()
