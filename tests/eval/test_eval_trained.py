@@ -3,15 +3,14 @@
 The "after" model is the default job's SFT stage as it is (the recipe's solver traces and epochs, on one compute
 thread as everywhere in the suite: on a busy machine a second one spins on the first's work); the tasks are 8
 of the trainer's held-out seeds exported with `stare-agents envs export`, evaluated by the `stare-agents eval`
-command (a process of its own with its vLLM engine) with the `arith` protocol (the environment and prompt the
-model trained in), greedy. Export and compare run in this process (CliRunner): two interpreters less.
+command (its in-process vLLM engine, one per model) with the `arith` protocol (the environment and prompt the model
+trained in), greedy. Every command runs in this process (CliRunner): an interpreter and its torch and vLLM imports
+less per command. (`stare-agents eval` in a process of its own, killed and resumed: tests/eval/test_eval_e2e.py.)
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 from support import require
@@ -21,18 +20,6 @@ from stare_agents.cli import app
 from stare_agents.models import prepare_model
 from stare_agents.train.config import load_config
 from stare_agents.train.trainer import Trainer
-
-
-def cli(*args: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "-m", "stare_agents.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout
 
 
 def in_process(*args: str) -> str:
@@ -56,7 +43,7 @@ def test_smollm2_before_and_after_training_side_by_side(tmp_path):
     results = {}
     for name, model in (("base", base), ("trained", run / "sft_model")):
         out = tmp_path / name
-        cli(
+        in_process(
             "eval",
             "--model",
             str(model),
