@@ -9,7 +9,7 @@ processes the tests start (CLI runs, Ray workers, engines) inherit it; the rollo
 engine's own count (OMP_NUM_THREADS = the actor's CPUs).
 
 Workers: scripts/test.sh runs the suite in two pytest-xdist workers, a test file at a time each (`--dist
-loadfile`: a module's shared engine or Ray stays in one process). Each worker gets a temporary folder of its own
+loadfile`: a module's shared engine or Ray stays in one process), the longest files first (tests/file_order.py). Each worker gets a temporary folder of its own
 (TMPDIR, inherited by what it starts), so what one worker's tests make there -- sandbox scratch folders, rendezvous
 files, private Ray folders, `ray start`'s address file -- is never counted, swept or attached to by the other's.
 """
@@ -44,6 +44,16 @@ SHARED_RAY = SharedRay()
 
 def pytest_configure(config) -> None:
     config.pluginmanager.register(CostRatchet(), "cost_ratchet")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile` with the longest files first (tests/file_order.py); any other mode: xdist's own."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from file_order import make_scheduler
+
+    return make_scheduler(config, log)
 
 
 RAY_MODULES: set[Path] = set()  # the test modules with a test that uses `local_ray`
