@@ -9,7 +9,8 @@ processes the tests start (CLI runs, Ray workers, engines) inherit it; the rollo
 engine's own count (OMP_NUM_THREADS = the actor's CPUs).
 
 Workers: scripts/test.sh runs the suite in two pytest-xdist workers, a test file at a time each (`--dist
-loadfile`: a module's shared engine or Ray stays in one process), the longest files first (tests/file_order.py). Each worker gets a temporary folder of its own
+loadfile`: a module's shared engine or Ray stays in one process): the modules that share the local Ray first, then
+the others, each group longest first (tests/file_order.py). Each worker gets a temporary folder of its own
 (TMPDIR, inherited by what it starts), so what one worker's tests make there -- sandbox scratch folders, rendezvous
 files, private Ray folders, `ray start`'s address file -- is never counted, swept or attached to by the other's.
 """
@@ -48,7 +49,7 @@ def pytest_configure(config) -> None:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """`--dist loadfile` with the longest files first (tests/file_order.py); any other mode: xdist's own."""
+    """`--dist loadfile` in the collection's order (`pytest_collection_modifyitems` below); other modes: xdist's."""
     if config.getvalue("dist") != "loadfile":
         return None
     from file_order import make_scheduler
@@ -68,7 +69,17 @@ def local_ray(request: pytest.FixtureRequest):
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Notes the modules that use the shared Ray, and puts the files in the order the workers take them
+    (tests/file_order.py): those modules first, then the others, each group longest first."""
+    from file_order import file_seconds, longest_first
+
     RAY_MODULES.update(item.path for item in items if "local_ray" in getattr(item, "fixturenames", ()))
+    ray_files = frozenset(item.nodeid.split("::", 1)[0] for item in items if item.path in RAY_MODULES)
+    rank = {
+        nodeid: i
+        for i, nodeid in enumerate(longest_first([i.nodeid for i in items], file_seconds(), ray_files))
+    }
+    items.sort(key=lambda item: rank[item.nodeid])
 
 
 @pytest.hookimpl(trylast=True)  # after the module's own fixtures (actors, groups) are torn down

@@ -1,14 +1,18 @@
-"""The order in which the two xdist workers take the test files: longest first.
+"""The order in which the two xdist workers take the test files: the modules that share the local Ray first, then
+the rest, each group longest first.
 
 `--dist loadfile` hands each worker a whole file at a time, the next one in its queue whenever the worker runs out.
 pytest-xdist orders that queue by each file's number of tests, so the files with one or two long tests (SmolLM2's
 before/after evaluation, the killed evaluation, the trained sweeps) came last, and the session waited on one worker
 while the other sat idle. Longest first (the classic LPT rule) leaves only short files for the end, so the two
-workers finish within about the last file's time of each other.
+workers finish within about the last file's time of each other. And the modules that use the shared local Ray
+(tests/conftest.py: `local_ray`, stopped before a module that does not use it) come one after another, so each
+worker starts it about once instead of once per run of such modules (~4 s of CPU a start).
 
-A file's time is what it took in a measured run (`FILE_SECONDS`, tests/file_seconds.json: the sum of its tests'
-setup, call and teardown wall times); a file not listed there counts as `UNLISTED_S`. Refresh the table after a
-suite run that printed every duration:
+The order is made where the tests are collected (`pytest_collection_modifyitems` in tests/conftest.py, which knows
+the modules' fixtures) and kept by the scheduler (`make_scheduler`). A file's time is what it took in a measured run
+(`TABLE`, tests/file_seconds.json: the sum of its tests' setup, call and teardown wall times); a file not listed
+counts as `UNLISTED_S`. Refresh the table after a suite run that printed every duration:
 
     CI=true bash scripts/test.sh --durations=0 2>&1 | tee /tmp/suite.log
     .venv/bin/python tests/file_order.py /tmp/suite.log          # rewrites tests/file_seconds.json
@@ -47,34 +51,33 @@ def file_seconds(table: Path | None = None) -> dict[str, float]:
     }
 
 
-def longest_first(nodeids: list[str], seconds: dict[str, float]) -> list[str]:
-    """The node ids, whole files together, the longest files first; within a file (and among files of equal time)
-    the collection's order."""
-    order = {}
+def longest_first(
+    nodeids: list[str], seconds: dict[str, float], first: frozenset[str] = frozenset()
+) -> list[str]:
+    """The node ids, whole files together: the files in `first` before the others, and within each group the
+    longest files first; within a file (and among files of equal time) the collection's order."""
+    order: dict[str, int] = {}
     for nodeid in nodeids:
         order.setdefault(nodeid.split("::", 1)[0], len(order))
 
-    def key(nodeid: str) -> tuple[float, int]:
+    def key(nodeid: str) -> tuple[bool, float, int]:
         path = nodeid.split("::", 1)[0]
-        return (-seconds.get(path, UNLISTED_S), order[path])
+        return (path not in first, -seconds.get(path, UNLISTED_S), order[path])
 
     return sorted(nodeids, key=key)
 
 
 def make_scheduler(config, log):
-    """The loadfile scheduler with its queue in `longest_first` order."""
+    """The loadfile scheduler that hands out the files in the collection's order (made by `longest_first`), not
+    xdist's by number of tests."""
     from xdist.scheduler import LoadFileScheduling
 
-    class LongestFirstScheduling(LoadFileScheduling):
+    class CollectionOrderScheduling(LoadFileScheduling):
         def schedule(self) -> None:
-            if self.collection is None and self.registered_collections:
-                seconds = file_seconds()
-                for node, collection in list(self.registered_collections.items()):
-                    self.registered_collections[node] = longest_first(list(collection), seconds)
-                self.config.option.loadscopereorder = False  # keep this order, not xdist's by test count
+            self.config.option.loadscopereorder = False
             super().schedule()
 
-    return LongestFirstScheduling(config, log)
+    return CollectionOrderScheduling(config, log)
 
 
 def table_from_log(text: str) -> dict[str, float]:

@@ -1,4 +1,5 @@
-"""The workers take the longest test files first (tests/file_order.py), whole files at a time."""
+"""The workers take the test files in the order of tests/file_order.py: the shared-Ray modules first, then the
+others, each group longest first, whole files at a time."""
 
 from __future__ import annotations
 
@@ -24,6 +25,11 @@ def test_longest_files_first_whole_files_together_in_collection_order_otherwise(
         "d.py::t1",
     ]
     assert longest_first(ids, {}) == ids  # no table: the collection's order
+    # the shared-Ray modules first, longest first among them, then the others
+    ray = frozenset({"c.py", "d.py"})
+    assert longest_first(ids, seconds | {"d.py": 2.0}, ray) == [
+        "d.py::t1", "c.py::t1", "c.py::t2", "b.py::t1", "a.py::t1", "a.py::t2"
+    ]  # fmt: skip
 
 
 def test_the_table_is_read_from_a_durations_log():
@@ -64,28 +70,34 @@ def test_the_checked_in_table_names_files_that_exist():
     assert not missing, f"{TABLE} lists files that are gone (refresh it, tests/file_order.py): {missing}"
 
 
-def test_an_xdist_worker_runs_the_longest_file_first(pytester):
-    """The conftest hook with a table of its own: one worker, so the order it runs in is the queue's."""
+def test_an_xdist_worker_runs_the_files_in_that_order(pytester):
+    """The two hooks with a table of their own: one worker, so the order it runs in is the queue's. xdist alone
+    would start with the file of most tests."""
     pytester.makepyfile(
         test_short="def test_s1(): pass\ndef test_s2(): pass\ndef test_s3(): pass\n",
         test_long="def test_l1(): pass\n",
+        test_ray="def test_r1(): pass\n",
     )
-    (pytester.path / "table.json").write_text(
-        json.dumps({"seconds": {"test_long.py": 60.0, "test_short.py": 1.0}})
-    )
+    table = {"seconds": {"test_long.py": 60.0, "test_short.py": 1.0, "test_ray.py": 0.5}}
+    (pytester.path / "table.json").write_text(json.dumps(table))
     pytester.makeconftest(
         f"""
         import sys
         from pathlib import Path
         sys.path.insert(0, {str(Path(__file__).parent)!r})
         import file_order
-        file_order.TABLE = Path(__file__).with_name("table.json")
+
+        def pytest_collection_modifyitems(items):
+            seconds = file_order.file_seconds(Path(__file__).with_name("table.json"))
+            order = file_order.longest_first([i.nodeid for i in items], seconds, frozenset({{"test_ray.py"}}))
+            items.sort(key=lambda item: order.index(item.nodeid))
 
         def pytest_xdist_make_scheduler(config, log):
             return file_order.make_scheduler(config, log)
         """
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "1", "--dist", "loadfile", "-v")
-    result.assert_outcomes(passed=4)
+    result.assert_outcomes(passed=5)
     ran = [line.split()[-1] for line in result.outlines if " PASSED " in line]
-    assert [name.split("::")[0] for name in ran] == ["test_long.py", *["test_short.py"] * 3], result.outlines
+    expected = ["test_ray.py", "test_long.py", *["test_short.py"] * 3]
+    assert [name.split("::")[0] for name in ran] == expected, result.outlines
