@@ -192,3 +192,14 @@ def test_no_new_import_circles():
     assert "stare_agents.rollout.env_pool" not in graph["stare_agents.rollout.agent_loop"]
     new = [sorted(circle) for circle in circles(graph) if not any(circle <= known for known in KNOWN_CIRCLES)]
     assert new == []
+
+
+def test_the_learner_and_every_training_module_stay_small():
+    """Issue 46's bounds for the training package: the learner <= 600 lines (a plain PPO step, with STARE's
+    mechanics in `stare_agents.algo`), no module of train/ over 700 (split a module before it grows past)."""
+    sizes = {
+        path.relative_to(ROOT).as_posix(): len(path.read_text().splitlines())
+        for path in (ROOT / "train").rglob("*.py")
+    }
+    assert sizes["train/learner.py"] <= 600, sizes["train/learner.py"]
+    assert {path: n for path, n in sizes.items() if n > 700} == {}

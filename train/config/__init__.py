@@ -16,8 +16,8 @@ stare-random, grpo-ds) whose fields are typed keys under `rl` that override the 
 preset's value; `config.algorithm()` is the result. The older spelling `rl.algorithm_overrides.<field>` is
 still read (as `rl.<field>`) and says once that it is deprecated.
 
-The package's files: `schema.py` (the sections and `TrainConfig`), `evaluation.py` (the `eval` section and its
-benchmarks), `typed.py` (the typed builder under them), `loading.py` (recipes, files, overrides) and `checks.py`
+The package's files: `schema.py` (the sections and `TrainConfig`), `rollout_section.py` (the `rollout` section and
+its engine and GPU checks), `evaluation.py` (the `eval` section and its benchmarks), `typed.py` (the typed builder under them), `loading.py` (recipes, files, overrides) and `checks.py`
 (`check_run`).
 
 `check_run(config)` (the trainer calls it before any work) goes further than the types: it imports
@@ -41,9 +41,9 @@ from stare_agents.train.config.loading import (
     recipe_names,
     save_config,
 )
+from stare_agents.train.config.rollout_section import ENGINE_OWNED_KWARGS, RolloutSection
 from stare_agents.train.config.schema import (
     ALGORITHM_FIELDS,
-    ENGINE_OWNED_KWARGS,
     MICRO_BATCH_SKEW,
     RECIPES_DIR,
     CheckpointSection,
@@ -51,7 +51,6 @@ from stare_agents.train.config.schema import (
     LoggingSection,
     ModelSection,
     RLSection,
-    RolloutSection,
     SFTSection,
     TrainConfig,
     absolute_paths,
