@@ -217,6 +217,7 @@ class VLLMEngine:
         self._extension = kwargs["worker_extension_cls"] == SYNC_EXTENSION  # ours: sync groups, tied heads
         started = time.perf_counter()
         threads = torch.get_num_threads()
+        set_num_threads = torch.set_num_threads  # vLLM's CPU worker replaces it with a no-op in its process
         before = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocess else "0"  # read when LLM starts
         try:
@@ -226,6 +227,9 @@ class VLLMEngine:
                 os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
             else:
                 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = before
+            # an in-process CPU engine replaced torch.set_num_threads for the whole process with a function that
+            # only warns: every later call (a learner beside it, the next engine) would be ignored
+            torch.set_num_threads = set_num_threads
         torch.set_num_threads(threads)  # vLLM drops this process to 1 thread; a learner beside it needs them
         self.start_seconds = time.perf_counter() - started
         self.model = str(model)

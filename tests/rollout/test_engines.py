@@ -102,6 +102,19 @@ def test_the_vllm_engines_weights_digest_follows_its_weight_updates(vllm_engine,
     assert vllm_engine.weights_digest() == loaded
 
 
+def test_an_in_process_vllm_engine_leaves_torch_set_num_threads_working(vllm_engine):
+    """vLLM's CPU worker replaces torch.set_num_threads, for the whole process, with a function that only warns;
+    the engine puts the real one back, so a learner or the next engine in this process can still set its threads."""
+    assert vllm_engine.llm is not None
+    assert type(torch.set_num_threads).__name__ == "builtin_function_or_method", torch.set_num_threads
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads + 1)
+        assert torch.get_num_threads() == threads + 1
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_vllm_logprobs_equal_a_transformers_forward_and_ids_are_kept(vllm_engine, tiny_model):
     load_weights(vllm_engine, tiny_model)
     prompts = [chat_prompt(vllm_engine.tokenizer, q) for q in ("a", "What is 6 * 7?", "Compute 123 * 456.")]
