@@ -228,3 +228,4 @@ def test_the_allowed_list_only_shrinks():
     assert len(ALLOWED) <= 1
     assert LIMIT_S == 60.0 and SLACK == 1.5
     assert all(ceiling > LIMIT_S for ceiling in ALLOWED.values())
+    assert sum(ALLOWED.values()) <= 125.0  # the ceilings shrink too: lower this with them
