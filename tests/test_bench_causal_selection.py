@@ -49,14 +49,9 @@ def test_the_arms_are_the_registered_ones():
         (["--temperature", "0"], "--temperature 0"),
         (["--model", "no/such/folder"], "--model no/such/folder"),
         (["--sft-from", "no/config.yaml"], "--sft-from no/config.yaml"),
-        (["--arms", "w1,phi-w3"], "phi-negative"),  # until the learner registers the Phi methods
     ],
 )
 def test_bad_input_is_refused_before_any_run(tmp_path: Path, capsys, args, said):
-    from stare_agents.algo.reweighting import REWEIGHTINGS
-
-    if said == "phi-negative" and "phi-negative" in REWEIGHTINGS:
-        pytest.skip("this checkout's learner offers the Phi methods")
     bench = load_bench()
     base = {"--model": "tiny", "--out": str(tmp_path / "runs"), "--arms": "w1,top-w3"}
     for key, value in zip(args[::2], args[1::2], strict=True):
@@ -69,26 +64,28 @@ def test_bad_input_is_refused_before_any_run(tmp_path: Path, capsys, args, said)
 
 @pytest.mark.slow
 def test_two_arms_on_the_tiny_model_end_to_end(tmp_path: Path, monkeypatch):
-    """w1 and top-w3, two seeds, one step each, on the tiny recipe (local sandbox): the common batch is made
-    from held-out tasks, each run's change is measured, the reported pair has its interval; a second call runs
-    nothing."""
+    """w1 and phi-w3 (the registered pair), two seeds, one step each, on the tiny recipe (local sandbox): the
+    common batch is made from held-out tasks, each run's change is measured, the judged pair has its interval and
+    a verdict; a second call runs nothing."""
     monkeypatch.setenv("STARE_ALLOW_LOCAL_SANDBOX", "1")
     monkeypatch.chdir(ROOT)
     bench = load_bench()
     out = tmp_path / "runs"
-    common = ["--model", "tiny", "--recipe", "tiny", "--out", str(out), "--arms", "w1,top-w3", "--seeds", "0,1",
+    common = ["--model", "tiny", "--recipe", "tiny", "--out", str(out), "--arms", "w1,phi-w3", "--seeds", "0,1",
               "--steps", "1", "--common-tasks", "2", "--common-samples", "2", "--set", "rollout.sandbox=local"]  # fmt: skip
     bench.main([*common, "--json", str(tmp_path / "c.json")])
     got = json.loads((tmp_path / "c.json").read_text())
     assert got["common_batch"]["trajectories"] > 0 and (out / "common-batch.jsonl").exists()
-    for arm in ("w1", "top-w3"):
+    for arm in ("w1", "phi-w3"):
         assert set(got["arms"][arm]["change_by_seed"]) == {"0", "1"}
         assert (
             not (out / f"{arm}-s0" / "checkpoints").exists() and (out / f"{arm}-s0" / "final_model").is_dir()
         )
-    pair = got["top-w3-minus-w1"]
+    pair = got["phi-w3-minus-w1"]
     assert pair["seeds"] == 2 and pair["ci_low"] <= pair["mean"] <= pair["ci_high"]
-    assert got["verdict"].startswith("not judged")  # phi-w3 did not run
+    assert got["verdict"] == ("pass" if pair["ci_low"] > 0 else "fail")  # every seed of the judged pair ran
+    saved = (out / "phi-w3-s0" / "config.yaml").read_text()
+    assert "reweighting: phi-negative" in saved and "w: 3.0" in saved
     stamp = (out / "w1-s0" / "metrics.jsonl").stat().st_mtime_ns
     bench.main([*common, "--report"])
     assert (out / "w1-s0" / "metrics.jsonl").stat().st_mtime_ns == stamp

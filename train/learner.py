@@ -260,7 +260,7 @@ class Learner:
         # pi_old, entropy and Phi of the policy before this step's updates. When there is one update and no
         # worker holds more than one micro-batch, the update's own forward is that pass (nothing has changed
         # the policy yet): one forward instead of two, the same numbers.
-        want = self.config.diagnostics
+        want = self.config.diagnostics or self.reweighting.needs_phi  # Phi: the diagnostics' or the selection's
         forward: list[TokenStats | None] = [None] * len(micro_batches)
         if (
             self.config.fuse_single_micro_batch
@@ -395,7 +395,7 @@ class Learner:
         stats = item.forward if item.forward is not None else self.policy(mb.batch)
         # L+/L- (the step's, or this micro-batch's by the current policy's surprisal) and the token weights
         top_pos, top_neg, weights = self.reweighting.select(
-            -stats.logprob.detach(), advantages, mask, item.selection
+            -stats.logprob.detach(), advantages, mask, item.selection, phi=item.phi
         )
         if records is not None and not mb.filler:
             records.update(token_records(mb, pre, item.phi, top_pos, top_neg, weights))

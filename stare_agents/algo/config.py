@@ -39,7 +39,8 @@ class AlgorithmConfig:
     # the reweighting's settings, of the config type of the method `reweighting` names; None: no reweighting
     stare: StareConfig | None = field(default_factory=StareConfig)
     # which tokens `stare`'s weights go to: a method of stare_agents.algo.reweighting.REWEIGHTINGS, "stare" (the
-    # highest surprisal) or "random-tokens" (a control)
+    # highest surprisal), "random-tokens" (a control), "phi-negative" (exactly the tokens with Phi < 0) or
+    # "phi-negative-random" (its control)
     reweighting: str = "stare"
     entrocraft: EntrocraftSwitch | None = None
 

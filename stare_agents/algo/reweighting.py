@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from stare_agents.algo.diagnostics import PhiSums, phi_sums
+from stare_agents.algo.phi_selection import PhiNegative, PhiNegativeRandom
 from stare_agents.algo.random_tokens import RandomTokens
 from stare_agents.algo.stare import Scope, Stare, StareConfig
 from stare_agents.algo.sums import Sums, figure
@@ -60,6 +61,9 @@ class TokenReweighting(Protocol):
     ]  # the method's settings (`rl.stare`): a dataclass with ReweightingConfig's members
     config: Any
     reweighting: bool  # whether the current step is reweighted (after this step's `update`)
+    # a method that selects by the entropy sensitivity Phi sets this: the learner then computes Phi every step and
+    # passes it to `selection` as `phi=` (stare_agents.algo.phi_selection)
+    needs_phi: ClassVar[bool]
 
     def gate_entropy(self, trained: float, sampled: float | None = None) -> float:
         """What the gate reads this step (the trained batch's entropy, every sampled trajectory's, ...)."""
@@ -90,6 +94,8 @@ class TokenReweighting(Protocol):
 REWEIGHTINGS: dict[str, type[TokenReweighting]] = {
     "stare": Stare,  # the highest-surprisal tokens of T+ (and T-)
     "random-tokens": RandomTokens,  # control: as many tokens of T+ (and T-), drawn at random
+    "phi-negative": PhiNegative,  # exactly the tokens of T+ (and T-) with Phi < 0 (the causal test's selection)
+    "phi-negative-random": PhiNegativeRandom,  # control: as many tokens of T+ (and T-) as that, drawn at random
 }
 
 
@@ -169,20 +175,21 @@ class StepReweighting:
         return self.method.config.scope if self.method is not None else "micro-batch"
 
     @property
+    def needs_phi(self) -> bool:
+        """Whether `select` needs the pre-update policy's Phi (the method selects by it)."""
+        return bool(getattr(self.selector, "needs_phi", False))
+
+    @property
     def gate_on(self) -> bool | None:
         """Whether the last step was reweighted (None without a method)."""
         return self.method.reweighting if self.method is not None else None
 
     @property
     def measured(self) -> set[str]:
-        """What this step's sums measure: "selection" (L+/L-: reweighted or diagnostics), "phi" (diagnostics)."""
-        return (
-            {"selection"}
-            if self.on and not self.diagnostics
-            else {"selection", "phi"}
-            if self.diagnostics
-            else set()
-        )
+        """What this step's sums measure: "selection" (L+/L-: reweighted or diagnostics), "phi" (diagnostics, or a
+        method that selects by Phi, for which the learner computes it anyway)."""
+        measured = {"selection", "phi"} if self.diagnostics else {"selection"} if self.on else set()
+        return measured | {"phi"} if self.needs_phi else measured
 
     def gate(self, trained: float, sampled: float, *, measured: bool) -> bool:
         """Once per step, before its updates: the gate reads `trained` (the pre-update entropy of the trained
@@ -236,15 +243,21 @@ class StepReweighting:
         advantages: Tensor,
         action_mask: Tensor,
         selection: tuple[Tensor, Tensor] | None = None,
+        *,
+        phi: Tensor | None = None,
     ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
         """(L+, L-, weights) of one micro-batch: the step-wide `selection` when there is one, else taken over the
-        micro-batch from `surprisal` (the current policy's) when the step is reweighted or diagnosed (None
-        otherwise); weights None while the step is not reweighted."""
+        micro-batch from `surprisal` (the current policy's), or from `phi` (the pre-update policy's) for a method
+        that `needs_phi`, when the step is reweighted or diagnosed (None otherwise); weights None while the step
+        is not reweighted."""
         top_pos = top_neg = None
         if selection is not None:
             top_pos, top_neg = selection
         elif self.on or self.diagnostics:
-            top_pos, top_neg = self.selector.selection(surprisal, advantages, action_mask)
+            if self.needs_phi:  # the method refuses phi=None with a message naming it
+                top_pos, top_neg = self.selector.selection(surprisal, advantages, action_mask, phi=phi)
+            else:
+                top_pos, top_neg = self.selector.selection(surprisal, advantages, action_mask)
         weights = self.method.weights_from_selection(top_pos, top_neg) if self.on and self.method else None
         return top_pos, top_neg, weights
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import asdict, dataclass, fields
-from typing import Literal, get_args
+from typing import ClassVar, Literal, get_args
 
 import torch
 from torch import Tensor
@@ -235,6 +235,7 @@ class Stare:
     """
 
     config_type: type[StareConfig] = StareConfig
+    needs_phi: ClassVar[bool] = False  # selects by surprisal; the Phi methods (phi_selection.py) set it
 
     def __init__(self, config: StareConfig | None = None, *, seed: int = 0) -> None:
         """`seed` is unused (STARE's selection is deterministic); the random-token control takes it."""

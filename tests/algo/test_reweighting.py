@@ -29,11 +29,12 @@ ADVANTAGES = torch.tensor([1.0, -1.0])
 
 
 def test_the_table_builds_each_method_and_refuses_an_unknown_one():
-    assert set(REWEIGHTINGS) == {"stare", "random-tokens"}
+    assert set(REWEIGHTINGS) == {"stare", "random-tokens", "phi-negative", "phi-negative-random"}
     assert isinstance(build_reweighting("stare", StareConfig()), Stare)
     assert isinstance(build_reweighting("random-tokens", StareConfig(), seed=3), RandomTokens)
     assert build_reweighting("stare", None) is None  # an algorithm without reweighting
-    with pytest.raises(ValueError, match=r"reweighting='surprise'.*allowed: stare, random-tokens"):
+    with pytest.raises(ValueError, match=r"reweighting='surprise'.*allowed: stare, random-tokens, phi-negative, "
+                       r"phi-negative-random"):
         build_reweighting("surprise", StareConfig())
     with pytest.raises(ValueError, match=r"reweighting='random_tokens'.*did you mean 'random-tokens'\?"):
         AlgorithmConfig(reweighting="random_tokens")
