@@ -82,11 +82,16 @@ def train(
     from rich.console import Console
     from rich.table import Table
 
+    from stare_agents.provenance import mixed_tree
     from stare_agents.sandbox import SandboxError
     from stare_agents.train.config import load_config
     from stare_agents.train.trainer import preflight
     from stare_agents.train.trainer import train as run_training
 
+    mixed = mixed_tree()  # a run must be one tree's code, or no commit says what ran
+    if mixed is not None:
+        typer.secho(mixed, fg="red", err=True)
+        raise typer.Exit(2)
     if recipe is None and config is None:
         recipe = "smollm2-arith"
     overrides = list(ctx.args)
