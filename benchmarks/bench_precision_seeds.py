@@ -116,7 +116,9 @@ def run_point(
             "--out",
             str(folder),
         ]
-        if (folder / "progress.json").exists():
+        # a run folder the trainer began (config.yaml is its first file, progress.json follows): continue it, also
+        # when it was cut short before its first checkpoint, which `train` without --resume refuses to overwrite
+        if (folder / "progress.json").exists() or (folder / "config.yaml").exists():
             command.append("--resume")
         command += [f"seed={seed}", *PRECISIONS[precision], *(extra or [])]
         print("$", " ".join(command), flush=True)

@@ -207,3 +207,18 @@ def test_a_point_that_dies_is_resumed_and_each_failed_attempt_is_logged(tmp_path
     codes = iter([1, 1])
     with pytest.raises(SystemExit, match="2 attempt"):
         b.run_point(tmp_path / "p", "fp32", 3, attempts=2)
+
+
+def test_a_point_cut_short_before_its_first_checkpoint_is_resumed(tmp_path: Path, monkeypatch):
+    """The trainer writes config.yaml first: a point killed before any progress.json is continued with --resume
+    (`train` without it refuses a folder that holds a run, and every attempt would fail the same way)."""
+    b = bench()
+    calls: list[list[str]] = []
+    monkeypatch.setattr(
+        b.subprocess, "run", lambda command, **kw: calls.append(command) or subprocess.CompletedProcess(command, 0)
+    )
+    (tmp_path / "p").mkdir()
+    b.run_point(tmp_path / "p", "fast", 4)  # a fresh folder: a new run
+    (tmp_path / "p" / "config.yaml").write_text("name: x\n")
+    b.run_point(tmp_path / "p", "fast", 4)
+    assert "--resume" not in calls[0] and "--resume" in calls[1]
