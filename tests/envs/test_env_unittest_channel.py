@@ -280,11 +280,11 @@ def test_forged_reports_earn_nothing(sandbox, attack: str, request: pytest.Fixtu
         violation = info["score_details"]["violation"]
         if attack == "forge_and_kill" and violation is None:
             # the race went to the driver (seen under load): it reported, every test failing (the submission
-            # returns None), before the forger's line or kill; that honest report is what was graded
+            # returns None) or stopped at its deadline (T, seen in CI under load), before the forger's line or
+            # kill; that honest report, the only sealed one, is what was graded
             assert info["score_details"]["tests_passed"] == 0, info["score_details"]
-            assert any(body_of(line)["outcomes"] == "FFFFF" for line in sealed(recording)), info[
-                "score_details"
-            ]
+            honest = [body_of(line)["outcomes"] for line in sealed(recording)]
+            assert len(honest) == 1 and set(honest[0]) <= set("FT"), (honest, info["score_details"])
         elif attack == "forge_and_kill" and "expected one report line" in violation:
             # the race went both ways (seen in CI under load): the driver's honest report and the forged line
             # both reached the channel; two reports are refused whatever their seals say
