@@ -17,7 +17,8 @@ RL - SFT >= +0.25 with the interval's lower end >= +0.15, a spread <= 0.15 and e
 point's folder holds its held-out episodes (heldout/sft.jsonl.gz, heldout/rl.jsonl.gz), it also prints the task
 kinds RL gained and lost (accuracy moved by >= KIND_MOVE): a net gain can be a larger gain minus a forgetting. Two runs of the
 same settings and seed (a replicate, or `fast` and `fp32` on a CPU where fast is fp32) are listed as pairs: runs of
-one seed differ on CPU too.
+one seed differ on CPU too. Two precisions run for the same seeds are compared paired by seed: the difference of
+their RL - SFT per seed, its mean with a 95% interval over the seeds, and in how many seeds each gained more.
 
 The ablations isolate one side at a time: `engine-bf16` (bf16 vLLM engine, fp32 learner), `learner-bf16` (fp32
 engine, bf16 learner) and `bf16-head-tis` (bf16 on both sides with the fp32 LM head and truncated importance
@@ -266,6 +267,52 @@ def same_setting_pairs(results: dict[str, dict[str, dict[str, Any]]]) -> list[di
     return pairs
 
 
+T95 = {
+    1: 12.706,
+    2: 4.303,
+    3: 3.182,
+    4: 2.776,
+    5: 2.571,
+    6: 2.447,
+    7: 2.365,
+    8: 2.306,
+    9: 2.262,
+}  # t, two-sided
+
+
+def paired_by_seed(
+    results: dict[str, dict[str, dict[str, Any]]], first: str, second: str
+) -> dict[str, Any] | None:
+    """`second` against `first` over the seeds both ran (first runs of each, labels without a replicate): per seed the
+    difference of RL - SFT and of RL accuracy (second - first), their means with a 95% t-interval over seeds (an
+    interval over runs, unlike a point's interval over tasks), and in how many seeds `second` gained at least as
+    much. None when the two precisions share fewer than two seeds, or resolve to the same precision on this CPU
+    (then the pairs are replicates, listed by `same_setting_pairs`)."""
+    a, b = results.get(first, {}), results.get(second, {})
+    seeds = sorted((label for label in a.keys() & b.keys() if "-r" not in label), key=int)
+    if len(seeds) < 2 or all(a[s]["precision"] == b[s]["precision"] for s in seeds):
+        return None
+
+    def interval(values: list[float]) -> list[float]:
+        mean = statistics.fmean(values)
+        half = T95.get(len(values) - 1, 1.96) * statistics.stdev(values) / len(values) ** 0.5
+        return [mean - half, mean + half]
+
+    gain = [b[s]["rl_minus_sft"] - a[s]["rl_minus_sft"] for s in seeds]
+    final = [b[s]["rl"] - a[s]["rl"] for s in seeds]
+    return {
+        "of": f"{second} - {first}",
+        "seeds": [int(s) for s in seeds],
+        "rl_minus_sft_difference": gain,
+        "rl_minus_sft_difference_mean": statistics.fmean(gain),
+        "rl_minus_sft_difference_ci95": interval(gain),
+        "rl_difference": final,
+        "rl_difference_mean": statistics.fmean(final),
+        "rl_difference_ci95": interval(final),
+        "second_at_least_as_good": sum(d >= -1e-9 for d in gain),
+    }
+
+
 def table(results: dict[str, dict[str, dict[str, Any]]]) -> str:
     rows = [
         "| precision | seed | SFT | RL | RL - SFT [95% CI over tasks] | bar | reward first -> last (max) "
@@ -359,8 +406,24 @@ def main() -> None:
             f"same settings, seed {pair['seed']}: {pair['runs'][0]} {pair['rl_minus_sft'][0]:+.3f} vs "
             f"{pair['runs'][1]} {pair['rl_minus_sft'][1]:+.3f} ({pair['difference']:.3f} apart)"
         )
+    paired = [
+        found
+        for i, first in enumerate(precisions)
+        for second in precisions[i + 1 :]
+        if (found := paired_by_seed(results, first, second)) is not None
+    ]
+    for pair in paired:
+        low, high = pair["rl_minus_sft_difference_ci95"]
+        print(
+            f"paired by seed ({pair['of']}, seeds {pair['seeds']}): RL - SFT differs by "
+            + ", ".join(f"{d:+.3f}" for d in pair["rl_minus_sft_difference"])
+            + f"; mean {pair['rl_minus_sft_difference_mean']:+.3f}, 95% interval over seeds [{low:+.3f}, {high:+.3f}];"
+            f" RL accuracy differs by {pair['rl_difference_mean']:+.3f} on average; the second gained at least as much"
+            f" in {pair['second_at_least_as_good']} of {len(pair['seeds'])} seeds"
+        )
     if args.json:
         figures = {
+            "paired_by_seed": paired,
             "cpu": hardware.cpu_model(),
             "recipe": args.recipe,
             "overrides": args.set,
