@@ -42,6 +42,9 @@ from typing import Any
 from stare_agents import hardware
 from stare_agents.jsonl import dumps, read_lines, report_unread
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_causal_selection import paired_interval
+
 RECIPE = "smollm2-arith"
 PRECISIONS: dict[str, list[str]] = {
     "fast": [],  # the recipe's own: bf16 where the CPU has avx512_bf16 or AMX, fp32 elsewhere
@@ -267,19 +270,6 @@ def same_setting_pairs(results: dict[str, dict[str, dict[str, Any]]]) -> list[di
     return pairs
 
 
-T95 = {
-    1: 12.706,
-    2: 4.303,
-    3: 3.182,
-    4: 2.776,
-    5: 2.571,
-    6: 2.447,
-    7: 2.365,
-    8: 2.306,
-    9: 2.262,
-}  # t, two-sided
-
-
 def paired_by_seed(
     results: dict[str, dict[str, dict[str, Any]]], first: str, second: str
 ) -> dict[str, Any] | None:
@@ -294,9 +284,8 @@ def paired_by_seed(
         return None
 
     def interval(values: list[float]) -> list[float]:
-        mean = statistics.fmean(values)
-        half = T95.get(len(values) - 1, 1.96) * statistics.stdev(values) / len(values) ** 0.5
-        return [mean - half, mean + half]
+        found = paired_interval(values)  # the causal test's paired t-interval
+        return [found["ci_low"], found["ci_high"]]
 
     gain = [b[s]["rl_minus_sft"] - a[s]["rl_minus_sft"] for s in seeds]
     final = [b[s]["rl"] - a[s]["rl"] for s in seeds]
