@@ -1,5 +1,5 @@
 """Learner throughput: `Learner.step` tokens/s, MFU, peak memory, padding share and the pre-update share, rows
-packed against rows padded, and the STARE / GRPO-ds step-time ratio.
+packed (with each group's prompt once, and without) against rows padded, and the STARE / GRPO-ds step-time ratio.
 
 A learner step is what `Learner.step` does: the pre-update pass (no grad) over the batch unless the step is one
 micro-batch (then the update's forward is that pass), forward + backward with the chunked action-token head, the
@@ -113,20 +113,24 @@ def build(args: argparse.Namespace, config: Any) -> torch.nn.Module:
 
 
 def synthetic_rows(
-    vocab: int, rows: int, prompt: int, response: tuple[int, int], seed: int
+    vocab: int, rows: int, prompt: int, response: tuple[int, int], seed: int, *, group_prompts: bool = False
 ) -> list[Trajectory]:
     """`rows` rollouts of `prompt` tokens and a response of a length drawn from [lo, hi], each with a 30%
-    observation span (action_mask 0) in its middle; groups of 4, rewards alternating."""
+    observation span (action_mask 0) in its middle; groups of 4, rewards alternating. `group_prompts`: a
+    group's rows share one prompt (as GRPO's samples do), else every row has its own."""
     gen = torch.Generator().manual_seed(seed)
     out = []
+    prompt_ids: list[int] = []
     for i in range(rows):
+        if i % 4 == 0 or not group_prompts:
+            prompt_ids = torch.randint(3, vocab, (prompt,), generator=gen).tolist()
         length = int(torch.randint(response[0], response[1] + 1, (1,), generator=gen))
         obs = int(0.3 * length)
         start = (length - obs) // 2
         mask = [0 if start <= j < start + obs else 1 for j in range(length)]
         out.append(
             Trajectory(
-                prompt_ids=torch.randint(3, vocab, (prompt,), generator=gen).tolist(),
+                prompt_ids=list(prompt_ids),
                 response_ids=torch.randint(3, vocab, (length,), generator=gen).tolist(),
                 action_mask=mask,
                 rollout_logprobs=[-1.0 * bit for bit in mask],
@@ -249,12 +253,15 @@ def device_peak_tflops(args: argparse.Namespace) -> tuple[float | None, str]:
 
 
 def learner_for(model, algorithm: AlgorithmConfig, args, precision: str, pack: str, checkpointing: bool):
+    """`pack`: "shared" (rows packed, a group's prompt run once), "on" (packed, every row's prompt), "off"
+    (padded) or "auto" (the learner's default)."""
     config = LearnerConfig(
         optimizer=OptimizerConfig(lr=1e-6),
         precision=precision,
         micro_batch_tokens=args.micro_batch_tokens,
         gradient_checkpointing=checkpointing,
-        pack_rows=pack,
+        pack_rows="on" if pack == "shared" else pack,
+        share_prompts=pack in ("shared", "auto"),
         device=args.device,
     )
     return Learner(model, algorithm, config)
@@ -291,7 +298,7 @@ def summary_row(
     ]
     row = {
         "precision": precision,
-        "rows": "packed" if learner.policy.packed else "padded",
+        "rows": "shared" if learner.policy.share_prompts else "packed" if learner.policy.packed else "padded",
         "gradient_checkpointing": plan.gradient_checkpointing,
         "steps_per_round": len(rounds[0]),
         "median_round_s": statistics.median(round_s),
@@ -376,6 +383,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt", type=int, default=64, help="prompt tokens of a synthetic row")
     parser.add_argument("--response", default="192", help="response tokens of a synthetic row: N or LO:HI")
     parser.add_argument(
+        "--group-prompts", action="store_true", help="synthetic rows: each group of 4 shares its prompt"
+    )
+    parser.add_argument(
         "--rollouts", default=None, help="a run folder: its saved steps' trained rows instead"
     )
     parser.add_argument("--steps", default="0", help="with --rollouts: the saved steps FIRST:LAST")
@@ -384,7 +394,10 @@ def main(argv: list[str] | None = None) -> int:
         "--precisions", default=None, help="comma-separated (default: bf16 on CUDA, fp32,bf16 on CPU)"
     )
     parser.add_argument(
-        "--pack", choices=("on", "off", "both"), default="both", help="rows packed, padded, or both"
+        "--pack",
+        default="all",
+        help="comma-separated: shared (rows packed, each group's prompt once), on (packed), off (padded); "
+        "both = on,off; all = shared,on,off",
     )
     parser.add_argument("--gradient-checkpointing", action="store_true")
     parser.add_argument("--memory-plan", choices=("fit", "check", "off"), default="fit")
@@ -424,7 +437,14 @@ def main(argv: list[str] | None = None) -> int:
     else:
         lo, _, hi = args.response.partition(":")
         row_sets = [
-            synthetic_rows(config.vocab_size, args.rows, args.prompt, (int(lo), int(hi or lo)), args.seed)
+            synthetic_rows(
+                config.vocab_size,
+                args.rows,
+                args.prompt,
+                (int(lo), int(hi or lo)),
+                args.seed,
+                group_prompts=args.group_prompts,
+            )
         ]
     batches = [step_batch(rows) for rows in row_sets]
     real = sum(int(batch.attention_mask.sum()) for batch, _ in batches)
@@ -485,7 +505,9 @@ def main(argv: list[str] | None = None) -> int:
         import psutil
 
         device_bytes = psutil.virtual_memory().total
-    packs = {"both": ["on", "off"], "on": ["on"], "off": ["off"]}[args.pack]
+    packs = {"all": ["shared", "on", "off"], "both": ["on", "off"]}.get(args.pack) or args.pack.split(",")
+    if not packs or set(packs) - {"shared", "on", "off"} or len(set(packs)) < len(packs):
+        parser.error(f"--pack: shared, on and off, each at most once (or both, all), got {args.pack!r}")
     for precision in precisions:
         try:
             plan = plan_memory(
@@ -526,7 +548,14 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
         args.micro_batch_tokens = budget
+    shared = [r for r in results["throughput"] if r.get("rows") == "shared"]
     packed = [r for r in results["throughput"] if r.get("rows") == "packed"]
+    by_precision = {r["precision"]: r for r in packed}
+    for row in shared:
+        if row["precision"] in by_precision:
+            speedup = row["tokens_per_s"] / by_precision[row["precision"]]["tokens_per_s"]
+            results.setdefault("shared_over_packed", {})[row["precision"]] = speedup
+            print(f"{row['precision']}: shared / packed tokens/s = {speedup:.2f}", flush=True)
     padded = {r["precision"]: r for r in results["throughput"] if r.get("rows") == "padded"}
     for row in packed:
         if row["precision"] in padded:

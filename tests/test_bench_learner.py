@@ -18,6 +18,7 @@ def test_a_small_shape_reports_every_figure_on_the_cpu(tmp_path, capsys):
     bench = load_script(SCRIPT)
     out = tmp_path / "learner.json"
     args = ["--device", "cpu", "--shape", "tiny", "--rows", "6", "--prompt", "8", "--response", "8:40"]
+    args += ["--group-prompts"]  # rows 0-3 and 4-5 share their prompts
     args += ["--micro-batch-tokens", "128", "--precisions", "fp32", "--rounds", "1", "--ratio-rounds", "1"]
     assert bench.main([*args, "--threads", "1", "--json", str(out)]) == 0
     printed = capsys.readouterr().out
@@ -25,14 +26,26 @@ def test_a_small_shape_reports_every_figure_on_the_cpu(tmp_path, capsys):
     assert report["device"] == "CPU" and report["rows"] == 6 and report["micro_batches"] >= 2
     assert 0 < report["padding_share"] < 1 and "mfu" not in json.dumps(report)  # no CPU peak to hold MFU to
     rows = {row["rows"]: row for row in report["throughput"]}
-    assert set(rows) == {"packed", "padded"}
-    for row in rows.values():
-        assert row["tokens_per_s"] > 0 and 0 < row["pre_update_share"] < 1 and row["peak_memory_bytes"] > 0
-        assert row["plan_estimate_bytes"] > 0 and row["micro_batches"] == report["micro_batches"]
+    assert set(rows) == {"shared", "packed", "padded"}
+    for name, row in rows.items():
+        assert row["tokens_per_s"] > 0 and 0 <= row["pre_update_share"] < 1 and row["peak_memory_bytes"] > 0
+        assert row["plan_estimate_bytes"] > 0
+        if name == "shared":  # micro-batches cut by packed tokens, each prompt once: no more
+            assert row["micro_batches"] <= report["micro_batches"]
+        else:
+            assert row["micro_batches"] == report["micro_batches"]
         assert 0 < row["learner_memory_bytes"] < row["peak_memory_bytes"]
         assert row["memory_before_bytes"] + row["learner_memory_bytes"] == row["peak_memory_bytes"]
     assert report["ratio"]["stare_over_grpo_ds"] > 0 and report["packed_over_padded"]["fp32"] > 0
-    for words in ("padding", "tok/s", "packed / padded tokens/s", "STARE (gate on) / GRPO-ds", "memory plan"):
+    assert report["shared_over_packed"]["fp32"] > 0
+    for words in (
+        "padding",
+        "tok/s",
+        "packed / padded tokens/s",
+        "shared / packed tokens/s",
+        "STARE (gate on) / GRPO-ds",
+        "memory plan",
+    ):
         assert words in printed
 
 

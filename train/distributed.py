@@ -239,13 +239,15 @@ class LearnerWorker:
         algorithm: AlgorithmConfig,
         config: LearnerConfig,
         fsdp: bool,
-    ) -> None:
+    ) -> bool:
+        """Join the group and build this worker's learner; whether it plans shared prompts."""
         config = dataclasses.replace(config, device=_worker_device())
         model = self._join(address, backend, model_dir, config.device)
         shard = _fully_shard if fsdp else None
         self.learner = Learner(
             model, algorithm, config, collective=ProcessGroupCollective(shards_gradients=fsdp), shard=shard
         )
+        return self.learner.plans_shared_prompts
 
     def _join(self, address: str, backend: str, model_dir: str, device: str) -> nn.Module:
         """Join the process group and load the model, every replica from rank 0's weights."""
@@ -500,12 +502,13 @@ class LearnerGroup(_WorkerGroup):
         self.gate_on: bool | None = None  # as `Learner`: whether the last step reweighted the tokens
         if algorithm.reads_all_sampled:
             raise ValueError("rl.stare.gate_input other than 'trained' needs one learner worker")
-        ray.get(
+        shared = ray.get(
             [
                 w.setup.remote(address, d.resolved_backend, str(model_dir), algorithm, self.config, d.fsdp)
                 for w in self.workers
             ]
         )
+        self.plans_shared_prompts = all(shared)  # as a single learner would cut the micro-batches
         self.sender = GroupSender(self.workers, fsdp=d.fsdp)
 
     def step(
@@ -530,6 +533,7 @@ class LearnerGroup(_WorkerGroup):
             mini_batches=self.config.mini_batches,
             micro_batch_tokens=self.config.micro_batch_tokens,
             packing=self.config.micro_batch_packing,
+            shared_prompts=self.plans_shared_prompts,
         )
         if (
             self.config.micro_batch_packing == "verl"

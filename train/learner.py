@@ -147,6 +147,13 @@ class StepPlan:
     pre_update_s: float
 
 
+def shared_prompt_planning(shares: bool, config: LearnerConfig, algorithm: AlgorithmConfig) -> bool:
+    """See `Learner.plans_shared_prompts` (also the learner group's rule)."""
+    return (
+        shares and config.micro_batch_packing == "longest-first" and algorithm.loss.normalization == "global"
+    )
+
+
 class Learner:
     """See the module docstring. The trainer calls `step(batch, advantages, others=...)` once per training step."""
 
@@ -195,6 +202,13 @@ class Learner:
         """Whether the last step was reweighted (None without a token reweighting)."""
         return self.reweighting.gate_on
 
+    @property
+    def plans_shared_prompts(self) -> bool:
+        """Whether micro-batches are cut by packed tokens with each group's prompt once (`plan_micro_batches`):
+        where the policy shares prompts, rows are planned "longest-first" and the loss is normalised globally
+        (the "micro-batch" normalisation's meaning is tied to the official micro-batches; kept as they are)."""
+        return shared_prompt_planning(self.policy.share_prompts, self.config, self.algorithm)
+
     # ---- the step -------------------------------------------------------------------------------------
 
     def step(
@@ -221,6 +235,7 @@ class Learner:
             mini_batches=self.config.mini_batches,
             micro_batch_tokens=self.config.micro_batch_tokens,
             packing=self.config.micro_batch_packing,
+            shared_prompts=self.plans_shared_prompts,
         )
         return self.step_micro_batches(plan, others=others, record_tokens=record_tokens)
 
@@ -329,7 +344,11 @@ class Learner:
         self.policy.eval()
         with torch.no_grad():
             for update in split_step(
-                others, None, mini_batches=1, micro_batch_tokens=self.config.micro_batch_tokens
+                others,
+                None,
+                mini_batches=1,
+                micro_batch_tokens=self.config.micro_batch_tokens,
+                shared_prompts=self.policy.share_prompts,
             ):
                 for mb in update:
                     mb = mb.to(self.device)

@@ -18,7 +18,8 @@ OLD_LOGPROB_SOURCES: tuple[str, ...] = get_args(OldLogprobs)
 @dataclass
 class LearnerConfig:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
-    micro_batch_tokens: int = 8192  # padded tokens per micro-batch (rows x longest prompt + response)
+    # tokens per micro-batch: padded (rows x longest prompt + response), or packed with share_prompts
+    micro_batch_tokens: int = 8192
     # how rows are packed into micro-batches: "longest-first" (rows of like length together, fewest padding
     # tokens) or "balanced" (padded token counts evened out across micro-batches by mixing long and short
     # rows, as the official code's dynamic batching does; costs some padding, sometimes one micro-batch
@@ -31,6 +32,10 @@ class LearnerConfig:
     # a micro-batch's real tokens run as one sequence, attended row by row (train/packing.py): no FLOPs on
     # padding; "auto" where a probe at load finds it exact for the model, "on" (refuse otherwise), "off"
     pack_rows: PackRows = "auto"
+    # packed rows that share their prompt (a GRPO group's samples) run it once: one copy of the prompt, each
+    # response attending to it (train/packing.py); the micro-batch budget then counts packed tokens, and a
+    # group's rows stay in one micro-batch ("longest-first"; other packings only share within their micro-batches)
+    share_prompts: bool = True
     # micro_batch_tokens and gradient_checkpointing against the device's memory, before the model loads
     # (train/memory_plan.py): "fit" turns checkpointing on, then lowers the budget, when they do not fit;
     # "check" refuses instead, naming what would fit; "off" trusts them

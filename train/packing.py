@@ -56,12 +56,21 @@ _in_packed_forward: contextvars.ContextVar[bool] = contextvars.ContextVar(
 
 @dataclass(frozen=True)
 class Segments:
-    """Where each row lies in the packed sequence: `bounds` [(start, stop)] in token positions, `cu_seqlens` the
-    same as a cumulative int32 tensor [rows + 1] on the device, `max_len` the longest row."""
+    """The segments of the packed sequence: `bounds` [(start, stop)] in token positions, in order and covering
+    it; `cu_seqlens` the same as a cumulative int32 tensor [segments + 1] on the device; `max_len` the longest
+    context a segment's tokens attend over (its prefix included). `prefixes`, one per segment (empty: none
+    has one): None, or the (start, stop) of an earlier segment that this one continues, i.e. attends to in
+    full before itself (a shared prompt, see `pack_batch`)."""
 
     bounds: tuple[tuple[int, int], ...]
     cu_seqlens: Tensor
     max_len: int
+    prefixes: tuple[tuple[int, int] | None, ...] = ()
+
+    @property
+    def shared(self) -> bool:
+        """Whether some segment continues a prefix (then attention runs segment by segment)."""
+        return any(prefix is not None for prefix in self.prefixes)
 
 
 @dataclass(frozen=True)
@@ -79,10 +88,16 @@ class PackedRows:
         return int(self.input_ids.shape[1])
 
 
-def pack_batch(batch: Batch) -> PackedRows:
+def pack_batch(batch: Batch, *, share_prompts: bool = False) -> PackedRows:
     """The real tokens of `batch` (attention_mask 1) packed row after row. Each row's real tokens must be one
     contiguous run (what `collate` makes); a row with holes in its mask is refused rather than packed otherwise
-    than the padded forward would see it."""
+    than the padded forward would see it.
+
+    `share_prompts`: rows whose real prompt tokens are the same (a GRPO group: one prompt, several samples) keep
+    one copy of the prompt, followed by each row's response as a segment that attends to that copy and then to
+    itself. Every token sees exactly the context it sees unshared (same ids, same positions), so the result is
+    the unshared forward's to float rounding, and the prompt's tokens run through the decoder once per group
+    instead of once per row; in backward the copy collects the gradients of every row that reads it."""
     keep = batch.attention_mask > 0
     if keep.dim() != 2:
         raise ValueError(f"attention_mask must be [rows, tokens], got shape {tuple(keep.shape)}")
@@ -96,6 +111,8 @@ def pack_batch(batch: Batch) -> PackedRows:
             f"rows {holes[:10]} have no real tokens or gaps in their attention_mask: packing needs each row's "
             "tokens in one run (as collate pads them); pass rl.learner.pack_rows=off for such batches"
         )
+    if share_prompts:
+        return _pack_shared(batch, keep)
     cu = torch.zeros(len(lengths) + 1, dtype=torch.long)
     cu[1:] = lengths.cpu().cumsum(0)
     bounds = tuple((int(a), int(b)) for a, b in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True))
@@ -103,6 +120,66 @@ def pack_batch(batch: Batch) -> PackedRows:
     index = index.masked_fill(~keep, -1)
     segments = Segments(bounds, cu.to(device=keep.device, dtype=torch.int32), int(lengths.max()))
     return PackedRows(batch.input_ids[keep][None], batch.position_ids[keep][None], segments, index)
+
+
+def prompt_groups(batch: Batch) -> list[list[int]]:
+    """The rows of `batch` grouped by their real prompt tokens (same tokens, same group), in order of each
+    group's first row; rows ascend within a group. A row without real prompt tokens is a group of its own."""
+    p = batch.prompt_length
+    ids, mask = batch.input_ids[:, :p].cpu(), batch.attention_mask[:, :p].cpu() > 0
+    groups: dict[Any, list[int]] = {}
+    for row in range(ids.shape[0]):
+        prompt = tuple(ids[row][mask[row]].tolist())
+        groups.setdefault(prompt if prompt else ("row", row), []).append(row)
+    return list(groups.values())
+
+
+def _pack_shared(batch: Batch, keep: Tensor) -> PackedRows:
+    """`pack_batch` with one copy of each group's prompt (see there)."""
+    p = batch.prompt_length
+    device = keep.device
+    mask = keep.cpu()
+    first = mask.int().argmax(-1).tolist()  # each row's first real column (its run is contiguous)
+    last = (mask.shape[1] - mask.flip(-1).int().argmax(-1)).tolist()  # one past its last
+    rows_at: list[int] = []  # the (row, column) each packed position reads its id and position from
+    cols_at: list[int] = []
+    index = torch.full(mask.shape, -1, dtype=torch.long)
+    bounds: list[tuple[int, int]] = []
+    prefixes: list[tuple[int, int] | None] = []
+    longest = 0
+
+    def place(row: int, start: int, stop: int) -> tuple[int, int]:
+        at = len(rows_at)
+        rows_at.extend([row] * (stop - start))
+        cols_at.extend(range(start, stop))
+        index[row, start:stop] = torch.arange(at, at + stop - start)
+        return at, at + stop - start
+
+    for group in prompt_groups(batch):
+        head = group[0]
+        prompt_stop = min(max(first[head], p), last[head])  # the prompt's real tokens end at column P
+        if len(group) == 1 or prompt_stop == first[head]:
+            for row in group:
+                bounds.append(place(row, first[row], last[row]))
+                prefixes.append(None)
+                longest = max(longest, last[row] - first[row])
+            continue
+        prompt = place(head, first[head], prompt_stop)
+        bounds.append(prompt)
+        prefixes.append(None)
+        for row in group:
+            index[row, first[row] : p] = torch.arange(*prompt)
+            if last[row] > p:  # a row with a response continues the prompt's copy
+                bounds.append(place(row, p, last[row]))
+                prefixes.append(prompt)
+                longest = max(longest, last[row] - first[row])
+        longest = max(longest, prompt[1] - prompt[0])
+    at_rows, at_cols = torch.tensor(rows_at), torch.tensor(cols_at)
+    cu = torch.tensor([0] + [stop for _, stop in bounds], dtype=torch.int32, device=device)
+    segments = Segments(tuple(bounds), cu, longest, tuple(prefixes))
+    input_ids = batch.input_ids[at_rows.to(device), at_cols.to(device)][None]
+    position_ids = batch.position_ids[at_rows.to(device), at_cols.to(device)][None]
+    return PackedRows(input_ids, position_ids, segments, index.to(device))
 
 
 @contextlib.contextmanager
@@ -160,6 +237,8 @@ def _segment_attention(
 ) -> Tensor:
     """Causal attention within each segment of [1, heads, N, dim] tensors -> [1, N, heads, dim]."""
     groups = query.shape[1] // key.shape[1]
+    if segments.shared:
+        return _prefixed_segment_attention(query, key, value, segments, scaling, dropout)
     varlen_attn = _varlen() if query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) else None
     causal = _varlen_causal_kwargs(varlen_attn) if varlen_attn is not None else None
     if causal is not None and dropout == 0.0:
@@ -193,6 +272,38 @@ def _segment_attention(
         )
         for a, b in segments.bounds
     ]
+    return torch.cat(outs, dim=2).transpose(1, 2).contiguous()
+
+
+def _prefixed_segment_attention(
+    query: Tensor, key: Tensor, value: Tensor, segments: Segments, scaling, dropout
+) -> Tensor:
+    """Causal attention within each segment, a segment with a prefix also attending to all of its prefix first
+    ([1, heads, N, dim] -> [1, N, heads, dim]): SDPA per segment, the prefixed ones with an explicit mask."""
+    groups = query.shape[1] // key.shape[1]
+    outs = []
+    for (a, b), prefix in zip(segments.bounds, segments.prefixes, strict=True):
+        if prefix is None:
+            k, v, mask, causal = key[:, :, a:b], value[:, :, a:b], None, True
+        else:
+            pa, pb = prefix
+            k = torch.cat([key[:, :, pa:pb], key[:, :, a:b]], dim=2)
+            v = torch.cat([value[:, :, pa:pb], value[:, :, a:b]], dim=2)
+            own = torch.ones(b - a, b - a, dtype=torch.bool, device=query.device).tril()
+            mask = torch.cat([own.new_ones(b - a, pb - pa), own], dim=1)
+            causal = False
+        outs.append(
+            F.scaled_dot_product_attention(
+                query[:, :, a:b],
+                k,
+                v,
+                attn_mask=mask,
+                dropout_p=dropout,
+                scale=scaling,
+                is_causal=causal,
+                enable_gqa=groups > 1,
+            )
+        )
     return torch.cat(outs, dim=2).transpose(1, 2).contiguous()
 
 
@@ -292,23 +403,26 @@ def _probe_reason(model: nn.Module, half: torch.dtype | None) -> str | None:
 
 @torch.no_grad()
 def _probe(model: nn.Module, half: torch.dtype | None = None) -> float:
-    """The largest relative difference of the last hidden states between a padded and a packed forward of two
-    rows of different lengths (the model's own device, eval mode; fp32, or `half` autocast)."""
+    """The largest relative difference of the last hidden states between a padded and a packed forward (the
+    model's own device, eval mode; fp32, or `half` autocast) of three rows of different lengths, two of which
+    share their prompt: packed without and with the shared prompt, so both are probed."""
     device = next(model.parameters()).device
     vocab = int(model.config.vocab_size)
     generator = torch.Generator().manual_seed(0)
-    lengths = (5, 11)
-    width = max(lengths)
-    ids = torch.randint(0, min(vocab, 1000), (len(lengths), width), generator=generator)
-    mask = torch.zeros(len(lengths), width, dtype=torch.long)
-    for row, n in enumerate(lengths):
-        mask[row, width - n :] = 1  # left-padded, as collate pads prompts
+    prompts, responses = (5, 7, 7), (2, 3, 1)
+    p, r = max(prompts), max(responses)
+    ids = torch.randint(0, min(vocab, 1000), (len(prompts), p + r), generator=generator)
+    ids[2, :p] = ids[1, :p]  # rows 1 and 2: one prompt, two responses
+    mask = torch.zeros(len(prompts), p + r, dtype=torch.long)
+    for row, (m, n) in enumerate(zip(prompts, responses, strict=True)):
+        mask[row, p - m : p + n] = 1  # prompts left-padded, responses right-padded, as collate pads them
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    ones = mask[:, :1].float()
-    batch = Batch(ids, mask, positions, ids[:, :1], ones, ones, ones[:, 0], width).to(device)
+    ones = mask[:, p:].float()
+    batch = Batch(ids, mask, positions, ids[:, p:], ones, ones, ones[:, 0], p).to(device)
     decoder = model.get_decoder()
     was_training = decoder.training
     decoder.eval()
+    keep = batch.attention_mask > 0
     try:
         with torch.autocast(device.type, dtype=half or torch.bfloat16, enabled=half is not None):
             padded = decoder(
@@ -317,12 +431,17 @@ def _probe(model: nn.Module, half: torch.dtype | None = None) -> float:
                 position_ids=batch.position_ids,
                 use_cache=False,
             ).last_hidden_state
-            flat = packed_hidden_states(decoder, pack_batch(batch))[0]
+            reference = padded[keep].float()
+            scale = float(reference.abs().max()) or 1.0
+            difference = 0.0
+            for share in (False, True):
+                packed = pack_batch(batch, share_prompts=share)
+                flat = packed_hidden_states(decoder, packed)[0]
+                found = flat[packed.index[keep]].float()
+                difference = max(difference, float((found - reference).abs().max()) / scale)
     finally:
         decoder.train(was_training)
-    reference = padded[batch.attention_mask > 0].float()
-    scale = float(reference.abs().max()) or 1.0
-    return float((flat.float() - reference).abs().max()) / scale
+    return difference
 
 
 def resolve_pack_rows(model: nn.Module, pack_rows: str) -> bool:

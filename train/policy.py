@@ -27,7 +27,12 @@ from torch import Tensor, nn
 
 from stare_agents.hardware import resolve_precision
 from stare_agents.train.bf16_emulation import emulated_bf16, round_bf16_product
-from stare_agents.train.packing import pack_batch, packed_hidden_states, resolve_pack_rows
+from stare_agents.train.packing import (
+    pack_batch,
+    packed_hidden_states,
+    prompt_groups,
+    resolve_pack_rows,
+)
 from stare_agents.train.seqlen_balancing import verl_micro_batches
 from stare_agents.trajectory import Batch
 
@@ -229,6 +234,7 @@ class PolicyCore(NamedTuple):
             temperature=temperature,
             fp32_head=fp32_head,
             pack_rows=config.pack_rows,
+            share_prompts=getattr(config, "share_prompts", False),
         )
         if shard is not None:
             shard(policy)
@@ -395,6 +401,7 @@ class PolicyModel(nn.Module):
         temperature: float = 1.0,
         fp32_head: bool = False,
         pack_rows: str = "auto",
+        share_prompts: bool = False,
     ) -> None:
         super().__init__()
         if head_chunk_rows < 1:
@@ -441,6 +448,8 @@ class PolicyModel(nn.Module):
             config.use_cache = False
         # packed: the decoder runs on the real tokens only, as one sequence (train/packing.py)
         self.packed = resolve_pack_rows(model, pack_rows)
+        # packed rows with one prompt (a GRPO group's samples) run that prompt once (train/packing.py)
+        self.share_prompts = bool(share_prompts) and self.packed
 
     @property
     def head(self) -> nn.Linear:
@@ -455,7 +464,7 @@ class PolicyModel(nn.Module):
         p, r = batch.prompt_length, batch.response_length
         is_action = batch.action_mask > 0
         if self.packed:
-            packed = pack_batch(batch)
+            packed = pack_batch(batch, share_prompts=self.share_prompts)
             scoring = packed.index[:, p - 1 : p - 1 + r][is_action]  # the logits at P - 1 + j score token j
             if bool((scoring < 0).any()):
                 raise ValueError(
@@ -523,7 +532,12 @@ def row_lengths(batch: Batch) -> tuple[list[int], list[int]]:
 
 
 def plan_micro_batches(
-    batch: Batch, max_tokens: int, rows: Sequence[int] | None = None, *, packing: str = "longest-first"
+    batch: Batch,
+    max_tokens: int,
+    rows: Sequence[int] | None = None,
+    *,
+    packing: str = "longest-first",
+    shared_prompts: bool = False,
 ) -> list[list[int]]:
     """Pack rows into micro-batches of at most `max_tokens` padded tokens (rows x (longest prompt + longest
     response)). A row longer than the budget gets a micro-batch of its own. Deterministic: ties keep row
@@ -533,13 +547,19 @@ def plan_micro_batches(
     padding (fewest padded tokens). "balanced": the padded token counts are evened out across micro-batches
     (what the official code's dynamic batching aims at); see `_balanced_groups`. "verl": the official code's
     own partitioning (ceil(real tokens / max_tokens) micro-batches, Karmarkar-Karp over the rows' real
-    lengths; `stare_agents.train.seqlen_balancing`)."""
+    lengths; `stare_agents.train.seqlen_balancing`).
+
+    `shared_prompts` (for a policy that packs rows and shares prompts, and packing "longest-first"): a
+    micro-batch costs its packed tokens, each distinct prompt once plus every response, and the rows of one
+    prompt stay together (`_shared_groups`)."""
     if max_tokens < 1:
         raise ValueError(f"micro_batch_tokens must be >= 1, got {max_tokens}")
     if packing not in PACKINGS:
         raise ValueError(f"micro_batch_packing must be one of {PACKINGS}, got {packing!r}")
     prompt_lens, response_lens = row_lengths(batch)
     rows = list(range(len(prompt_lens))) if rows is None else list(rows)
+    if shared_prompts and packing == "longest-first":
+        return _shared_groups(batch, rows, prompt_lens, response_lens, max_tokens)
     if packing == "verl":
         lengths = [prompt_lens[i] + response_lens[i] for i in rows]
         return [[rows[i] for i in part] for part in verl_micro_batches(lengths, max_tokens)]
@@ -559,6 +579,40 @@ def plan_micro_batches(
     if packing == "balanced":
         return _balanced_groups(order, prompt_lens, response_lens, max_tokens, len(groups))
     return groups
+
+
+def _shared_groups(
+    batch: Batch, rows: list[int], prompt_lens: list[int], response_lens: list[int], max_tokens: int
+) -> list[list[int]]:
+    """Micro-batches by packed tokens with shared prompts: the rows of one prompt form a unit costing the prompt
+    once plus their responses (a unit over the budget is cut into runs of rows that fit, each paying the prompt
+    again; a row over the budget alone); units, largest first, go to the first micro-batch they fit in
+    (first-fit decreasing), else open one. Deterministic; rows ascend in each micro-batch."""
+    wanted = set(rows)
+    units: list[tuple[int, list[int]]] = []  # (packed tokens, rows)
+    for group in prompt_groups(batch):
+        members = [i for i in group if i in wanted]
+        if not members:
+            continue
+        prompt = prompt_lens[members[0]]
+        cost, run = prompt, []
+        for i in members:
+            if run and cost + response_lens[i] > max_tokens:
+                units.append((cost, run))
+                cost, run = prompt, []
+            run.append(i)
+            cost += response_lens[i]
+        units.append((cost, run))
+    units.sort(key=lambda unit: (-unit[0], unit[1][0]))
+    bins: list[tuple[int, list[int]]] = []
+    for cost, run in units:
+        for k, (used, members) in enumerate(bins):
+            if used + cost <= max_tokens:
+                bins[k] = (used + cost, members + run)
+                break
+        else:
+            bins.append((cost, list(run)))
+    return [sorted(members) for _, members in bins]
 
 
 def _balanced_groups(
@@ -626,6 +680,7 @@ def split_step(
     mini_batches: int,
     micro_batch_tokens: int,
     packing: str = "longest-first",
+    shared_prompts: bool = False,
 ) -> list[list[MicroBatch]]:
     """A step batch -> `mini_batches` optimiser updates (contiguous row ranges) -> token-budget micro-batches
     (packed as `packing` says, see `plan_micro_batches`)."""
@@ -649,7 +704,9 @@ def split_step(
     plan = []
     for part in torch.arange(num_rows).tensor_split(mini_batches):
         micro = []
-        for rows in plan_micro_batches(batch, micro_batch_tokens, part.tolist(), packing=packing):
+        for rows in plan_micro_batches(
+            batch, micro_batch_tokens, part.tolist(), packing=packing, shared_prompts=shared_prompts
+        ):
             sliced = slice_batch(batch, rows)
             adv = advantages[rows]
             if adv.dim() == 2:

@@ -142,7 +142,8 @@ def test_per_micro_batch_stare_equals_per_step_stare_with_one_micro_batch():
     for scope in ("micro-batch", "batch"):
         for budget in (10_000, 60):
             algorithm = AlgorithmConfig(stare=StareConfig(scope=scope, target_entropy=100.0, variant="C2"))
-            learner = make_learner(algorithm, micro_batch_tokens=budget)
+            # unshared prompts: micro-batches cut by padded tokens, many small ones at budget 60
+            learner = make_learner(algorithm, micro_batch_tokens=budget, share_prompts=False)
             runs[scope, budget] = (learner, learner.step(batch, advantages))
     one_mb, step = runs["micro-batch", 10_000], runs["batch", 10_000]
     assert one_mb[1]["learner/micro_batches"] == 1.0 and one_mb[1]["stare/gate_on"] == 1.0

@@ -14,8 +14,8 @@ from learner_support import VOCAB, rollouts, tiny_model
 from stare_agents.algo import AlgorithmConfig, compute_advantages
 from stare_agents.train import packing
 from stare_agents.train.learner import Learner, LearnerConfig
-from stare_agents.train.packing import PACKED_ATTENTION, pack_batch, packing_refusal
-from stare_agents.train.policy import OptimizerConfig, PolicyModel
+from stare_agents.train.packing import PACKED_ATTENTION, pack_batch, packing_refusal, prompt_groups
+from stare_agents.train.policy import OptimizerConfig, PolicyModel, plan_micro_batches, row_lengths
 from stare_agents.trajectory import Batch, collate
 
 
@@ -44,14 +44,15 @@ def step_batch(seed: int = 0):
     return batch, compute_advantages(batch.rewards, groups, AlgorithmConfig.preset("grpo")).advantages
 
 
-def two_learners(make, *, micro_batch_tokens: int, **config):
-    """The same weights, one learner packing rows and one padding them."""
+def two_learners(make, *, micro_batch_tokens: int, share_prompts: bool = False, **config):
+    """The same weights, one learner packing rows (sharing each group's prompt or not) and one padding them."""
     out = []
     for pack_rows in ("on", "off"):
         learner_config = LearnerConfig(
             optimizer=OptimizerConfig(lr=1e-3, eps=1e-5),
             micro_batch_tokens=micro_batch_tokens,
             pack_rows=pack_rows,
+            share_prompts=share_prompts,
             **config,
         )
         out.append(Learner(make(), AlgorithmConfig.preset("stare"), learner_config))
@@ -172,3 +173,120 @@ def test_packing_drops_exactly_the_padding():
     assert torch.equal(packed.input_ids[0][packed.index[keep]], batch.input_ids[keep])
     for a, b in packed.segments.bounds:  # positions restart at 0 in every row
         assert packed.position_ids[0, a:b].tolist() == list(range(b - a))
+
+
+# ---- shared prompts: a group's prompt runs once -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("make", "config", "budget"),
+    [
+        (tiny_model, {}, 4096),
+        (tiny_model, {}, 160),
+        (tiny_qwen2, {}, 160),
+        (tiny_qwen2, {"gradient_checkpointing": True}, 160),
+    ],
+    ids=["llama-one-micro-batch", "llama", "qwen2-gqa", "qwen2-checkpointing"],
+)
+def test_a_step_with_shared_prompts_is_the_padded_step_to_float_tolerance(make, config, budget):
+    shared, padded = two_learners(make, micro_batch_tokens=budget, share_prompts=True, **config)
+    assert shared.policy.share_prompts and not padded.policy.share_prompts
+    batch, advantages = step_batch()
+    a, b = shared.token_stats(batch), padded.token_stats(batch)
+    for name in ("logprob", "entropy", "collision"):
+        torch.testing.assert_close(getattr(a, name), getattr(b, name), atol=2e-5, rtol=1e-5, msg=name)
+    ma, mb = shared.step(batch, advantages), padded.step(batch, advantages)
+    if budget > 1000:
+        assert ma["learner/micro_batches"] == 1  # the fused step: the update's forward is the pre-update pass
+    else:
+        assert ma["learner/micro_batches"] > 1
+    for name in ("learner/loss", "learner/grad_norm", "learner/entropy", "stare/lplus_share"):
+        assert ma[name] == pytest.approx(mb[name], rel=1e-4, abs=1e-6), name
+    for (name, p), q in zip(shared.model.named_parameters(), padded.model.parameters(), strict=True):
+        torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-5, msg=name)
+
+
+def test_shared_prompt_gradients_match_in_bf16_to_its_rounding():
+    batch, _ = step_batch(1)
+    grads = []
+    for pack_rows, share in (("on", True), ("off", False)):
+        policy = PolicyModel(tiny_qwen2(), precision="bf16", pack_rows=pack_rows, share_prompts=share)
+        stats = policy(batch)
+        (stats.logprob.sum() + stats.entropy.sum()).backward()
+        grads.append(torch.cat([p.grad.flatten() for p in policy.model.parameters()]))
+    cosine = torch.nn.functional.cosine_similarity(grads[0], grads[1], dim=0)
+    assert float(cosine) > 0.999
+    assert float((grads[0] - grads[1]).norm() / grads[1].norm()) < 0.03
+
+
+def test_each_prompt_runs_once_and_each_response_continues_it():
+    batch, _ = step_batch(4)
+    prompts, responses = row_lengths(batch)
+    groups = prompt_groups(batch)
+    assert [len(g) for g in groups] == [4, 4, 4]
+    packed = pack_batch(batch, share_prompts=True)
+    assert packed.tokens == sum(prompts[g[0]] for g in groups) + sum(responses)
+    assert packed.tokens < pack_batch(batch).tokens
+    keep = batch.attention_mask > 0
+    # every real (row, column) reads a packed position holding its own id and position
+    assert torch.equal(packed.input_ids[0][packed.index[keep]], batch.input_ids[keep])
+    assert torch.equal(packed.position_ids[0][packed.index[keep]], batch.position_ids[keep])
+    segments = packed.segments
+    assert segments.shared and len(segments.bounds) == len(groups) + batch.input_ids.shape[0]
+    assert segments.bounds[0][0] == 0 and segments.bounds[-1][1] == packed.tokens
+    assert all(
+        a[1] == b[0] for a, b in zip(segments.bounds[:-1], segments.bounds[1:], strict=True)
+    )  # in order
+    for (a, b), prefix in zip(segments.bounds, segments.prefixes, strict=True):
+        if prefix is None:  # a prompt: positions from 0
+            assert packed.position_ids[0, a:b].tolist() == list(range(b - a))
+        else:  # a response: positions continue its prompt's
+            length = prefix[1] - prefix[0]
+            assert packed.position_ids[0, a:b].tolist() == list(range(length, length + b - a))
+
+
+def test_only_identical_prompts_are_shared():
+    """Prompts that differ in one token, or where one is a prefix of the other, each run on their own, and the
+    forward is still the padded one (nothing leaks between groups)."""
+    trajectories = rollouts(5, groups=2, group_size=3, max_prompt=10, max_response=20)
+    base = list(trajectories[0].prompt_ids)
+    trajectories[1].prompt_ids = [*base[:-1], (base[-1] % (VOCAB - 1)) + 1]  # the last token differs
+    trajectories[2].prompt_ids = [*base, 7]  # one token longer
+    batch = collate(trajectories, pad_token_id=0)
+    groups = prompt_groups(batch)
+    assert sorted(map(sorted, groups)) == [[0], [1], [2], [3, 4, 5]]
+    packed = pack_batch(batch, share_prompts=True)
+    assert sum(prefix is not None for prefix in packed.segments.prefixes) == 3
+    torch.manual_seed(0)
+    shared = PolicyModel(tiny_model(), pack_rows="on", share_prompts=True)
+    padded = PolicyModel(tiny_model(), pack_rows="off")
+    a, b = shared(batch), padded(batch)
+    torch.testing.assert_close(a.logprob, b.logprob, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(a.entropy, b.entropy, atol=2e-5, rtol=1e-5)
+
+
+def test_the_planner_keeps_groups_together_within_the_budget():
+    batch, _ = step_batch(6)
+    prompts, responses = row_lengths(batch)
+    groups = [set(g) for g in prompt_groups(batch)]
+
+    def cost(rows):
+        return sum(prompts[min(g & set(rows))] for g in groups if g & set(rows)) + sum(
+            responses[i] for i in rows
+        )
+
+    whole = max(prompts[min(g)] + sum(responses[i] for i in g) for g in groups)
+    plan = plan_micro_batches(batch, whole, shared_prompts=True)
+    assert sorted(i for rows in plan for i in rows) == list(range(batch.input_ids.shape[0]))
+    assert all(cost(rows) <= whole for rows in plan)
+    for g in groups:  # a group that fits stays in one micro-batch
+        assert sum(bool(g & set(rows)) for rows in plan) == 1
+    small = max(p + r for p, r in zip(prompts, responses, strict=True))  # forces cutting groups
+    plan = plan_micro_batches(batch, small, shared_prompts=True)
+    assert sorted(i for rows in plan for i in rows) == list(range(batch.input_ids.shape[0]))
+    assert all(cost(rows) <= small for rows in plan)
+    # fewer packed tokens than the unshared plan would run
+    unshared = plan_micro_batches(batch, small)
+    assert sum(cost(rows) for rows in plan) < sum(
+        prompts[i] + responses[i] for rows in unshared for i in rows
+    )
