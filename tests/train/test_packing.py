@@ -71,25 +71,30 @@ def two_learners(make, *, micro_batch_tokens: int, share_prompts: bool = False, 
 def test_a_packed_step_is_the_padded_step_to_float_tolerance(make, config):
     packed, padded = two_learners(make, micro_batch_tokens=256, **config)  # several micro-batches
     assert packed.policy.packed and not padded.policy.packed
-    batch, advantages = step_batch()
-    a, b = packed.token_stats(batch), padded.token_stats(batch)
-    torch.testing.assert_close(a.logprob, b.logprob, atol=2e-5, rtol=1e-5)
-    torch.testing.assert_close(a.entropy, b.entropy, atol=2e-5, rtol=1e-5)
-    torch.testing.assert_close(a.collision, b.collision, atol=2e-5, rtol=1e-5)
-    ma, mb = packed.step(batch, advantages), padded.step(batch, advantages)
+    ma, mb = assert_same_step(packed, padded, *step_batch())
     assert ma["learner/micro_batches"] == mb["learner/micro_batches"] > 1
+
+
+def assert_same_step(learner: Learner, padded: Learner, batch, advantages) -> tuple[dict, dict]:
+    """The two learners' token statistics, step metrics and weights after the step agree to float tolerance."""
+    a, b = learner.token_stats(batch), padded.token_stats(batch)
+    for name in ("logprob", "entropy", "collision"):
+        torch.testing.assert_close(getattr(a, name), getattr(b, name), atol=2e-5, rtol=1e-5, msg=name)
+    ma, mb = learner.step(batch, advantages), padded.step(batch, advantages)
     for name in ("learner/loss", "learner/grad_norm", "learner/entropy", "stare/lplus_share"):
         assert ma[name] == pytest.approx(mb[name], rel=1e-4, abs=1e-6), name
-    for (name, p), q in zip(packed.model.named_parameters(), padded.model.parameters(), strict=True):
+    for (name, p), q in zip(learner.model.named_parameters(), padded.model.parameters(), strict=True):
         torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-5, msg=name)
+    return ma, mb
 
 
-def test_packed_gradients_match_in_bf16_to_its_rounding():
+@pytest.mark.parametrize("share", [False, True], ids=["packed", "shared-prompts"])
+def test_packed_gradients_match_in_bf16_to_its_rounding(share):
     """bf16 autocast: the two paths round differently (other matmul shapes), but the gradient is the same one."""
     batch, _ = step_batch(1)
     grads = []
     for pack_rows in ("on", "off"):
-        policy = PolicyModel(tiny_qwen2(), precision="bf16", pack_rows=pack_rows)
+        policy = PolicyModel(tiny_qwen2(), precision="bf16", pack_rows=pack_rows, share_prompts=share)
         stats = policy(batch)
         (stats.logprob.sum() + stats.entropy.sum()).backward()
         grads.append(torch.cat([p.grad.flatten() for p in policy.model.parameters()]))
@@ -191,32 +196,11 @@ def test_packing_drops_exactly_the_padding():
 def test_a_step_with_shared_prompts_is_the_padded_step_to_float_tolerance(make, config, budget):
     shared, padded = two_learners(make, micro_batch_tokens=budget, share_prompts=True, **config)
     assert shared.policy.share_prompts and not padded.policy.share_prompts
-    batch, advantages = step_batch()
-    a, b = shared.token_stats(batch), padded.token_stats(batch)
-    for name in ("logprob", "entropy", "collision"):
-        torch.testing.assert_close(getattr(a, name), getattr(b, name), atol=2e-5, rtol=1e-5, msg=name)
-    ma, mb = shared.step(batch, advantages), padded.step(batch, advantages)
+    ma, _ = assert_same_step(shared, padded, *step_batch())
     if budget > 1000:
         assert ma["learner/micro_batches"] == 1  # the fused step: the update's forward is the pre-update pass
     else:
         assert ma["learner/micro_batches"] > 1
-    for name in ("learner/loss", "learner/grad_norm", "learner/entropy", "stare/lplus_share"):
-        assert ma[name] == pytest.approx(mb[name], rel=1e-4, abs=1e-6), name
-    for (name, p), q in zip(shared.model.named_parameters(), padded.model.parameters(), strict=True):
-        torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-5, msg=name)
-
-
-def test_shared_prompt_gradients_match_in_bf16_to_its_rounding():
-    batch, _ = step_batch(1)
-    grads = []
-    for pack_rows, share in (("on", True), ("off", False)):
-        policy = PolicyModel(tiny_qwen2(), precision="bf16", pack_rows=pack_rows, share_prompts=share)
-        stats = policy(batch)
-        (stats.logprob.sum() + stats.entropy.sum()).backward()
-        grads.append(torch.cat([p.grad.flatten() for p in policy.model.parameters()]))
-    cosine = torch.nn.functional.cosine_similarity(grads[0], grads[1], dim=0)
-    assert float(cosine) > 0.999
-    assert float((grads[0] - grads[1]).norm() / grads[1].norm()) < 0.03
 
 
 def test_each_prompt_runs_once_and_each_response_continues_it():
