@@ -123,14 +123,16 @@ def pack_batch(batch: Batch, *, share_prompts: bool = False) -> PackedRows:
 
 
 def prompt_groups(batch: Batch) -> list[list[int]]:
-    """The rows of `batch` grouped by their real prompt tokens (same tokens, same group), in order of each
-    group's first row; rows ascend within a group. A row without real prompt tokens is a group of its own."""
+    """The rows of `batch` grouped by their real prompt tokens and their positions (both the same, same group),
+    in order of each group's first row; rows ascend within a group. A row without real prompt tokens is a group
+    of its own."""
     p = batch.prompt_length
     ids, mask = batch.input_ids[:, :p].cpu(), batch.attention_mask[:, :p].cpu() > 0
+    positions = batch.position_ids[:, :p].cpu()
     groups: dict[Any, list[int]] = {}
     for row in range(ids.shape[0]):
-        prompt = tuple(ids[row][mask[row]].tolist())
-        groups.setdefault(prompt if prompt else ("row", row), []).append(row)
+        prompt = (tuple(ids[row][mask[row]].tolist()), tuple(positions[row][mask[row]].tolist()))
+        groups.setdefault(prompt if prompt[0] else ("row", row), []).append(row)
     return list(groups.values())
 
 

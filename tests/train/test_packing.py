@@ -247,6 +247,12 @@ def test_only_identical_prompts_are_shared():
     a, b = shared(batch), padded(batch)
     torch.testing.assert_close(a.logprob, b.logprob, atol=2e-5, rtol=1e-5)
     torch.testing.assert_close(a.entropy, b.entropy, atol=2e-5, rtol=1e-5)
+    # the same prompt ids at other positions (a hand-built batch): not the same context, so not shared
+    shifted = batch.position_ids.clone()
+    shifted[4] += 3
+    moved = Batch(**{**batch.__dict__, "position_ids": shifted})
+    assert sorted(map(sorted, prompt_groups(moved))) == [[0], [1], [2], [3, 5], [4]]
+    torch.testing.assert_close(shared(moved).logprob, padded(moved).logprob, atol=2e-5, rtol=1e-5)
 
 
 def test_the_planner_keeps_groups_together_within_the_budget():
