@@ -59,6 +59,7 @@ from stare_agents.train.policy import (
     load_policy_shards,
     optimizer_step,
     save_policy_shards,
+    shared_prompt_planning,
     split_step,
     step_schedule,
 )
@@ -147,13 +148,6 @@ class StepPlan:
     pre_update_s: float
 
 
-def shared_prompt_planning(shares: bool, config: LearnerConfig, algorithm: AlgorithmConfig) -> bool:
-    """See `Learner.plans_shared_prompts` (also the learner group's rule)."""
-    return (
-        shares and config.micro_batch_packing == "longest-first" and algorithm.loss.normalization == "global"
-    )
-
-
 class Learner:
     """See the module docstring. The trainer calls `step(batch, advantages, others=...)` once per training step."""
 
@@ -204,10 +198,10 @@ class Learner:
 
     @property
     def plans_shared_prompts(self) -> bool:
-        """Whether micro-batches are cut by packed tokens with each group's prompt once (`plan_micro_batches`):
-        where the policy shares prompts, rows are planned "longest-first" and the loss is normalised globally
-        (the "micro-batch" normalisation's meaning is tied to the official micro-batches; kept as they are)."""
-        return shared_prompt_planning(self.policy.share_prompts, self.config, self.algorithm)
+        """Whether micro-batches are cut by packed tokens, each prompt once (`shared_prompt_planning`)."""
+        return shared_prompt_planning(
+            self.policy.share_prompts, self.config.micro_batch_packing, self.algorithm.loss.normalization
+        )
 
     # ---- the step -------------------------------------------------------------------------------------
 
@@ -343,13 +337,9 @@ class Learner:
         total = count = 0.0
         self.policy.eval()
         with torch.no_grad():
-            for update in split_step(
-                others,
-                None,
-                mini_batches=1,
-                micro_batch_tokens=self.config.micro_batch_tokens,
-                shared_prompts=self.policy.share_prompts,
-            ):
+            budget = self.config.micro_batch_tokens
+            shared = self.plans_shared_prompts
+            for update in split_step(others, None, mini_batches=1, micro_batch_tokens=budget, shared_prompts=shared):
                 for mb in update:
                     mb = mb.to(self.device)
                     stats = self.policy(mb.batch, want_collision=records is not None)

@@ -1,6 +1,6 @@
 """verl's sequence-length balancing (rl.learner.micro_batch_packing "verl"): the official STARE code (a verl fork)
 splits a step batch into micro-batches, and its rows over data-parallel workers, with these partitions. Used by
-`policy.plan_micro_batches` (one learner) and `distributed.verl_deal` (a learner group)."""
+`micro_batches.plan_micro_batches` (one learner) and `distributed.verl_deal` (a learner group)."""
 
 from __future__ import annotations
 
