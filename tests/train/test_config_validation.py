@@ -466,6 +466,7 @@ def test_every_sft_setting_reaches_the_sft_trainer_or_the_trainer():
         "warmup_steps": 7,
         "micro_batch_tokens": 777,
         "precision": "bf16",
+        "seed": 3,
     }
     section = SFTSection(**changed)
     assert set(changed) | set(SFTSection.TRAINER_FIELDS) == {f.name for f in dataclasses.fields(SFTSection)}
@@ -476,13 +477,28 @@ def test_every_sft_setting_reaches_the_sft_trainer_or_the_trainer():
         batch_size=5,
         micro_batch_tokens=777,
         precision="bf16",
-        seed=11,
+        seed=3,  # sft.seed over the run's
         device="cpu",
     )
+    assert SFTSection().sft_config(seed=11, device="cpu").seed == 11  # None: the run's seed
     default = SFTSection().sft_config(seed=0, device="cpu")
     for name in changed:  # every one of them changes what is built
         one = SFTSection(**{name: changed[name]}).sft_config(seed=0, device="cpu")
         assert one != default, name
+
+
+@pytest.mark.parametrize("value", ["-1", "abc", "true", "1.5"])
+def test_a_bad_sft_seed_is_refused_naming_the_key(value):
+    with pytest.raises(ValueError, match=r"sft\.seed"):
+        load_config(recipe="tiny", overrides=[f"sft.seed={value}"])
+
+
+def test_a_fixed_sft_seed_holds_over_the_run_seed():
+    """sft.seed fixes the cold start's example order for every run seed; unset, the order follows the run's seed."""
+    fixed = [load_config(recipe="tiny", overrides=[f"seed={s}", "sft.seed=0"]) for s in (1, 2)]
+    assert {c.sft.sft_config(seed=c.seed, device="cpu").seed for c in fixed} == {0}
+    free = [load_config(recipe="tiny", overrides=[f"seed={s}"]) for s in (1, 2)]
+    assert [c.sft.sft_config(seed=c.seed, device="cpu").seed for c in free] == [1, 2]
 
 
 def test_every_benchmark_setting_reaches_the_eval_harness():

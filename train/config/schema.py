@@ -125,6 +125,9 @@ class SFTSection:
     warmup_steps: int = 2
     micro_batch_tokens: int = 4096
     precision: Precision = "fast"  # "fp32", "bf16", "fp16" (autocast, fp16 with a loss scale) or "fast"
+    # the seed of the cold start's example order (the only randomness SFT has here); None: the run's seed. A fixed
+    # seed makes the cold start one model for every RL seed, so runs of seed=0..4 measure RL from the same start
+    seed: int | None = None
     # a checkpoint of the fit under way every this many optimiser steps (0: none), in the run folder's
     # sft_checkpoint/; `--resume` goes on from it after a crash, and it is removed once SFT is done
     checkpoint_every: int = 50
@@ -143,16 +146,19 @@ class SFTSection:
             raise ValueError(
                 f"sft.checkpoint_every must be >= 0 (0: no checkpoints), got {self.checkpoint_every}"
             )
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
+            raise ValueError(f"sft.seed must be an integer >= 0 or null (the run's seed), got {self.seed!r}")
 
     def sft_config(self, *, seed: int, device: str) -> SFTConfig:
-        """The SFT trainer's settings (train/sft.py) from this section, the run's seed and the device."""
+        """The SFT trainer's settings (train/sft.py) from this section, the run's seed (unless sft.seed is set) and
+        the device."""
         return SFTConfig(
             optimizer=OptimizerConfig(lr=self.lr, warmup_steps=self.warmup_steps),
             epochs=self.epochs,
             batch_size=self.batch_size,
             micro_batch_tokens=self.micro_batch_tokens,
             precision=self.precision,
-            seed=seed,
+            seed=seed if self.seed is None else self.seed,
             device=device,
         )
 
