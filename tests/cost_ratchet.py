@@ -46,12 +46,12 @@ SLACK = 1.5  # the session fails beyond SLACK x a test's limit (see Headroom abo
 # (rounded up; SLACK applies on top); each entry says why it cannot be cheaper yet. Remove an entry when its test
 # gets under LIMIT_S, lower one when its test gets cheaper; never add one or raise one.
 ALLOWED: dict[str, float] = {
-    # SmolLM2-135M's SFT stage as the default recipe runs it (24 solver traces, 2 epochs) and two `stare-agents
-    # eval` processes with their vLLM engines: the one test that shows training changes accuracy. Measured
-    # 216 s of CPU with 16 tasks (307 s wall at load average 4; issue 46); 8 tasks: 119 s of CPU, 130 s wall alone;
-    # the two evaluations in the test's process (no interpreter and vLLM import each): 100 s of CPU beside a training
-    # run. Of that, SFT is ~60 s (six optimiser steps of SmolLM2 in bf16 on one thread): cheaper needs a cheaper
-    # default SFT stage.
+    # SmolLM2-135M's SFT stage as the default recipe runs it but with 24 solver traces (two a kind; the recipe has
+    # 36), 2 epochs, and two `stare-agents eval` processes with their vLLM engines: the one test that shows
+    # training changes accuracy. Measured 216 s of CPU with 16 tasks (307 s wall at load average 4; issue 46);
+    # 8 tasks: 119 s of CPU, 130 s wall alone; the two evaluations in the test's process (no interpreter and vLLM
+    # import each): 100 s of CPU beside a training run. Of that, SFT is ~60 s (six optimiser steps of SmolLM2 in
+    # bf16 on one thread): cheaper needs a cheaper default SFT stage.
     "tests/eval/test_eval_trained.py::test_smollm2_before_and_after_training_side_by_side": 125.0,
 }
 
