@@ -1,13 +1,16 @@
 """The causal test of STARE's selection (issue 47, item 2), registered in docs/mechanism.md ("The causal test of
-the selection") before any of its runs.
+the selection") before any of its runs, and re-registered there before the campaign's first run.
 
     OMP_NUM_THREADS=1 nice -n 19 .venv/bin/python benchmarks/bench_causal_selection.py \\
-        --model runs/mech-s0/sft_model --sft-from benchmarks/logs/long-bf16-s0/config.yaml --out runs/causal \\
+        --model runs/causal/sft_model --out runs/causal --arms w1,phi-w3 \\
+        --sft-from benchmarks/logs/default-job-seeds/epyc-avx512bf16/sftseed-b2a0a3a/fast-s0/config.yaml \\
         --json benchmarks/logs/mechanism/causal-selection.json
 
-Four arms, each a `stare-agents train` run of `--steps` RL steps (12) from the SFT model `--model`, for each seed
-of `--seeds` (0-5), with the recipe's RL (`--recipe`, smollm2-arith-long: its tasks, refilled sampling, AdamW),
-no gate (`rl.stare.gated=false`), fixed weights, temperature 1.0 (rollouts, learner, statistic):
+(then `--arms top-w3,random-w3` for the reported arms, and `--report` over all four). Four arms, each a
+`stare-agents train` run of `--steps` RL steps (12) from the SFT model `--model`, for each seed of `--seeds` (0-5),
+with the recipe's RL (`--recipe`, smollm2-arith, the default job: its tasks, 4 prompts x 8 samples refilled up to
+4 sampling rounds, AdamW), the learner in fp32, no gate (`rl.stare.gated=false`), fixed weights, temperature 1.0
+(rollouts, learner, statistic):
 
     w1         STARE-O1 at W 1: no token reweighted (the baseline)
     phi-w3     L+ = the positive-advantage tokens with Phi < 0, exactly (rl.reweighting=phi-negative), W 3
@@ -53,6 +56,7 @@ ARMS: dict[str, tuple[list[str], str]] = {
     "top-w3": (["rl.stare.top_ratio=0.1", "rl.stare.w=3.0"], "L+ = top 10% of T+ by surprisal, W 3"),
     "random-w3": (["rl.reweighting=phi-negative-random", "rl.stare.w=3.0"], "as many random T+ tokens, W 3"),
 }
+RECIPE = "smollm2-arith"  # the default job's RL settings (re-registered; the long recipe's left 3 of 8 groups)
 JUDGED = ("phi-w3", "w1")  # the registered statistic: change(phi-w3) - change(w1), paired by seed
 REPORTED = (("top-w3", "w1"), ("random-w3", "w1"), ("phi-w3", "random-w3"))
 # Student's t 0.975 quantiles by degrees of freedom (a paired interval over a few seeds)
@@ -88,6 +92,7 @@ def train_command(args: argparse.Namespace, arm: str, seed: int, folder: Path, s
         sys.executable, "-m", "stare_agents.cli", "train", "--recipe", args.recipe, "--out", str(folder),
         f"seed={seed}", f"model.name={args.model}", "sft.enabled=false", f"rl.steps={steps}",
         "rl.algorithm=stare", "rl.stare.variant=O1", "rl.stare.gated=false", "rl.stare.adaptive=false",
+        "rl.learner.precision=fp32",
         f"rollout.temperature={args.temperature}", "eval.num_tasks=0", "eval.every=0",
         *ARMS[arm][0], *args.set,
     ]  # fmt: skip
@@ -259,7 +264,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--model", required=True, help="the SFT model every arm starts from (a local folder)")
     parser.add_argument(
-        "--recipe", default="smollm2-arith-long", help="recipe whose RL settings the arms use"
+        "--recipe", default=RECIPE, help="recipe whose RL settings the arms use (the default job's)"
     )
     parser.add_argument(
         "--sft-from", help="a run's config.yaml: make --model with its SFT stage when it is not there"

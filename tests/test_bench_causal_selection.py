@@ -33,12 +33,15 @@ def test_the_arms_are_the_registered_ones():
     assert list(bench.ARMS) == ["w1", "phi-w3", "top-w3", "random-w3"]
     assert bench.JUDGED == ("phi-w3", "w1")
     args = bench.argparse.Namespace(
-        recipe="smollm2-arith-long", model="m", temperature=1.0, set=["rl.sampling_rounds=4"]
+        recipe="smollm2-arith", model="m", temperature=1.0, set=["rl.sampling_rounds=4"]
     )
     command = bench.train_command(args, "phi-w3", 3, Path("runs/x"), 12)
     for part in ("seed=3", "rl.steps=12", "rl.stare.gated=false", "rl.reweighting=phi-negative", "rl.stare.w=3.0",
-                 "rollout.temperature=1.0", "sft.enabled=false", "rl.sampling_rounds=4"):  # fmt: skip
+                 "rollout.temperature=1.0", "sft.enabled=false", "rl.sampling_rounds=4",
+                 "rl.learner.precision=fp32", "--recipe"):  # fmt: skip
         assert part in command
+    assert command[command.index("--recipe") + 1] == "smollm2-arith"
+    assert bench.RECIPE == "smollm2-arith"  # re-registered: the default job's recipe and cold start
 
 
 @pytest.mark.parametrize(
