@@ -1,7 +1,7 @@
 """The causal test of STARE's selection (issue 47, item 2), registered in docs/mechanism.md ("The causal test of
 the selection") before any of its runs, and re-registered there before the campaign's first run.
 
-    OMP_NUM_THREADS=1 nice -n 19 .venv/bin/python benchmarks/bench_causal_selection.py \\
+    nice -n 19 .venv/bin/python benchmarks/bench_causal_selection.py \\
         --model runs/causal/sft_model --out runs/causal --arms w1,phi-w3 \\
         --sft-from benchmarks/logs/default-job-seeds/epyc-avx512bf16/sftseed-b2a0a3a/fast-s0/config.yaml \\
         --json benchmarks/logs/mechanism/causal-selection.json
