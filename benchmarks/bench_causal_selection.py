@@ -188,15 +188,56 @@ def run_arms(args: argparse.Namespace) -> None:
             drop_checkpoints(folder)
 
 
+def run_figures(folder: Path) -> dict[str, Any]:
+    """What a run's `metrics.jsonl` says of its steps: how many, the trajectories each trained on (the test asks
+    for full batches), how many tokens L+ held and which share of them had Phi < 0, and the learner's entropy at
+    the first and the last step. A line that cannot be read is named in `unread`, not passed over."""
+    from stare_agents.jsonl import read_lines
+
+    records, unread = read_lines(folder / "metrics.jsonl")
+    steps: dict[int, dict] = {}
+    for _, record in records:
+        if isinstance(record, dict) and record.get("kind") == "rl":
+            steps[int(record["step"])] = record  # a resumed run's last record of a step
+
+    def values(key: str, scale: str | None = None) -> list[float]:
+        got = []
+        for record in steps.values():
+            value = record.get(key)
+            factor = record.get(scale, math.nan) if scale else 1.0
+            if isinstance(value, int | float) and isinstance(factor, int | float) and math.isfinite(value * factor):
+                got.append(float(value * factor))
+        return got
+
+    def mean(xs: list[float]) -> float | None:
+        return statistics.fmean(xs) if xs else None
+
+    kept = values("data/kept_trajectories")
+    entropy = [steps[s].get("learner/entropy") for s in sorted(steps)]
+    return {
+        "steps": len(steps),
+        "trained_trajectories_min": min(kept) if kept else None,
+        "budget_exhausted_steps": sum(1 for v in values("data/budget_exhausted") if v > 0),
+        "lplus_tokens_per_step": mean(values("stare/lplus_share", "learner/action_tokens")),
+        "lplus_negative_phi_share": mean(values("stare/lplus_negative_phi")),
+        "entropy_first_last": [entropy[0], entropy[-1]] if entropy else None,
+        "unread": [str(u) for u in unread],
+    }
+
+
 def report(args: argparse.Namespace, batch: list) -> dict[str, Any]:
     """Each done run's common-batch change, the registered verdict and the reported differences."""
     start = batch_entropy(args.model, batch, args.temperature)
     changes: dict[str, dict[int, float]] = {arm: {} for arm in ARMS}
+    runs: dict[str, dict[str, Any]] = {arm: {} for arm in ARMS}
     for arm in args.arms:
         for seed in args.seeds_list:
             folder = run_folder(Path(args.out), arm, seed)
             if done(folder) and (folder / "final_model").is_dir():
                 changes[arm][seed] = batch_entropy(folder / "final_model", batch, args.temperature) - start
+                runs[arm][str(seed)] = figures = run_figures(folder)
+                if figures["unread"]:
+                    print(f"{folder}/metrics.jsonl: unreadable lines: {'; '.join(figures['unread'])}", flush=True)
     out: dict[str, Any] = {
         "model": args.model,
         "recipe": args.recipe,
@@ -204,7 +245,8 @@ def report(args: argparse.Namespace, batch: list) -> dict[str, Any]:
         "temperature": args.temperature,
         "common_batch": {"path": str(args.common_batch), "trajectories": len(batch), "start_entropy": start},
         "arms": {arm: {"what": ARMS[arm][1], "overrides": ARMS[arm][0], "change_by_seed": {str(s): v for s, v in
-                                                                                       changes[arm].items()}}
+                                                                                       changes[arm].items()},
+                       "runs": runs[arm]}
                  for arm in args.arms},
     }  # fmt: skip
     for a, b in (JUDGED, *REPORTED):
@@ -225,6 +267,15 @@ def report(args: argparse.Namespace, batch: list) -> dict[str, Any]:
         if key.endswith(tuple(f"-minus-{b}" for _, b in (JUDGED, *REPORTED))):
             print(
                 f"{key}: mean {value['mean']} [{value['ci_low']}, {value['ci_high']}] over {value['seeds']} seeds"
+            )
+    for arm in args.arms:
+        done_runs = list(runs[arm].values())
+        if done_runs:
+            per_step = [r["lplus_tokens_per_step"] for r in done_runs if r["lplus_tokens_per_step"] is not None]
+            fewest = [r["trained_trajectories_min"] for r in done_runs if r["trained_trajectories_min"] is not None]
+            print(
+                f"{arm}: {len(done_runs)} runs; L+ tokens a step {statistics.fmean(per_step) if per_step else None}; "
+                f"fewest trajectories a step trained on {min(fewest) if fewest else None}"
             )
     print(f"verdict (phi-w3 - w1, 95% interval above 0): {out['verdict']}")
     return out

@@ -88,7 +88,29 @@ def test_two_arms_on_the_tiny_model_end_to_end(tmp_path: Path, monkeypatch):
     assert pair["seeds"] == 2 and pair["ci_low"] <= pair["mean"] <= pair["ci_high"]
     assert got["verdict"] == ("pass" if pair["ci_low"] > 0 else "fail")  # every seed of the judged pair ran
     saved = (out / "phi-w3-s0" / "config.yaml").read_text()
-    assert "reweighting: phi-negative" in saved and "w: 3.0" in saved
+    assert "reweighting: phi-negative" in saved and "w: 3.0" in saved and "precision: fp32" in saved
+    run = got["arms"]["w1"]["runs"]["0"]
+    assert run["steps"] == 1 and run["unread"] == [] and len(run["entropy_first_last"]) == 2
     stamp = (out / "w1-s0" / "metrics.jsonl").stat().st_mtime_ns
     bench.main([*common, "--report"])
     assert (out / "w1-s0" / "metrics.jsonl").stat().st_mtime_ns == stamp
+
+
+def test_a_torn_metrics_line_is_named_not_passed_over(tmp_path: Path):
+    """A run's metrics with a torn line (a run killed mid-write): the figures of the readable steps, and the torn
+    line named with its file and line number."""
+    bench = load_bench()
+    rows = [
+        {"kind": "rl", "step": 0, "data/kept_trajectories": 32, "data/budget_exhausted": 0, "stare/lplus_share": 0.01,
+         "learner/action_tokens": 2000, "stare/lplus_negative_phi": 0.5, "learner/entropy": 0.4},
+        {"kind": "rl", "step": 1, "data/kept_trajectories": 24, "data/budget_exhausted": 1, "stare/lplus_share": 0.02,
+         "learner/action_tokens": 1000, "stare/lplus_negative_phi": float("nan"), "learner/entropy": 0.3},
+    ]  # fmt: skip
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    (tmp_path / "metrics.jsonl").write_text(text + '{"kind": "rl", "step": 2, "learn')
+    got = bench.run_figures(tmp_path)
+    assert got["steps"] == 2 and got["trained_trajectories_min"] == 24 and got["budget_exhausted_steps"] == 1
+    assert got["lplus_tokens_per_step"] == pytest.approx(20.0)  # 0.01 x 2000 and 0.02 x 1000
+    assert got["lplus_negative_phi_share"] == pytest.approx(0.5)  # the NaN step (no L+) is left out
+    assert got["entropy_first_last"] == [0.4, 0.3]
+    assert len(got["unread"]) == 1 and "metrics.jsonl:3" in got["unread"][0]
