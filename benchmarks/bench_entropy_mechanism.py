@@ -48,6 +48,7 @@ import argparse
 import math
 import os
 import shlex
+import statistics
 import sys
 import time
 from dataclasses import replace
@@ -385,7 +386,7 @@ def summarize_main(args: argparse.Namespace) -> None:
                 (x > 0) == (m > 0) for x, m in zip(predicted, measured, strict=True)
             )
             / len(got),
-            "measured_over_predicted_median": ratio[len(ratio) // 2] if ratio else None,
+            "measured_over_predicted_median": statistics.median(ratio) if ratio else None,
             "measured_over_predicted_range": [ratio[0], ratio[-1]] if ratio else None,
             "measured_mean": sum(measured) / len(measured),
             "measured_range": [min(measured), max(measured)],
@@ -396,7 +397,7 @@ def summarize_main(args: argparse.Namespace) -> None:
             ) / len(got)
             summary["r2_plain"] = r_squared(plain, measured)
             scale = sorted(abs(m / x) for x, m in zip(plain, measured, strict=True) if x)
-            summary["abs_measured_over_plain_median"] = scale[len(scale) // 2] if scale else None
+            summary["abs_measured_over_plain_median"] = statistics.median(scale) if scale else None
         summary["per_batch"] = [
             {
                 "run": run,

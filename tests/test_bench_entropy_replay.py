@@ -108,6 +108,11 @@ def test_the_replay_probes_the_steps_asked_and_summarizes_them(tmp_path: Path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["batches"] == 2 and summary["rows"]["run"]["batches"] == 2
     assert len(summary["rows"]["grpo-ds"]["per_batch"]) == 2
+    row = summary["rows"]["grpo-ds"]  # of two batches the median is their mean, not the larger one
+    ratios = [b["measured"] / b["predicted"] for b in row["per_batch"]]
+    assert row["measured_over_predicted_median"] == pytest.approx(sum(ratios) / 2)
+    scales = [abs(b["measured"] / b["plain_predicted"]) for b in row["per_batch"]]
+    assert row["abs_measured_over_plain_median"] == pytest.approx(sum(scales) / 2)
 
 
 @pytest.mark.parametrize(
