@@ -214,6 +214,7 @@ def run_figures(folder: Path) -> dict[str, Any]:
 
     kept = values("data/kept_trajectories")
     entropy = [steps[s].get("learner/entropy") for s in sorted(steps)]
+    entropy = [v if isinstance(v, int | float) and math.isfinite(v) else None for v in entropy]  # strict JSON
     return {
         "steps": len(steps),
         "trained_trajectories_min": min(kept) if kept else None,

@@ -114,3 +114,6 @@ def test_a_torn_metrics_line_is_named_not_passed_over(tmp_path: Path):
     assert got["lplus_negative_phi_share"] == pytest.approx(0.5)  # the NaN step (no L+) is left out
     assert got["entropy_first_last"] == [0.4, 0.3]
     assert len(got["unread"]) == 1 and "metrics.jsonl:3" in got["unread"][0]
+    rows[1]["learner/entropy"] = float("nan")  # a step with no entropy: None in the strict JSON, not NaN
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert bench.run_figures(tmp_path)["entropy_first_last"] == [0.4, None]
