@@ -86,6 +86,18 @@ class StareConfig(GateConfig):
         """Whether the gate reads the entropy over every sampled trajectory of the step (not only the trained)."""
         return self.gate_input != "trained"
 
+    def check_given(self, keys: set[str], where: str = "stare.", base: StareConfig | None = None) -> None:
+        """Refuse a value a config set that these settings never read: M weights L- under variant C2 alone, so an
+        M of its own under O1 (e.g. a C2 recipe's `m` kept when only `rl.algorithm` was switched to a preset whose
+        variant is O1) would train without the attenuation it asks for, silently. M at 1 or at the preset's value
+        (`base`; what a run folder's resolved config.yaml holds) is no such request."""
+        unread = {1.0, (base or type(self)()).m}
+        if self.variant == "O1" and "m" in keys and self.m not in unread:
+            raise ValueError(
+                f"{where}m={self.m:g}: variant O1 weights L+ only, M acts under variant C2 alone; set "
+                f"{where}variant=C2 (as the stare-c2 preset does) or leave {where}m out"
+            )
+
 
 def num_selected(num_candidates: int, top_ratio: float) -> int:
     """k = max(1, ceil(P * |T|)), or 0 when there is no candidate.

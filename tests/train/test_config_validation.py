@@ -48,6 +48,7 @@ HOSTILE = [
     (["rl.stare=5"], "rl.stare", "5", "a mapping"),
     (["rl.stare.wq=1"], "'rl.stare'", "['wq']", "'top_ratio'"),
     (["rl.algorithm=grpo", "rl.stare.w=1.2"], "rl.stare.", "rl.algorithm=grpo", "(stare, stare-c2, stare-random)"),
+    (["rl.stare.m=0.25"], "rl.stare.m", "0.25", "rl.stare.variant=C2"),  # tiny's stare is O1: M never read
     (["logging.progress=maybe"], "logging.progress", "'maybe'", "true or false"),
     (["env.kwargs=[1]"], "env.kwargs", "[1]", "a mapping"),
     (["env.kwargs.max_turns=3"], "env.kwargs.max_turns", "3", "env.max_turns"),
@@ -82,6 +83,20 @@ def test_a_hostile_value_is_refused_naming_the_key_the_value_and_what_is_allowed
         load_config(recipe="tiny", overrides=overrides)
     message = str(caught.value)
     assert key in message and value in message and allowed in message, message
+
+
+def test_switching_a_c2_recipe_to_an_o1_preset_is_refused_while_its_m_would_go_unread():
+    # the hold recipe sets M 0.25 under stare-c2; its random-token control must keep variant C2, or the run trains
+    # with every weight 1 (W 1, M unread) and looks like a control of something it never did
+    with pytest.raises(ValueError, match=r"rl\.stare\.m=0\.25: variant O1"):
+        load_config(recipe="smollm2-arith-hold", overrides=["rl.algorithm=stare-random"])
+    overrides = ["rl.algorithm=stare-random", "rl.stare.variant=C2"]
+    control = load_config(recipe="smollm2-arith-hold", overrides=overrides)
+    stare = control.rl.algorithm_config().stare
+    assert (control.rl.algorithm, stare.variant, stare.w, stare.m) == ("stare-random", "C2", 1.0, 0.25)
+    # the paper's M left at 1 under O1 is no contradiction, nor is M from a preset a config did not set
+    assert load_config(recipe="tiny", overrides=["rl.stare.m=1.0"]).rl.algorithm_config().stare.m == 1.0
+    assert load_config(recipe="tiny").rl.algorithm_config().stare.variant == "O1"
 
 
 def test_yaml_scalars_for_string_fields_stay_strings(tmp_path):

@@ -172,11 +172,16 @@ def build(cls: type, data: Any, where: str, base: Any = None) -> Any:
         elif base is not None and hasattr(base, name):
             kwargs[name] = getattr(base, name)
     try:
-        return cls(**kwargs)
+        built = cls(**kwargs)
     except (ValueError, TypeError) as error:
         if not where or str(error).startswith(where.rstrip(".")):
             raise ValueError(str(error)) from None
         raise ValueError(f"{where.rstrip('.')}: {error}") from None
+    # a value the config set that the built settings would never read (StareConfig: M under variant O1)
+    check_given = getattr(built, "check_given", None)
+    if check_given is not None:
+        check_given(set(data), where, base)
+    return built
 
 
 def did_you_mean(unknown: list[Any], known: list[str]) -> str:
