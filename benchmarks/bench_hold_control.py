@@ -2,7 +2,7 @@
 negative-advantage tokens matter, or only shrinking some of them?
 
     nice -n 19 .venv/bin/python benchmarks/bench_hold_control.py --out runs/hold-control --seeds 0,1 \
-        --set rl.sampling_rounds=1 --json benchmarks/logs/mechanism/hold-control.json
+        --set rl.sampling_rounds=1 --set rl.max_empty_steps=0 --json benchmarks/logs/mechanism/hold-control.json
 
 Per seed, two `stare-agents train` runs of the recipe (`smollm2-arith-hold`: W 1, M 0.25, gated, STARE-C2):
 "hold", the recipe as it is, and then "random", from hold's own SFT model (`sft.enabled=false
@@ -15,7 +15,8 @@ Per run: the second half's mean all-sampled entropy (`learner/entropy_all`) with
 steps and whether that interval lies inside the target's +-30% band (bench_long_run's criterion), the held-out
 accuracy of the SFT and the final model. Per seed: hold - random for the second-half mean and for the final
 accuracy (paired over the held-out tasks). Over seeds: the mean of hold - random with a t-interval (2 seeds or
-more). `--set` overrides go to both arms (e.g. `rl.sampling_rounds=1`, as the kept hold runs drew). Bad input (no
+more). `--set` overrides go to both arms (e.g. `rl.sampling_rounds=1 rl.max_empty_steps=0`, as the kept hold runs drew:
+they predate the stop after 2 steps in a row with no group to train on). Bad input (no
 seed, a recipe that is not STARE-C2, an override of the variant, the reweighting or the algorithm other than
 `rl.algorithm=stare-c2`) is refused
 before any run, with a non-zero exit and no JSON.
