@@ -42,6 +42,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -168,24 +169,38 @@ def common_batch(args: argparse.Namespace) -> list:
     return batch
 
 
-def run_arms(args: argparse.Namespace) -> None:
-    """Every (seed, arm) not done yet, seed by seed."""
-    for seed in args.seeds_list:
-        for arm in args.arms:
-            folder = run_folder(Path(args.out), arm, seed)
-            if not done(folder):
+def run_campaign(
+    out: Path,
+    seeds: list[int],
+    arms: list[str] | tuple[str, ...],
+    command: Callable[[str, int, Path], list[str]],
+    finished: Callable[[Path], bool],
+) -> None:
+    """Every (seed, arm) run not `finished` yet, seed by seed and the arms of a seed in order (so that load falls
+    on the arms of a seed alike): `command(arm, seed, folder)`, its output in `<folder>.log`; a failed run stops
+    the campaign naming its log. A finished run's checkpoints are deleted."""
+    for seed in seeds:
+        for arm in arms:
+            folder = run_folder(out, arm, seed)
+            if not finished(folder):
                 folder.parent.mkdir(parents=True, exist_ok=True)
-                command = train_command(args, arm, seed, folder, args.steps)
-                print("running:", shlex.join(command), flush=True)
+                argv = command(arm, seed, folder)
+                print("running:", shlex.join(argv), flush=True)
                 started = time.perf_counter()
                 with open(folder.parent / f"{folder.name}.log", "a") as log:
-                    finished = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT)
-                if finished.returncode != 0:
-                    raise SystemExit(
-                        f"{folder}: the run failed (exit {finished.returncode}); its log is {folder}.log"
-                    )
+                    ran = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT)
+                if ran.returncode != 0:
+                    raise SystemExit(f"{folder}: the run failed (exit {ran.returncode}); its log is {folder}.log")
                 print(f"{folder}: done in {time.perf_counter() - started:.0f} s", flush=True)
             drop_checkpoints(folder)
+
+
+def run_arms(args: argparse.Namespace) -> None:
+    """Every (seed, arm) not done yet, seed by seed."""
+    run_campaign(
+        Path(args.out), args.seeds_list, args.arms,
+        lambda arm, seed, folder: train_command(args, arm, seed, folder, args.steps), done,
+    )  # fmt: skip
 
 
 def run_figures(folder: Path) -> dict[str, Any]:

@@ -27,16 +27,18 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_causal_selection import paired_interval  # Student's t over seeds
+from bench_causal_selection import (  # t over seeds; the campaign loop
+    paired_interval,
+    run_campaign,
+    run_folder,
+)
 from bench_long_run import criteria, difference, per_task, progress
-from bench_w_sweep import drop_checkpoints, entropies
+from bench_w_sweep import entropies
 
 ARMS = ("hold", "random")
 CONTROL = ["rl.algorithm=stare-random", "rl.stare.variant=C2"]  # C2: the recipe's M acts on L- (O1 never reads M)
@@ -49,13 +51,13 @@ def finished(folder: Path) -> bool:
 
 
 def train_command(args: argparse.Namespace, arm: str, seed: int, out: Path) -> list[str]:
-    folder = out / f"{arm}-s{seed}"
+    folder = run_folder(out, arm, seed)
     command = [
         sys.executable, "-m", "stare_agents.cli", "train", "--recipe", args.recipe, "--out", str(folder),
         f"seed={seed}", *args.set,
     ]  # fmt: skip
     if arm == "random":
-        command += ["sft.enabled=false", f"model.name={out / f'hold-s{seed}' / 'sft_model'}", *CONTROL]
+        command += ["sft.enabled=false", f"model.name={run_folder(out, 'hold', seed) / 'sft_model'}", *CONTROL]
     if (folder / "progress.json").exists():
         command.append("--resume")
     return command
@@ -85,21 +87,10 @@ def refusals(args: argparse.Namespace) -> list[str]:
 
 
 def run_arms(args: argparse.Namespace) -> None:
-    out = Path(args.out)
-    for seed in args.seeds_list:
-        for arm in ARMS:
-            folder = out / f"{arm}-s{seed}"
-            if not finished(folder):
-                out.mkdir(parents=True, exist_ok=True)
-                command = train_command(args, arm, seed, out)
-                print("running:", shlex.join(command), flush=True)
-                started = time.perf_counter()
-                with open(out / f"{folder.name}.log", "a") as log:
-                    ran = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT)
-                if ran.returncode != 0:
-                    raise SystemExit(f"{folder}: the run failed (exit {ran.returncode}); its log is {folder}.log")
-                print(f"{folder}: done in {time.perf_counter() - started:.0f} s", flush=True)
-            drop_checkpoints(folder)
+    run_campaign(
+        Path(args.out), args.seeds_list, ARMS,
+        lambda arm, seed, folder: train_command(args, arm, seed, folder.parent), finished,
+    )  # fmt: skip
 
 
 def run_report(folder: Path, target: float, steps: int) -> dict[str, Any] | None:
@@ -123,9 +114,11 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
     out = Path(args.out)
     seeds: dict[str, Any] = {}
     for seed in args.seeds_list:
-        runs = {arm: run_report(out / f"{arm}-s{seed}", target, steps) for arm in ARMS}
-        entry: dict[str, Any] = {arm: {k: v for k, v in (got or {}).items() if k != "per_task_rl"} or None
-                                 for arm, got in runs.items()}  # fmt: skip
+        runs = {arm: run_report(run_folder(out, arm, seed), target, steps) for arm in ARMS}
+        entry: dict[str, Any] = {
+            arm: None if got is None else {k: v for k, v in got.items() if k != "per_task_rl"}
+            for arm, got in runs.items()
+        }
         hold, random = runs["hold"], runs["random"]
         if hold and random and hold["second_half"] and random["second_half"]:
             entry["second_half_hold_minus_random"] = hold["second_half"]["mean"] - random["second_half"]["mean"]

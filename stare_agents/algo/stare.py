@@ -91,8 +91,8 @@ class StareConfig(GateConfig):
         M of its own under O1 (e.g. a C2 recipe's `m` kept when only `rl.algorithm` was switched to a preset whose
         variant is O1) would train without the attenuation it asks for, silently. M at 1 or at the preset's value
         (`base`; what a run folder's resolved config.yaml holds) is no such request."""
-        unread = {1.0, (base or type(self)()).m}
-        if self.variant == "O1" and "m" in keys and self.m not in unread:
+        asks_nothing = {1.0, (base or type(self)()).m}
+        if self.variant == "O1" and "m" in keys and self.m not in asks_nothing:
             raise ValueError(
                 f"{where}m={self.m:g}: variant O1 weights L+ only, M acts under variant C2 alone; set "
                 f"{where}variant=C2 (as the stare-c2 preset does) or leave {where}m out"
